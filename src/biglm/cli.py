@@ -1,0 +1,47 @@
+"""The `biglm` command line.
+
+Each subcommand lives next to the code it drives and exposes ``main(argv) -> int``; this file
+only dispatches, so adding a command never touches the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "presets": ("biglm.model.cli", "list the architecture presets with their parameter counts"),
+    "tokenizer": ("biglm.data.cli_tokenizer", "train a byte-level BPE tokenizer (tokenizer train ...)"),
+    "data": ("biglm.data.cli", "tokenise text sources into binary token shards (data prepare ...)"),
+    "pretrain": ("biglm.training.cli", "pre-train a BiGLM from a recipe (no argument: the built-in default)"),
+    "recipes": ("biglm.training.cli_recipes", "list the pre-training recipes of the paper"),
+    "export": ("biglm.training.cli_export", "export a training checkpoint as a Hugging Face directory"),
+    "generate": ("biglm.generation.cli", "generate text by iterative unmasking (Mask-Predict)"),
+    "eval": ("biglm.scoring.cli", "zero-shot evaluation through lm-evaluation-harness"),
+}
+
+
+def _usage() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = ["usage: biglm COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `biglm COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help", "help"}:
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"biglm: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
