@@ -1,0 +1,16 @@
+"""The single-device BiGLM network: config, attention backends, modeling classes."""
+
+from .attention import BACKENDS, AttentionMask
+from .config import PRESETS, BiGLMConfig, count_parameters
+from .modeling import (
+    IGNORE_INDEX,
+    BiGLMForMaskedLM,
+    BiGLMModel,
+    BiGLMPreTrainedModel,
+    PrefixCache,
+)
+
+__all__ = [
+    "BACKENDS", "AttentionMask", "PRESETS", "BiGLMConfig", "count_parameters", "IGNORE_INDEX",
+    "BiGLMForMaskedLM", "BiGLMModel", "BiGLMPreTrainedModel", "PrefixCache",
+]

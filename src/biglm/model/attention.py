@@ -1,0 +1,154 @@
+"""BiGLM attention: the mask and three interchangeable backends.
+
+Notable features
+- One mask rule, written once (`allowed`): query i may see key j iff i >= p or j < p, where p is the
+  sample's prefix length; optional "same document only" and key padding. No prefix length means
+  full bidirectional attention.
+- `eager` is the reference (explicit scores, fp32 softmax); `sdpa` uses PyTorch's fused kernels
+  with a boolean mask and `enable_gqa` (the CPU training path); `flex` uses FlexAttention with a
+  block mask, so blocks where prefix queries meet suffix keys are skipped (the GPU training path;
+  forward-only on CPU in torch 2.13). All three share one signature: ``fn(q, k, v, mask, dropout_p)``.
+- `AttentionMask` is built once per forward and shared by every layer; the dense boolean tensor
+  and the FlexAttention block mask are each built lazily, only if a backend asks for them.
+- Queries may be a tail of the keys (``q_offset``): that is how the exact prefix cache runs only
+  the suffix positions against cached prefix keys.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMask:
+    """Who may attend to whom, for a batch of B rows, Lq queries and Lk keys.
+
+    Queries are the key positions ``q_offset .. q_offset+Lq-1`` (q_offset > 0 when a prefix cache
+    supplies the first keys).
+
+    Attributes:
+        batch, q_len, k_len, q_offset: geometry.
+        prefix_len: (B,) long, or None for full bidirectional attention.
+        key_valid: (B, Lk) bool (False = padding), or None when nothing is padded.
+        doc_ids: (B, Lk) long document index per key position, or None for no document masking.
+    """
+
+    batch: int
+    q_len: int
+    k_len: int
+    q_offset: int = 0
+    prefix_len: torch.Tensor | None = None
+    key_valid: torch.Tensor | None = None
+    doc_ids: torch.Tensor | None = None
+    _dense: torch.Tensor | None = field(default=None, repr=False)
+    _block: object | None = field(default=None, repr=False)
+
+    @property
+    def is_full(self) -> bool:
+        """True when every query may see every key (no prefix rule, no padding, no documents)."""
+        return self.prefix_len is None and self.key_valid is None and self.doc_ids is None
+
+    def allowed(self, b: torch.Tensor, q_idx: torch.Tensor, k_idx: torch.Tensor) -> torch.Tensor:
+        """The mask rule on broadcastable index tensors; used both densely and as a FlexAttention mask_mod."""
+        q_pos = q_idx + self.q_offset
+        ok = torch.ones_like(q_pos + k_idx, dtype=torch.bool)
+        if self.prefix_len is not None:
+            p = self.prefix_len[b]
+            ok = (q_pos >= p) | (k_idx < p)
+        if self.doc_ids is not None:
+            ok = ok & (self.doc_ids[b, q_pos] == self.doc_ids[b, k_idx])
+        if self.key_valid is not None:
+            # a padded query still sees itself, so no softmax row is empty (avoids NaN)
+            ok = ok & (self.key_valid[b, k_idx] | (q_pos == k_idx))
+        return ok
+
+    def dense(self, device: torch.device) -> torch.Tensor | None:
+        """(B, 1, Lq, Lk) boolean mask, True = attend; None when attention is full."""
+        if self.is_full:
+            return None
+        if self._dense is None:
+            b = torch.arange(self.batch, device=device)[:, None, None]
+            q = torch.arange(self.q_len, device=device)[None, :, None]
+            k = torch.arange(self.k_len, device=device)[None, None, :]
+            self._dense = self.allowed(b, q, k)[:, None]
+        return self._dense
+
+    def block_mask(self, device: torch.device):
+        """FlexAttention BlockMask for this mask (None when attention is full)."""
+        if self.is_full:
+            return None
+        if self._block is None:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            def mask_mod(b, h, q_idx, kv_idx):
+                return self.allowed(b, q_idx, kv_idx)
+
+            self._block = create_block_mask(
+                mask_mod, self.batch, None, self.q_len, self.k_len, device=device,
+                _compile=device.type == "cuda",
+            )
+        return self._block
+
+
+def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    # (B, Hkv, L, D) -> (B, Hkv*n_rep, L, D)
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
+                    dropout_p: float = 0.0) -> torch.Tensor:
+    """Reference: explicit scores and fp32 softmax. q (B, H, Lq, D); k, v (B, Hkv, Lk, D)."""
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = _repeat_kv(k, n_rep), _repeat_kv(v, n_rep)
+    scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # (B, H, Lq, Lk)
+    dense = mask.dense(q.device)
+    if dense is not None:
+        scores = scores.masked_fill(~dense, float("-inf"))
+    probs = scores.softmax(dim=-1).to(v.dtype)
+    if dropout_p > 0.0:
+        probs = F.dropout(probs, p=dropout_p)
+    return probs @ v
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
+                   dropout_p: float = 0.0) -> torch.Tensor:
+    """PyTorch scaled_dot_product_attention with a boolean mask and native GQA."""
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask.dense(q.device), dropout_p=dropout_p, is_causal=False, enable_gqa=True
+    )
+
+
+@functools.cache
+def _compiled_flex() -> Callable:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
+                   dropout_p: float = 0.0) -> torch.Tensor:
+    """FlexAttention with a block mask: fully-masked blocks are skipped. Compiled on GPU."""
+    if dropout_p > 0.0:
+        raise ValueError("attn_backend='flex' does not support attention dropout; use 'sdpa' or set attention_dropout=0.")
+    if q.device.type == "cuda":
+        fn = _compiled_flex()
+    else:
+        import warnings
+
+        from torch.nn.attention.flex_attention import flex_attention as fn
+
+        if torch.is_grad_enabled() and q.requires_grad:
+            raise RuntimeError(
+                "attn_backend='flex' has no backward pass on CPU (torch 2.13): train on CPU with "
+                "attn_backend='sdpa', or run this on a GPU."
+            )
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+    return fn(q, k, v, block_mask=mask.block_mask(q.device), enable_gqa=True)
+
+
+BACKENDS: dict[str, Callable] = {"eager": eager_attention, "sdpa": sdpa_attention, "flex": flex_attention}

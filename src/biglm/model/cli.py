@@ -1,0 +1,23 @@
+"""`biglm presets`: the architecture presets with their parameter counts."""
+
+from __future__ import annotations
+
+import argparse
+
+from .config import PRESETS, BiGLMConfig, count_parameters
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="biglm presets", description=__doc__)
+    parser.add_argument("--vocab-size", type=int, default=49152, help="vocabulary used for the counts (SmolLM's: 49152)")
+    args = parser.parse_args(argv)
+    header = f"{'preset':<12} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'mlp':>5} {'init':>6} {'non-emb':>10} {'total':>10}"
+    print(header)
+    print("-" * len(header))
+    for name in PRESETS:
+        c = BiGLMConfig.from_preset(name, vocab_size=args.vocab_size)
+        n = count_parameters(c)
+        print(f"{name:<12} {c.num_hidden_layers:>6} {c.hidden_size:>6} {c.num_attention_heads:>5} {c.num_key_value_heads:>3} "
+              f"{c.intermediate_size:>5} {c.initializer_range:>6} {n['non_embedding'] / 1e6:>9.1f}M {n['total'] / 1e6:>9.1f}M")
+    print(f"\ncounts for vocab_size={args.vocab_size}, tied input/output embeddings")
+    return 0

@@ -1,0 +1,155 @@
+"""`BiGLMConfig`: the architecture of a BiGLM, a transformers `PreTrainedConfig`.
+
+Presets follow paper Table 7 (and §2.2 for the 124M trial model). The paper does not give the
+MLP width: SmolLM/Llama conventions are used (136M: 1536, 360M: 2560, otherwise 8/3·hidden
+rounded up to a multiple of 256). Parameter counts use SmolLM's vocabulary of 49152.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from transformers import PreTrainedConfig
+
+ATTENTION_BACKENDS = ("eager", "sdpa", "flex")
+
+
+def _mlp_width(hidden: int) -> int:
+    return int(math.ceil(8 * hidden / 3 / 256) * 256)
+
+
+# name -> architecture fields (paper Table 7; `tiny` is for tests and the CPU default run)
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=128, initializer_range=0.02, vocab_size=512, max_position_embeddings=256),
+    "biglm-124m": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, num_key_value_heads=12,
+                       intermediate_size=_mlp_width(768), initializer_range=0.02),
+    "biglm-136m": dict(num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
+                       intermediate_size=1536, initializer_range=0.02),
+    "biglm-360m": dict(num_hidden_layers=32, hidden_size=960, num_attention_heads=15, num_key_value_heads=5,
+                       intermediate_size=2560, initializer_range=0.02),
+    "biglm-1.3b": dict(num_hidden_layers=24, hidden_size=2048, num_attention_heads=32, num_key_value_heads=32,
+                       intermediate_size=_mlp_width(2048), initializer_range=0.013),
+    "biglm-3.5b": dict(num_hidden_layers=30, hidden_size=2560, num_attention_heads=20, num_key_value_heads=20,
+                       intermediate_size=_mlp_width(2560), initializer_range=0.013),
+}
+
+
+class BiGLMConfig(PreTrainedConfig):
+    """Configuration of a BiGLM encoder (bidirectional, RoPE, SwiGLU, RMSNorm, GQA, no biases).
+
+    Args:
+        vocab_size: size of the token vocabulary (49152 = SmolLM's tokenizer).
+        hidden_size: model width.
+        intermediate_size: SwiGLU inner width.
+        num_hidden_layers: number of transformer blocks.
+        num_attention_heads: query heads.
+        num_key_value_heads: key/value heads (grouped-query attention); must divide the heads.
+        max_position_embeddings: longest sequence the model accepts.
+        rope_theta: RoPE base.
+        rms_norm_eps: RMSNorm epsilon.
+        initializer_range: std of the normal init of every weight matrix.
+        attention_dropout / hidden_dropout: dropout probabilities, off by default (paper Table 2).
+        tie_word_embeddings: share the input embedding with the MLM output projection.
+        attn_implementation_biglm: "eager" (reference), "sdpa" (CPU training) or "flex" (GPU).
+        sparse_prediction: compute MLM logits only at labelled positions when labels are given.
+    """
+
+    model_type = "biglm"
+
+    def __init__(
+        self,
+        vocab_size: int = 49152,
+        hidden_size: int = 576,
+        intermediate_size: int = 1536,
+        num_hidden_layers: int = 30,
+        num_attention_heads: int = 9,
+        num_key_value_heads: int | None = 3,
+        max_position_embeddings: int = 2048,
+        rope_theta: float = 10000.0,
+        rms_norm_eps: float = 1e-5,
+        initializer_range: float = 0.02,
+        attention_dropout: float = 0.0,
+        hidden_dropout: float = 0.0,
+        tie_word_embeddings: bool = True,
+        attn_backend: str = "sdpa",
+        sparse_prediction: bool = True,
+        pad_token_id: int | None = 0,
+        bos_token_id: int | None = 1,
+        eos_token_id: int | None = 2,
+        mask_token_id: int | None = 4,
+        **kwargs: Any,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
+        self.max_position_embeddings = max_position_embeddings
+        self.rope_theta = rope_theta
+        self.rms_norm_eps = rms_norm_eps
+        self.initializer_range = initializer_range
+        self.attention_dropout = attention_dropout
+        self.hidden_dropout = hidden_dropout
+        self.attn_backend = attn_backend
+        self.sparse_prediction = sparse_prediction
+        self.mask_token_id = mask_token_id
+        # transformers' SDPA integration assumes causal attention when no mask is given.
+        self.is_decoder = False
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+        self.validate_architecture()
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def validate_architecture(self) -> None:
+        """Refuse impossible shapes with a message naming the field and the fix."""
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                f"{self.num_attention_heads}: choose a hidden size that is a multiple of the head count."
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not divisible by num_key_value_heads="
+                f"{self.num_key_value_heads}: grouped-query attention needs heads to be a multiple of kv heads."
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE: change hidden_size or heads.")
+        if self.attn_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attn_backend={self.attn_backend!r}: choose one of {ATTENTION_BACKENDS}.")
+        for name in ("attention_dropout", "hidden_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1).")
+        if self.vocab_size <= 0 or self.max_position_embeddings <= 0:
+            raise ValueError("vocab_size and max_position_embeddings must be positive.")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "BiGLMConfig":
+        """Build a named preset (`tiny`, `biglm-124m`, `biglm-136m`, `biglm-360m`, `biglm-1.3b`,
+        `biglm-3.5b`), with any field overridden, e.g. ``from_preset("biglm-136m", vocab_size=8192)``."""
+        if name not in PRESETS:
+            raise KeyError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+def count_parameters(config: BiGLMConfig) -> dict[str, int]:
+    """Parameter counts from the config alone (no allocation): non-embedding and total."""
+    h, i, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    kv = config.num_key_value_heads * config.head_dim
+    attn = h * h * 2 + h * kv * 2  # q, o and k, v projections, no biases
+    mlp = 3 * h * i
+    block = attn + mlp + 2 * h  # two RMSNorm weights
+    non_embedding = n * block + h  # final norm
+    embedding = config.vocab_size * h
+    total = non_embedding + embedding * (1 if config.tie_word_embeddings else 2)
+    return {"non_embedding": non_embedding, "embedding": embedding, "total": total}

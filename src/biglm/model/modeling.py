@@ -1,0 +1,365 @@
+"""The BiGLM network: an encoder-only transformer that can also write (paper §2.2, §3.1, Table 7).
+
+Notable features
+- Llama-style blocks (pre-norm RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases) with
+  Llama's parameter names (`q_proj`, `gate_proj`, `input_layernorm`, ...), so weights and tools
+  map across the ecosystem by name.
+- Attention is bidirectional; given a per-sample prefix length p, prefix tokens cannot see the
+  suffix (query i sees key j iff i >= p or j < p). Backends: see `attention.py`.
+- `BiGLMForMaskedLM` computes logits only at labelled positions when labels are given (sparse
+  prediction): with ~30% of a window masked, ~70% of the vocabulary projection is skipped.
+- Exact prefix cache: because prefix tokens never attend to the suffix, their keys/values do
+  not depend on it. `encode_prefix` computes them once; `forward(..., prefix_cache=...)` then
+  runs only the suffix positions. This is exact, not an approximation.
+- Written for one device; parallelism and compilation are applied from outside
+  (`biglm.training.distributed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
+
+from .attention import BACKENDS, AttentionMask
+from .config import BiGLMConfig
+
+IGNORE_INDEX = -100
+
+
+class BiGLMRMSNorm(nn.Module):
+    """RMSNorm computed in fp32 (same numerics as Llama's)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class BiGLMRotaryEmbedding(nn.Module):
+    """RoPE tables for given positions (Llama's half-rotation convention)."""
+
+    def __init__(self, config: BiGLMConfig) -> None:
+        super().__init__()
+        dim = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    @torch.no_grad()
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # position_ids (B, L) -> cos, sin (B, L, D)
+        freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, L, D); cos, sin (B, L, D)."""
+    cos, sin = cos[:, None], sin[:, None]
+    return x * cos + _rotate_half(x) * sin
+
+
+class BiGLMMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: BiGLMConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@dataclass
+class PrefixCache:
+    """Keys/values of an encoded prefix, one (k, v) pair per layer, each (B, Hkv, P, D) after RoPE.
+
+    ``key_valid`` (B, P) marks real (non-padding) prefix tokens. Rows can be repeated or selected
+    (`select`) so several continuations share one encoded context.
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    key_valid: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return self.key_valid.shape[1]
+
+    @property
+    def batch(self) -> int:
+        return self.key_valid.shape[0]
+
+    def select(self, index: torch.Tensor) -> "PrefixCache":
+        """Rows ``index`` of the cache (e.g. ``repeat_interleave`` indices for several choices)."""
+        return PrefixCache(
+            keys=[k.index_select(0, index) for k in self.keys],
+            values=[v.index_select(0, index) for v in self.values],
+            key_valid=self.key_valid.index_select(0, index),
+        )
+
+
+class BiGLMAttention(nn.Module):
+    def __init__(self, config: BiGLMConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.is_causal = False  # transformers' integrations assume causal when unset
+        h = config.hidden_size
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: AttentionMask,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        B, L, _ = x.shape
+        q = self.q_proj(x).view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, D)
+        k = self.k_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
+        v = self.v_proj(x).view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        new_kv = (k, v)
+        if past is not None:
+            k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
+        dropout = self.config.attention_dropout if self.training else 0.0
+        out = BACKENDS[self.config.attn_backend](q, k, v, mask, dropout)  # (B, H, L, D)
+        out = out.transpose(1, 2).reshape(B, L, self.n_heads * self.head_dim)
+        return self.o_proj(out), new_kv
+
+
+class BiGLMBlock(nn.Module):
+    def __init__(self, config: BiGLMConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = BiGLMRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = BiGLMAttention(config, layer_idx)
+        self.post_attention_layernorm = BiGLMRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = BiGLMMLP(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: AttentionMask,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        attn, kv = self.self_attn(self.input_layernorm(x), rope, mask, past)
+        x = x + self.dropout(attn)
+        x = x + self.dropout(self.mlp(self.post_attention_layernorm(x)))
+        return x, kv
+
+
+class BiGLMPreTrainedModel(PreTrainedModel):
+    config_class = BiGLMConfig
+    config: BiGLMConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = False  # activation checkpointing is applied by `parallelize`
+    _no_split_modules = ["BiGLMBlock"]
+    _supports_sdpa = True
+    _supports_flex_attn = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, BiGLMRMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, BiGLMRotaryEmbedding):
+            d = self.config.head_dim
+            init.copy_(module.inv_freq,
+                       1.0 / (self.config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float) / d)))
+
+    def set_attn_backend(self, name: str) -> None:
+        """Switch every layer to attention backend `name` ("eager", "sdpa", "flex")."""
+        self.config.attn_backend = name
+        self.config.validate_architecture()
+
+
+class BiGLMModel(BiGLMPreTrainedModel):
+    """The BiGLM encoder: token ids -> final hidden states."""
+
+    def __init__(self, config: BiGLMConfig) -> None:
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([BiGLMBlock(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = BiGLMRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = BiGLMRotaryEmbedding(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.validate_inputs = True  # host-side input checks; the trainer turns them off after step 1
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def _check_inputs(self, input_ids: torch.Tensor, prefix_len: torch.Tensor | None, offset: int) -> None:
+        L = input_ids.shape[1] + offset
+        if L > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {L} exceeds max_position_embeddings={self.config.max_position_embeddings}: "
+                "use shorter windows or build the model with a larger max_position_embeddings."
+            )
+        if input_ids.numel():
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(
+                    f"token ids must lie in [0, vocab_size={self.config.vocab_size}), got [{lo}, {hi}]: the data was "
+                    "tokenised with a different tokenizer, or the model's vocab_size is too small."
+                )
+        if prefix_len is not None:
+            if prefix_len.shape != (input_ids.shape[0],):
+                raise ValueError(f"prefix_len must have shape (batch,) = ({input_ids.shape[0]},), got {tuple(prefix_len.shape)}.")
+            if int(prefix_len.min()) < 0 or int(prefix_len.max()) > L:
+                raise ValueError(f"prefix_len must lie in [0, L={L}], got [{int(prefix_len.min())}, {int(prefix_len.max())}].")
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        prefix_len: torch.Tensor | int | None = None,
+        attention_mask: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        prefix_cache: PrefixCache | None = None,
+        return_cache: bool = False,
+        token_type_ids: torch.Tensor | None = None,  # accepted for tokenizer compatibility; BiGLM has no segments
+        **kwargs,
+    ) -> BaseModelOutput:
+        """Encode a batch.
+
+        Args:
+            input_ids: (B, L) token ids (only the suffix when ``prefix_cache`` is given).
+            prefix_len: (B,) prefix length per sample, or an int for all; None = full bidirectional attention.
+            attention_mask: (B, L) 1 for real tokens, 0 for padding (keys that no one attends to).
+            doc_ids: (B, L) document index per token for "same document only" attention.
+            position_ids: (B, L) RoPE positions; default ``offset + arange(L)`` (RoPE is relative, so
+                left padding needs no shift).
+            prefix_cache: keys/values of an already encoded prefix; ``input_ids`` is then the suffix and
+                every suffix token sees the whole prefix and suffix.
+            return_cache: also return this call's keys/values as a `PrefixCache` (``outputs.cache``).
+        """
+        B, L = input_ids.shape
+        offset = 0 if prefix_cache is None else prefix_cache.length
+        if isinstance(prefix_len, int):
+            prefix_len = torch.full((B,), prefix_len, dtype=torch.long, device=input_ids.device)
+        if self.validate_inputs:
+            self._check_inputs(input_ids, prefix_len, offset)
+            if prefix_cache is not None and prefix_len is not None:
+                raise ValueError("prefix_cache and prefix_len are exclusive: with a cache, the suffix sees everything.")
+        key_valid = None if attention_mask is None else attention_mask.bool()
+        if prefix_cache is not None:
+            suffix_valid = key_valid if key_valid is not None else torch.ones(B, L, dtype=torch.bool, device=input_ids.device)
+            key_valid = torch.cat((prefix_cache.key_valid, suffix_valid), dim=1)
+            if bool(key_valid.all()):
+                key_valid = None
+        elif key_valid is not None and bool(key_valid.all()):
+            key_valid = None  # nothing padded: keep the fast unmasked path
+        mask = AttentionMask(batch=B, q_len=L, k_len=L + offset, q_offset=offset,
+                             prefix_len=prefix_len, key_valid=key_valid, doc_ids=doc_ids)
+        if position_ids is None:
+            position_ids = torch.arange(offset, offset + L, device=input_ids.device).expand(B, L)
+        x = self.dropout(self.embed_tokens(input_ids))
+        rope = self.rotary_emb(position_ids, x.dtype)
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            past = None if prefix_cache is None else (prefix_cache.keys[i], prefix_cache.values[i])
+            x, (k, v) = layer(x, rope, mask, past)
+            if return_cache:
+                keys.append(k)
+                values.append(v)
+        out = BaseModelOutput(last_hidden_state=self.norm(x))
+        if return_cache:
+            valid = attention_mask.bool() if attention_mask is not None else torch.ones(B, L, dtype=torch.bool, device=input_ids.device)
+            out["cache"] = PrefixCache(keys=keys, values=values, key_valid=valid)
+        return out
+
+
+class BiGLMForMaskedLM(BiGLMPreTrainedModel):
+    """BiGLM with its MLM head (final RMSNorm -> vocabulary projection, optionally tied)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: BiGLMConfig) -> None:
+        super().__init__(config)
+        self.model = BiGLMModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def encode_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> PrefixCache:
+        """Encode prompts once (full attention among prefix tokens, exactly as under the BiGLM mask)
+        and return their per-layer keys/values for reuse by every suffix pass."""
+        return self.model(input_ids, attention_mask=attention_mask, return_cache=True)["cache"]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        prefix_len: torch.Tensor | int | None = None,
+        labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        prefix_cache: PrefixCache | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        logits_positions: torch.Tensor | None = None,
+        **kwargs,
+    ) -> MaskedLMOutput:
+        """MLM forward.
+
+        With ``labels`` (B, L; -100 = no loss) and ``config.sparse_prediction``, logits are computed only
+        at labelled positions and returned flattened as (M, V) in row-major order of the labelled
+        positions. The loss is the mean cross-entropy over labelled tokens, or the sum divided by
+        ``num_items_in_batch`` (a device tensor, e.g. the global masked-token count under gradient
+        accumulation) when given. ``logits_positions`` (B, L) bool restricts logits the same way
+        without a loss (used by decoding to score only masked answer slots).
+        """
+        hidden = self.model(input_ids, prefix_len=prefix_len, attention_mask=attention_mask, doc_ids=doc_ids,
+                            position_ids=position_ids, prefix_cache=prefix_cache, **kwargs).last_hidden_state
+        select = None
+        if labels is not None and self.config.sparse_prediction:
+            select = labels != IGNORE_INDEX
+        elif logits_positions is not None:
+            select = logits_positions
+        if select is not None:
+            hidden = hidden[select]  # (M, h)
+        logits = self.lm_head(hidden)
+        loss = None
+        if labels is not None:
+            flat_labels = labels[select] if select is not None else labels.reshape(-1)
+            flat_logits = logits.reshape(-1, logits.shape[-1]).float()
+            if num_items_in_batch is None:
+                loss = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX)
+            else:
+                loss = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum") / num_items_in_batch
+        return MaskedLMOutput(loss=loss, logits=logits)

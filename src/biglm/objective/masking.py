@@ -1,0 +1,244 @@
+"""The BiGLM pre-training objective (paper §2.1, eq. 2, Appendix C) and its variants.
+
+Notable features
+- Pure, seeded, vectorised tensor code on the batch's own device: no Python loop over samples,
+  no host synchronisation. Masks depend only on (seed, step, rank), so a resumed run sees exactly
+  the masks it would have seen.
+- Exact counts: a row's suffix gets exactly max(1, round(β_Y·|Y|)) masks and its prefix exactly
+  round(β_X·|X|), chosen uniformly. Both are drawn with one argsort of random keys: prefix keys lie
+  in [0, 1), suffix keys in [2, 3), so ranks count positions within each part.
+- Variants are named configs (`OBJECTIVES`): `biglm`, `biglm-no-attn` (same masks, full attention),
+  `mlm` (classic fixed ratio over the whole window, no split), `diffusion` (LLaDA/MDLM: t ~ U(ε, 1),
+  each token masked with probability t, loss weight 1/t). Every Table 8 knob is a field.
+- The loss is the (weighted) cross-entropy summed over masked tokens and divided by a count kept
+  on device (masked tokens; B·L for `diffusion`, as in LLaDA).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..model.modeling import IGNORE_INDEX
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """How a window of L tokens becomes a training example.
+
+    Attributes:
+        name: variant name (for logs).
+        decompose: split the window into prefix X = C[:p] and suffix Y = C[p:] (False = plain MLM).
+        prefix_attention: prefix queries cannot see suffix keys (the BiGLM mask); False = full attention.
+        alpha: p ~ U{round(αL), ..., round((1-α)L)}; α in (0, 0.5). Paper: 0.2 (ablations 0.1-0.4).
+        suffix_ratio: β_Y ~ U(lo, hi) (paper: (0, 1); ablations (.1,.9), (.2,.8), (.3,.7)).
+        prefix_lambda: (λ1, λ2) with β_X = λ1 - λ2·β_Y (paper: (0.3, 0.2); ablations (0.5,0.2), (0.5,0.4), (0.4,0.2)).
+        mlm_ratio: fixed masking ratio when decompose=False (the paper does not state it; 0.15 is BERT's).
+        corruption: (mask, random, keep) shares of masked positions, e.g. BERT's (0.8, 0.1, 0.1); only for `mlm`.
+            None = every masked position becomes the mask token (the BiGLM rule).
+        diffusion: LLaDA/MDLM masking: t ~ U(diffusion_eps, 1) per row, Bernoulli(t) per token, weight 1/t.
+        diffusion_eps: lower bound of t.
+    """
+
+    name: str = "biglm"
+    decompose: bool = True
+    prefix_attention: bool = True
+    alpha: float = 0.2
+    suffix_ratio: tuple[float, float] = (0.0, 1.0)
+    prefix_lambda: tuple[float, float] = (0.3, 0.2)
+    mlm_ratio: float = 0.15
+    corruption: tuple[float, float, float] | None = None
+    diffusion: bool = False
+    diffusion_eps: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if self.diffusion:
+            if self.decompose or self.prefix_attention:
+                raise ValueError("diffusion masking has no prefix/suffix split: set decompose=False, prefix_attention=False.")
+            if not 0.0 < self.diffusion_eps < 1.0:
+                raise ValueError(f"diffusion_eps={self.diffusion_eps} must lie in (0, 1).")
+        if self.prefix_attention and not self.decompose:
+            raise ValueError("prefix_attention=True needs decompose=True (there is no prefix without a split).")
+        if self.decompose:
+            if not 0.0 < self.alpha < 0.5:
+                raise ValueError(f"alpha={self.alpha} must lie in (0, 0.5): p is drawn from [αL, (1-α)L].")
+            lo, hi = self.suffix_ratio
+            if not 0.0 <= lo <= hi <= 1.0:
+                raise ValueError(f"suffix_ratio={self.suffix_ratio}: need 0 <= lo <= hi <= 1 for β_Y ~ U(lo, hi).")
+            l1, l2 = self.prefix_lambda
+            ends = (l1 - l2 * lo, l1 - l2 * hi)
+            if min(ends) < 0.0 or max(ends) > 1.0:
+                raise ValueError(
+                    f"prefix_lambda={self.prefix_lambda} with suffix_ratio={self.suffix_ratio} gives β_X in "
+                    f"[{min(ends):.3g}, {max(ends):.3g}], outside [0, 1]: choose λ1, λ2 so that λ1 - λ2·β_Y stays in [0, 1]."
+                )
+        elif not self.diffusion and not 0.0 < self.mlm_ratio < 1.0:
+            raise ValueError(f"mlm_ratio={self.mlm_ratio} must lie in (0, 1).")
+        if self.corruption is not None:
+            if self.decompose or self.diffusion:
+                raise ValueError("corruption (80/10/10) is an option of the plain `mlm` variant only.")
+            if len(self.corruption) != 3 or min(self.corruption) < 0 or abs(sum(self.corruption) - 1.0) > 1e-6:
+                raise ValueError(f"corruption={self.corruption} must be three non-negative shares summing to 1.")
+
+    @property
+    def prefix_ratio_range(self) -> tuple[float, float]:
+        """The range of β_X implied by λ and the β_Y range (paper Appendix C writes these)."""
+        l1, l2 = self.prefix_lambda
+        a, b = l1 - l2 * self.suffix_ratio[1], l1 - l2 * self.suffix_ratio[0]
+        return (a, b)
+
+    def replace(self, **changes) -> "ObjectiveConfig":
+        return dataclasses.replace(self, **changes)
+
+
+OBJECTIVES: dict[str, ObjectiveConfig] = {
+    "biglm": ObjectiveConfig(name="biglm"),
+    "biglm-no-attn": ObjectiveConfig(name="biglm-no-attn", prefix_attention=False),
+    "mlm": ObjectiveConfig(name="mlm", decompose=False, prefix_attention=False),
+    "diffusion": ObjectiveConfig(name="diffusion", decompose=False, prefix_attention=False, diffusion=True),
+}
+
+
+def get_objective(name: str, **overrides) -> ObjectiveConfig:
+    """A named objective variant with fields overridden, e.g. ``get_objective("biglm", alpha=0.3)``."""
+    if name not in OBJECTIVES:
+        raise KeyError(f"unknown objective {name!r}; available: {', '.join(OBJECTIVES)}")
+    return OBJECTIVES[name].replace(**overrides) if overrides else OBJECTIVES[name]
+
+
+@dataclass
+class MaskedBatch:
+    """A training example built from token windows. All tensors live on the windows' device.
+
+    input_ids: (B, L) with masked positions replaced; labels: (B, L), original id at masked positions
+    else -100; prefix_len: (B,) for the BiGLM mask, None for full attention; split: (B,) the drawn p
+    (also for the no-attn variant), None without a split; loss_weight: (B, L) or None; normalizer:
+    scalar tensor dividing the summed loss; ratios: (B, 2) the drawn (β_X, β_Y) or (t, t), for logs/tests.
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    prefix_len: torch.Tensor | None
+    split: torch.Tensor | None
+    loss_weight: torch.Tensor | None
+    normalizer: torch.Tensor
+    ratios: torch.Tensor
+
+
+def make_generator(*, seed: int, step: int, rank: int, device: torch.device | str) -> torch.Generator:
+    """A generator on `device` seeded from (seed, step, rank) alone, so masks can be replayed on resume."""
+    state = np.random.SeedSequence([int(seed), int(step), int(rank)]).generate_state(2, dtype=np.uint32)
+    g = torch.Generator(device=device)
+    g.manual_seed(int(state[0]) << 32 | int(state[1]))
+    return g
+
+
+def _round(x: torch.Tensor) -> torch.Tensor:
+    # round half up (torch.round is half-to-even); counts are formulas users will check by hand
+    return torch.floor(x + 0.5).long()
+
+
+def mask_batch(
+    windows: torch.Tensor,
+    objective: ObjectiveConfig,
+    *,
+    mask_token_id: int,
+    vocab_size: int | None = None,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    step: int = 0,
+    rank: int = 0,
+) -> MaskedBatch:
+    """Turn token windows (B, L) into a masked training example under `objective`.
+
+    Pass either a ``generator`` on the windows' device or ``seed`` (with ``step`` and ``rank``).
+    ``vocab_size`` is needed only for the random-token share of ``corruption``.
+    """
+    if windows.dim() != 2:
+        raise ValueError(f"windows must be (batch, length), got shape {tuple(windows.shape)}.")
+    B, L = windows.shape
+    dev = windows.device
+    if generator is None:
+        if seed is None:
+            raise ValueError("mask_batch needs a generator or a seed (with step and rank).")
+        generator = make_generator(seed=seed, step=step, rank=rank, device=dev)
+    pos = torch.arange(L, device=dev)[None, :]  # (1, L)
+
+    def uniform(*shape: int) -> torch.Tensor:
+        return torch.rand(*shape, device=dev, generator=generator)
+
+    weight = None
+    split = prefix_len = None
+    if objective.diffusion:
+        t = objective.diffusion_eps + (1 - objective.diffusion_eps) * uniform(B)  # (B,)
+        masked = uniform(B, L) < t[:, None]
+        weight = (1.0 / t)[:, None].expand(B, L)
+        normalizer = torch.tensor(float(B * L), device=dev)
+        ratios = torch.stack((t, t), dim=1)
+    elif not objective.decompose:
+        k = int(objective.mlm_ratio * L + 0.5)  # a Python constant: no device sync
+        rank_ = uniform(B, L).argsort(dim=1).argsort(dim=1)
+        masked = rank_ < max(1, k)
+        ratios = torch.full((B, 2), objective.mlm_ratio, device=dev)
+        normalizer = masked.sum()
+    else:
+        lo, hi = max(1, round(objective.alpha * L)), min(L - 1, round((1 - objective.alpha) * L))
+        if hi < lo:
+            raise ValueError(f"window length L={L} is too short to split with alpha={objective.alpha}.")
+        split = lo + (uniform(B) * (hi - lo + 1)).long().clamp_max(hi - lo)  # (B,) p
+        y_lo, y_hi = objective.suffix_ratio
+        beta_y = y_lo + (y_hi - y_lo) * uniform(B)
+        l1, l2 = objective.prefix_lambda
+        beta_x = l1 - l2 * beta_y
+        k_y = _round(beta_y * (L - split)).clamp(min=1)
+        k_x = _round(beta_x * split)
+        in_suffix = pos >= split[:, None]  # (B, L)
+        keys = uniform(B, L) + 2.0 * in_suffix  # prefix keys in [0,1), suffix keys in [2,3)
+        rank_ = keys.argsort(dim=1).argsort(dim=1)  # rank within prefix for prefix, p + rank within suffix for suffix
+        masked = torch.where(in_suffix, rank_ - split[:, None] < k_y[:, None], rank_ < k_x[:, None])
+        ratios = torch.stack((beta_x, beta_y), dim=1)
+        normalizer = masked.sum()
+        if objective.prefix_attention:
+            prefix_len = split
+    labels = torch.where(masked, windows, torch.full_like(windows, IGNORE_INDEX))
+    input_ids = torch.where(masked, torch.full_like(windows, mask_token_id), windows)
+    if objective.corruption is not None:
+        _, p_random, p_keep = objective.corruption
+        if vocab_size is None and p_random > 0:
+            raise ValueError("corruption with a random-token share needs vocab_size.")
+        u = uniform(B, L)
+        random_tok = masked & (u < p_random)
+        keep = masked & (u >= p_random) & (u < p_random + p_keep)
+        if p_random > 0:
+            rand_ids = torch.randint(0, vocab_size, (B, L), device=dev, generator=generator)
+            input_ids = torch.where(random_tok, rand_ids, input_ids)
+        input_ids = torch.where(keep, windows, input_ids)
+    return MaskedBatch(input_ids=input_ids, labels=labels, prefix_len=prefix_len, split=split,
+                       loss_weight=weight, normalizer=normalizer, ratios=ratios)
+
+
+def masked_lm_loss(
+    logits: torch.Tensor,
+    batch: MaskedBatch,
+    *,
+    normalizer: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Summed (weighted) cross-entropy over masked tokens divided by a device-side count.
+
+    ``logits`` are either dense (B, L, V) or sparse (M, V) in row-major order of the masked positions
+    (what `BiGLMForMaskedLM` returns with labels). ``normalizer`` overrides ``batch.normalizer``, e.g. with
+    the global count over gradient-accumulation micro-batches and ranks.
+    """
+    select = batch.labels != IGNORE_INDEX
+    targets = batch.labels[select]
+    if logits.dim() == 3:
+        logits = logits[select]
+    ce = F.cross_entropy(logits.float(), targets, reduction="none")
+    if batch.loss_weight is not None:
+        ce = ce * batch.loss_weight[select]
+    denom = batch.normalizer if normalizer is None else normalizer
+    return ce.sum() / denom.clamp(min=1)
