@@ -1,0 +1,63 @@
+"""The data layer of BiGLM pre-training: tokenizers, text sources, token shards, mixtures.
+
+Pipeline: ``train_tokenizer`` (or ``load_tokenizer``) → ``prepare`` text ``sources`` into
+headered token shards (``write_shard`` / ``ShardReader``) → ``TokenDataset`` per prepared
+folder → ``Mixture`` of datasets with weights → ``WindowSampler`` (or ``PhasedSampler`` for
+an annealing mixture) yields packed ``[B, window]`` batches to the trainer.
+
+Names are imported lazily (PEP 562), so ``import biglm.data`` stays cheap and spawned
+tokenising workers do not pay for ``transformers``/``datasets`` imports they never use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    # tokenizer
+    "train_tokenizer": "tokenizer", "load_tokenizer": "tokenizer", "save_tokenizer": "tokenizer",
+    "tokenizer_vocab_size": "tokenizer", "tokenizer_fingerprint": "tokenizer", "document_end_id": "tokenizer",
+    "SPECIAL_TOKENS": "tokenizer",
+    # sources
+    "iter_documents": "sources", "iter_sources": "sources", "parse_hub_spec": "sources", "SourceError": "sources",
+    "builtin_corpus": "builtin",
+    # shards
+    "write_shard": "shards", "ShardReader": "shards", "ShardError": "shards", "dtype_for_vocab": "shards",
+    # prepare
+    "prepare": "prepare", "read_manifest": "prepare", "PrepareError": "prepare",
+    # mixture
+    "TokenDataset": "mixture", "Mixture": "mixture", "WindowSampler": "mixture", "PhasedSampler": "mixture",
+    "iter_windows": "mixture",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"biglm.data.{_EXPORTS[name]}"), name)
+        globals()[name] = value  # cache: the next lookup is a plain attribute
+        return value
+    raise AttributeError(f"module 'biglm.data' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from biglm.data.builtin import builtin_corpus
+    from biglm.data.mixture import Mixture, PhasedSampler, TokenDataset, WindowSampler, iter_windows
+    from biglm.data.prepare import PrepareError, prepare, read_manifest
+    from biglm.data.shards import ShardError, ShardReader, dtype_for_vocab, write_shard
+    from biglm.data.sources import SourceError, iter_documents, iter_sources, parse_hub_spec
+    from biglm.data.tokenizer import (
+        SPECIAL_TOKENS,
+        document_end_id,
+        load_tokenizer,
+        save_tokenizer,
+        tokenizer_fingerprint,
+        tokenizer_vocab_size,
+        train_tokenizer,
+    )
