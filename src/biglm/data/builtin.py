@@ -131,7 +131,8 @@ for name in sorted(names):
 from pydoc_data.topics import topics
 topic_docs = [topics[k].strip() for k in sorted(topics) if topics[k].strip()]
 with open(sys.argv[1], "w", encoding="utf-8") as f:
-    json.dump(topic_docs + docs, f)
+    # some topics share one text (e.g. aliases): keep each document once, first occurrence
+    json.dump(list(dict.fromkeys(topic_docs + docs)), f)
 """
 
 

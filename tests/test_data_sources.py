@@ -1,0 +1,100 @@
+"""Text sources through the datasets loaders (txt/jsonl/parquet/folders), errors, the built-in corpus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from biglm.data.builtin import _collect, builtin_corpus
+from biglm.data.sources import SourceError, iter_documents, iter_sources, parse_hub_spec
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def test_txt_paragraph_document_line_modes(tmp_path: Path) -> None:
+    f = tmp_path / "a.txt"
+    f.write_text("First para\nline two.\n\n\n  Second para.  \n\n\n\nThird.\n", encoding="utf-8")
+    assert list(iter_documents(str(f))) == ["First para\nline two.", "Second para.", "Third."]
+    assert list(iter_documents(str(f), txt_mode="document")) == [f.read_text().strip()]
+    assert list(iter_documents(str(f), txt_mode="line")) == ["First para", "line two.", "Second para.", "Third."]
+
+
+def test_jsonl_field_and_missing_field(tmp_path: Path) -> None:
+    f = tmp_path / "a.jsonl"
+    f.write_text("".join(json.dumps({"id": i, "body": f"doc {i}", "text": "x"}) + "\n" for i in range(5)))
+    assert list(iter_documents(str(f), text_field="body")) == [f"doc {i}" for i in range(5)]
+    with pytest.raises(SourceError, match="no field 'content'"):
+        list(iter_documents(str(f), text_field="content"))
+
+
+def test_parquet(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": ["alpha", "  ", "beta gamma"], "n": [1, 2, 3]}), f)
+    assert list(iter_documents(str(f))) == ["alpha", "beta gamma"]  # blank rows are skipped
+
+
+def test_folder_recursive_sorted_mixed(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / "b" / "z.txt").write_text("from b/z")
+    (tmp_path / "a.txt").write_text("from a\n\nsecond of a")
+    (tmp_path / "c.jsonl").write_text(json.dumps({"text": "from c"}) + "\n")
+    (tmp_path / "d.txt").write_text("from d")
+    (tmp_path / ".hidden" / "x.txt").write_text("hidden")
+    (tmp_path / "notes.md").write_text("ignored")
+    assert list(iter_documents(str(tmp_path))) == ["from a", "second of a", "from b/z", "from c", "from d"]
+    assert list(iter_sources([str(tmp_path / "d.txt"), str(tmp_path / "c.jsonl")])) == ["from d", "from c"]
+
+
+def test_missing_and_empty_sources_explained(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="no such file or folder") as e:
+        iter_documents(str(tmp_path / "missing.txt"))  # raised at the call, not at the first next()
+    assert "missing.txt" in str(e.value)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n   \n")
+    with pytest.raises(SourceError, match="holds no text documents") as e:
+        list(iter_documents(str(empty)))
+    assert "empty.txt" in str(e.value)
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(SourceError, match="no .txt/.jsonl"):
+        iter_documents(str(tmp_path / "sub"))
+    (tmp_path / "x.csv").write_text("a,b")
+    with pytest.raises(SourceError, match="unsupported file type"):
+        iter_documents(str(tmp_path / "x.csv"))
+
+
+def test_hub_spec_parsing() -> None:
+    s = parse_hub_spec("hf:HuggingFaceFW/fineweb-edu:sample-10BT@train")
+    assert (s.name, s.config, s.split) == ("HuggingFaceFW/fineweb-edu", "sample-10BT", "train")
+    s = parse_hub_spec("hf:HuggingFaceTB/smollm-corpus@validation")
+    assert (s.name, s.config, s.split) == ("HuggingFaceTB/smollm-corpus", None, "validation")
+    with pytest.raises(SourceError, match="missing dataset name"):
+        parse_hub_spec("hf:")
+
+
+def test_real_tinystories_blocks() -> None:
+    f = SHARED / "pretrain" / "tinystories" / "TinyStories-valid.head.txt"
+    if not f.is_file():
+        pytest.skip(f"shared data not found at {SHARED} (the repo's sibling folder shared/data)")
+    docs = list(iter_documents(str(f)))
+    # "One story per block, blocks separated by a blank line" (shared/data/README.md): ~4,300 stories
+    assert 4000 <= len(docs) <= 4600
+    assert all(d == d.strip() and d for d in docs)
+
+
+def test_builtin_corpus_nonempty_and_deterministic() -> None:
+    docs = builtin_corpus()
+    n_chars = sum(map(len, docs))
+    assert len(docs) > 200 and n_chars > 1_000_000
+    assert any("if_stmt" in d for d in docs)  # a pydoc topic (the grammar of the `if` statement)
+    assert any(d.startswith("Functional tools for creating and using iterators.") for d in docs)  # itertools
+    assert len(set(docs)) == len(docs)
+    docs[0] = "mutating the returned list does not touch the cache"
+    assert builtin_corpus()[0] != docs[0]
+    # a second, independent collection in a fresh child interpreter gives the same corpus
+    assert list(_collect.__wrapped__()) == builtin_corpus()
