@@ -5,8 +5,8 @@ headered token shards (``write_shard`` / ``ShardReader``) → ``TokenDataset`` p
 folder → ``Mixture`` of datasets with weights → ``WindowSampler`` (or ``PhasedSampler`` for
 an annealing mixture) yields packed ``[B, window]`` batches to the trainer.
 
-Names are imported lazily (PEP 562), so ``import biglm.data`` stays cheap and spawned
-tokenising workers do not pay for ``transformers``/``datasets`` imports they never use.
+Names are imported lazily (PEP 562), so importing one submodule (say ``biglm.data.shards``)
+does not pay for the ``transformers``/``datasets`` imports of the others.
 """
 
 from __future__ import annotations

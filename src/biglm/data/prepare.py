@@ -46,7 +46,7 @@ MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 _FORMAT = 1
 
-# ---- worker side: only `tokenizers` and numpy, so spawned workers start fast ----------------
+# ---- worker side: only `tokenizers` and numpy ------------------------------------------------
 _WORKER_TOK: Any = None
 _WORKER_DTYPE: Any = None
 
@@ -135,13 +135,16 @@ def prepare(
     ``on_shard_written(entry)`` is called after each shard is recorded (progress reporting,
     and tests simulate an interruption by raising from it). Returns the manifest.
     """
-    from biglm.data.sources import iter_documents
+    from biglm.data.sources import iter_documents, local_files
     from biglm.data.tokenizer import document_end_id, load_tokenizer, tokenizer_fingerprint, tokenizer_vocab_size
 
     if not sources:
         raise PrepareError("no sources given; pass at least one file, folder, 'builtin' or hf:OWNER/NAME")
     if shard_tokens < 1 or val_docs < 0 or batch_docs < 1:
         raise ValueError("shard_tokens and batch_docs must be positive and val_docs non-negative")
+    for spec in sources:  # a missing path is reported before anything is written
+        if spec != "builtin" and not spec.startswith("hf:"):
+            local_files(spec)
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
     vocab_size = tokenizer_vocab_size(tok)
     eos_id = document_end_id(tok)
@@ -251,8 +254,12 @@ def prepare(
         if workers > 1:
             import multiprocessing as mp
 
-            # spawn, not fork: forking a process whose Rust tokenizer already ran threads can deadlock
-            pool = mp.get_context("spawn").Pool(workers, initializer=_worker_init, initargs=(tok_json, dtype.name))
+            # fork where there is one: a spawned worker re-imports `biglm` (transformers and torch,
+            # ~3-8 s each). Forking is safe here because workers set TOKENIZERS_PARALLELISM=false
+            # before their first encode, so they never touch the parent's Rust thread pool, and
+            # they use neither torch nor CUDA.
+            method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+            pool = mp.get_context(method).Pool(workers, initializer=_worker_init, initargs=(tok_json, dtype.name))
             encode: Callable[[list[str]], Any] = lambda texts: pool.apply_async(_encode, (texts,))  # noqa: E731
         else:
             _worker_init(tok_json, dtype.name)

@@ -1,0 +1,132 @@
+"""prepare: shards hold exactly the tokenised documents, runs resume byte-identically, workers agree."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from biglm.data import cli as data_cli
+from biglm.data.prepare import PrepareError, prepare, read_manifest
+from biglm.data.shards import ShardReader
+from biglm.data.sources import iter_documents
+from biglm.data.tokenizer import tokenizer_fingerprint, train_tokenizer
+
+_SYL = "ka lo mi ne su ta ri po de fa gu bi ve zo ch th ing er an qu ly st".split()
+
+
+def _text(rng: random.Random) -> str:
+    words = ["".join(rng.choice(_SYL) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(3, 60))]
+    return " ".join(words).capitalize() + "."
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], object]:
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    (root / "books").mkdir()
+    for i in range(3):
+        docs = [_text(rng) for _ in range(60)]
+        if i == 1:
+            docs[4] = "A literal </s> and <mask> in the text stay text."
+        (root / "books" / f"b{i}.txt").write_text("\n\n".join(docs), encoding="utf-8")
+    (root / "web.jsonl").write_text("".join(json.dumps({"text": _text(rng)}) + "\n" for _ in range(90)))
+    tok = train_tokenizer(texts=[_text(rng) for _ in range(1500)], vocab_size=600)
+    return [str(root / "books"), str(root / "web.jsonl")], tok
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def test_shards_hold_the_documents(tmp_path: Path, corpus: tuple[list[str], object]) -> None:
+    sources, tok = corpus
+    m = prepare(sources=sources, tokenizer=tok, out_dir=tmp_path, shard_tokens=1500, workers=1, val_docs=3,
+                progress=False)
+    assert m["complete"] and m["config"]["tokenizer_fingerprint"] == tokenizer_fingerprint(tok)
+    expected: dict[str, list[list[int]]] = {"train": [], "val": []}
+    for spec in sources:
+        for d, text in enumerate(iter_documents(spec)):
+            ids = tok(text, add_special_tokens=False, split_special_tokens=True).input_ids
+            expected["val" if d < 3 else "train"].append(ids + [tok.eos_token_id])
+    for split in ("train", "val"):
+        entries = [s for s in m["shards"] if s["split"] == split]
+        readers = [ShardReader(tmp_path / s["file"], expected_fingerprint=tokenizer_fingerprint(tok)) for s in entries]
+        got = [r.doc(i).tolist() for r in readers for i in range(r.n_docs)]
+        assert got == expected[split]
+        assert all(r.n_tokens <= 1500 for r in readers)
+        assert m["progress"][split]["tokens"] == sum(r.n_tokens for r in readers)
+    assert len([s for s in m["shards"] if s["split"] == "train"]) >= 3
+    assert m["progress"]["val"]["docs"] == 3 * len(sources)  # the first 3 documents of each source
+    # the literal "</s>" in a document is text, so the only eos tokens are the separators
+    all_train = np.concatenate([ShardReader(tmp_path / s["file"]).tokens for s in m["shards"] if s["split"] == "train"])
+    assert int((all_train == tok.eos_token_id).sum()) == m["progress"]["train"]["docs"]
+
+
+def test_interrupted_run_resumes_byte_identical(tmp_path: Path, corpus: tuple[list[str], object]) -> None:
+    sources, tok = corpus
+    kw = dict(sources=sources, tokenizer=tok, shard_tokens=1200, workers=1, val_docs=2, progress=False)
+    ref = tmp_path / "ref"
+    prepare(out_dir=ref, **kw)
+
+    class Interrupt(Exception):
+        pass
+
+    run = tmp_path / "run"
+    written: list[str] = []
+
+    def crash_after(n: int):
+        def hook(entry: dict) -> None:
+            written.append(entry["file"])
+            if len(written) == n:
+                raise Interrupt
+        return hook
+
+    with pytest.raises(Interrupt):
+        prepare(out_dir=run, on_shard_written=crash_after(1), **kw)
+    assert not read_manifest(run)["complete"] and len(read_manifest(run)["shards"]) == 1
+    with pytest.raises(Interrupt):  # a second interruption, later on
+        prepare(out_dir=run, on_shard_written=crash_after(4), **kw)
+    resumed_files: list[str] = []
+    m = prepare(out_dir=run, on_shard_written=lambda e: resumed_files.append(e["file"]), **kw)
+    assert m["complete"]
+    assert _files(run) == _files(ref)  # every shard and the manifest, byte for byte
+    assert written[0] not in resumed_files  # completed shards were not rewritten
+    # a complete folder is left alone
+    assert prepare(out_dir=run, on_shard_written=lambda e: pytest.fail("rewrote a shard"), **kw)["complete"]
+
+
+def test_workers_do_not_change_the_shards(tmp_path: Path, corpus: tuple[list[str], object]) -> None:
+    sources, tok = corpus
+    kw = dict(sources=sources, tokenizer=tok, shard_tokens=2000, val_docs=1, progress=False, batch_docs=7)
+    prepare(out_dir=tmp_path / "one", workers=1, **kw)
+    prepare(out_dir=tmp_path / "two", workers=2, **kw)
+    assert _files(tmp_path / "one") == _files(tmp_path / "two")
+
+
+def test_other_configuration_refused(tmp_path: Path, corpus: tuple[list[str], object]) -> None:
+    sources, tok = corpus
+    prepare(sources=sources[1:], tokenizer=tok, out_dir=tmp_path, shard_tokens=5000, workers=1, progress=False)
+    with pytest.raises(PrepareError, match="different configuration.*shard_tokens"):
+        prepare(sources=sources[1:], tokenizer=tok, out_dir=tmp_path, shard_tokens=4000, workers=1, progress=False)
+
+
+def test_cli_prepare_and_info(tmp_path: Path, corpus: tuple[list[str], object],
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    sources, tok = corpus
+    tok.save_pretrained(str(tmp_path / "tok"))
+    out = tmp_path / "shards"
+    rc = data_cli.main(["prepare", *sources, "--tokenizer", str(tmp_path / "tok"), "--out", str(out),
+                        "--workers", "1", "--shard-tokens", "3000", "--val-docs", "2", "--no-progress"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "train:" in printed and "val:" in printed and "tokens/s" in printed
+    assert read_manifest(out)["config"]["tokenizer_fingerprint"] == tokenizer_fingerprint(tok)
+    assert data_cli.main(["info", str(out)]) == 0
+    assert "checksum ok" in capsys.readouterr().out
+    assert data_cli.main(["prepare", str(tmp_path / "nope"), "--tokenizer", str(tmp_path / "tok"),
+                          "--out", str(out)]) == 2
+    assert "nope: no such file or folder" in capsys.readouterr().err
