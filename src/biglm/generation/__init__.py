@@ -1,0 +1,25 @@
+"""Generation with BiGLM by iterative unmasking (DESIGN §4).
+
+Layers, each built on the one before (litgpt style):
+``sampling.sample`` (logits -> token, confidence) -> ``decoding.AnswerDenoiser`` (one model call over
+the answer slots, with the exact prefix cache) -> the loops in ``decoding`` (Mask-Predict,
+confidence-ordered commit, threshold rule) -> ``generate`` (text in, text out) -> ``cli.main``.
+"""
+
+from .api import cut_at_stop, encode_prompts, generate
+from .decoding import (
+    STRATEGIES,
+    AnswerDenoiser,
+    GenerationOutput,
+    StepInfo,
+    candidate_lengths,
+    generate_ids,
+    left_pad,
+    mask_predict_count,
+)
+from .sampling import filter_logits, sample
+
+__all__ = [
+    "STRATEGIES", "AnswerDenoiser", "GenerationOutput", "StepInfo", "candidate_lengths", "cut_at_stop",
+    "encode_prompts", "filter_logits", "generate", "generate_ids", "left_pad", "mask_predict_count", "sample",
+]

@@ -1,0 +1,349 @@
+"""Generation by iterative unmasking: exact prefix cache, strategies' schedules, sampling, text API, CLI."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import biglm  # noqa: F401  (registers the Auto classes)
+from biglm import BiGLMConfig, BiGLMForMaskedLM
+from biglm.generation import (
+    AnswerDenoiser,
+    StepInfo,
+    candidate_lengths,
+    cut_at_stop,
+    filter_logits,
+    generate,
+    generate_ids,
+    left_pad,
+    mask_predict_count,
+    sample,
+)
+from biglm.generation.cli import main as cli_main
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]]  # different lengths: left padding matters
+
+
+def _model(seed: int = 0, **overrides) -> BiGLMForMaskedLM:
+    # a larger init std than training's 0.02 gives peaked, varied predictions (p ~ 0.04-0.14 at random
+    # init rather than ~1/V everywhere), closer to a trained model and free of near-ties in confidence
+    torch.manual_seed(seed)
+    overrides = {"initializer_range": 0.2, **overrides}
+    return BiGLMForMaskedLM(BiGLMConfig.from_preset("tiny", **overrides)).eval()
+
+
+@pytest.fixture(scope="module")
+def model() -> BiGLMForMaskedLM:
+    return _model()
+
+
+def _batch():
+    return left_pad(PROMPTS, pad_id=0)
+
+
+def _record(steps: list[StepInfo]):
+    return steps.append
+
+
+# --- exact prefix cache --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_denoiser_cache_matches_full_forward(backend):
+    model = _model(attn_backend=backend)
+    ids, mask = _batch()
+    rows = torch.tensor([0, 0, 1, 2])  # a length beam repeats prompt rows
+    answer = torch.randint(5, 512, (4, 10), generator=torch.Generator().manual_seed(3))
+    answer[:, ::3] = model.config.mask_token_id
+    valid = torch.ones(4, 10, dtype=torch.bool)
+    valid[1, 7:] = False  # a shorter candidate: its tail is padding
+    where = (answer == model.config.mask_token_id) & valid
+    with torch.no_grad():
+        cached = AnswerDenoiser(model, prompt_ids=ids, prompt_mask=mask, rows=rows, use_cache=True)(answer, valid, where)
+        full = AnswerDenoiser(model, prompt_ids=ids, prompt_mask=mask, rows=rows, use_cache=False)(answer, valid, where)
+    assert cached.shape == (int(where.sum()), 512)
+    torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("strategy, extra", [
+    ("mask-predict", dict(steps=5)),
+    ("confidence", dict(steps=6)),
+    ("confidence", dict(steps=6, block_length=4)),
+    ("threshold", dict(threshold=0.07)),
+])
+def test_cache_equals_no_cache(model, strategy, extra):
+    ids, mask = _batch()
+    runs = {}
+    for use_cache in (True, False):
+        steps: list[StepInfo] = []
+        out = generate_ids(model, ids, mask, max_new_tokens=12, strategy=strategy, lengths=[12, 9],
+                           use_cache=use_cache, on_step=_record(steps), **extra)
+        runs[use_cache] = out, steps
+    (a, sa), (b, sb) = runs[True], runs[False]
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.lengths, b.lengths)
+    assert len(sa) == len(sb) > 1
+    for x, y in zip(sa, sb):  # every step: same inputs, same choices, close probabilities
+        assert torch.equal(x.output_ids, y.output_ids) and torch.equal(x.committed, y.committed)
+        torch.testing.assert_close(x.probs, y.probs, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("strategy", ["mask-predict", "confidence"])
+def test_padded_batch_equals_one_prompt_at_a_time(model, strategy):
+    ids, mask = _batch()
+    batch = generate_ids(model, ids, mask, max_new_tokens=10, steps=4, strategy=strategy)
+    for i, p in enumerate(PROMPTS):
+        alone = generate_ids(model, torch.tensor([p]), max_new_tokens=10, steps=4, strategy=strategy)
+        assert torch.equal(batch.tokens[i], alone.tokens[0]), i
+
+
+# --- Mask-Predict ----------------------------------------------------------------------------------------
+
+
+def test_mask_predict_remasks_lowest_probability_tokens(model):
+    N, T = 13, 6
+    ids, mask = _batch()
+    steps: list[StepInfo] = []
+    # sampling at temperature 1 from a random model changes tokens every iteration: no early stop
+    out = generate_ids(model, ids, mask, max_new_tokens=N, steps=T, temperature=1.0, seed=1, on_step=_record(steps))
+    assert out.steps == T == len(steps)
+    counts = [s.num_masked.tolist() for s in steps]
+    assert counts == [[mask_predict_count(length=N, step=t, steps=T)] * 3 for t in range(T)]
+    assert counts[0] == [N] * 3 and counts[1] == [math.floor(N * (T - 1) / T)] * 3
+    probs = torch.zeros(3, N)
+    prev = None
+    for t, s in enumerate(steps):
+        if t > 0:
+            # re-masked = the n_t lowest probabilities so far; the others keep token and probability
+            lowest = probs.argsort(dim=1, stable=True)[:, : s.num_masked[0]]
+            assert torch.equal(s.predicted, torch.zeros_like(s.predicted).scatter(1, lowest, True))
+            assert torch.equal(s.output_ids[~s.predicted], prev[~s.predicted])
+            assert bool((s.input_ids[s.predicted] == model.config.mask_token_id).all())
+        probs = torch.where(s.predicted, s.probs, probs)
+        prev = s.output_ids
+    assert bool((prev != model.config.mask_token_id).all())
+
+
+def test_mask_predict_stops_when_nothing_changes(model):
+    ids, mask = _batch()
+    steps: list[StepInfo] = []
+    out = generate_ids(model, ids, mask, max_new_tokens=12, steps=30, on_step=_record(steps))
+    assert out.steps == len(steps) < 30  # greedy on a fixed model converges
+    for prev, cur in zip(steps, steps[1:]):
+        unchanged = ~(cur.output_ids != prev.output_ids).any(1)
+        # a row whose iteration changed nothing is never re-masked again
+        later = [s.num_masked for s in steps[steps.index(cur) + 1:]]
+        for r in unchanged.nonzero().flatten().tolist():
+            assert all(int(n[r]) == 0 for n in later)
+
+
+def test_length_beam_picks_most_likely_candidate(model):
+    ids, mask = _batch()
+    lengths = [12, 9, 6]
+    beam = generate_ids(model, ids, mask, max_new_tokens=12, steps=4, lengths=lengths)
+    singles = [generate_ids(model, ids, mask, max_new_tokens=n, steps=4) for n in lengths]
+    scores = torch.stack([s.avg_logprob for s in singles], dim=1)  # (B, K)
+    best = scores.argmax(1)
+    assert beam.candidate_length.tolist() == [lengths[k] for k in best.tolist()]
+    for i, k in enumerate(best.tolist()):
+        n = lengths[k]
+        assert torch.equal(beam.tokens[i, :n], singles[k].tokens[i])
+    torch.testing.assert_close(beam.avg_logprob, scores.max(1).values)
+    assert candidate_lengths(max_new_tokens=12, length_beam=3) == [12, 9, 6]
+    assert candidate_lengths(max_new_tokens=1, length_beam=4) == [1]
+
+
+# --- confidence-ordered commit and the threshold rule ------------------------------------------------------
+
+
+def test_confidence_commits_k_per_step_and_never_remasks(model):
+    N, T = 16, 4
+    ids, mask = _batch()
+    steps: list[StepInfo] = []
+    out = generate_ids(model, ids, mask, max_new_tokens=N, steps=T, strategy="confidence", on_step=_record(steps))
+    assert out.steps == T
+    mask_id = model.config.mask_token_id
+    for s in steps:
+        assert s.committed.sum(1).tolist() == [N // T] * 3
+        # committed = the k most confident predictions
+        conf = torch.where(s.predicted, s.probs, -1.0)
+        kth = conf.topk(N // T, dim=1).values[:, -1:]
+        assert bool((conf[s.committed] >= kth.expand_as(conf)[s.committed]).all())
+        # never re-mask: whatever was written stays
+        written = s.input_ids != mask_id
+        assert torch.equal(s.output_ids[written], s.input_ids[written])
+        assert bool((s.output_ids[~written & ~s.committed] == mask_id).all())
+    assert bool((steps[-1].output_ids != mask_id).all())
+
+
+def test_confidence_blocks_fill_left_to_right(model):
+    ids, mask = _batch()
+    steps: list[StepInfo] = []
+    generate_ids(model, ids, mask, max_new_tokens=12, steps=6, strategy="confidence", block_length=4,
+                 on_step=_record(steps))
+    assert [s.block for s in steps] == [0, 0, 1, 1, 2, 2]
+    for s in steps:
+        block = torch.zeros(12, dtype=torch.bool)
+        block[4 * s.block: 4 * s.block + 4] = True
+        assert not bool(s.committed[:, ~block].any())  # only the current block is written
+        assert s.committed.sum(1).tolist() == [2, 2, 2]
+        assert bool((s.output_ids[:, : 4 * s.block] != model.config.mask_token_id).all())
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.07, 1.0])
+def test_threshold_rule(model, tau):
+    N = 10
+    ids, mask = _batch()
+    steps: list[StepInfo] = []
+    out = generate_ids(model, ids, mask, max_new_tokens=N, strategy="threshold", threshold=tau, on_step=_record(steps))
+    left = N
+    for s in steps:
+        above = ((s.probs > tau) & s.predicted).sum(1)
+        c = s.committed.sum(1)
+        active = s.num_masked > 0
+        assert bool((c[active] >= 1).all())  # at least one per step
+        assert bool((c >= above).all())  # every prediction above τ is committed
+        assert bool(((s.probs > tau) & s.predicted & ~s.committed).sum() == 0)
+        left = s.num_masked - c
+    assert bool((left == 0).all())
+    if tau == 0.0:
+        assert out.steps == 1  # everything is above 0: one step
+    if tau == 1.0:
+        assert out.steps == N and all(s.committed.sum(1).tolist() == [1, 1, 1] for s in steps)
+
+
+# --- sampling --------------------------------------------------------------------------------------------
+
+
+def test_sample_greedy_topk_topp():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 0.0, 0.0]])
+    tok, p = sample(logits)
+    assert tok.tolist() == [1, 0]
+    torch.testing.assert_close(p, logits.softmax(-1)[[0, 1], [1, 0]])
+    assert torch.isinf(filter_logits(logits, top_k=2)[0, [0, 2]]).all()
+    kept = torch.isfinite(filter_logits(logits[:1], top_p=0.7))[0].tolist()
+    assert kept == [False, True, False, True]  # p = .64, .24, ...: the crossing token is kept
+    g = torch.Generator().manual_seed(0)
+    draws = {int(sample(logits[:1], temperature=1.0, top_k=2, generator=g)[0]) for _ in range(50)}
+    assert draws == {1, 3}
+
+
+def test_seeded_sampling_is_deterministic(model):
+    ids, mask = _batch()
+    kw = dict(max_new_tokens=10, steps=4, temperature=1.0)
+    a = generate_ids(model, ids, mask, seed=7, **kw).tokens
+    b = generate_ids(model, ids, mask, seed=7, **kw).tokens
+    c = generate_ids(model, ids, mask, seed=8, **kw).tokens
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("strategy", ["mask-predict", "confidence"])
+def test_top_k_1_equals_greedy(model, strategy):
+    ids, mask = _batch()
+    greedy = generate_ids(model, ids, mask, max_new_tokens=10, steps=4, strategy=strategy)
+    topk1 = generate_ids(model, ids, mask, max_new_tokens=10, steps=4, strategy=strategy, temperature=1.5, top_k=1, seed=3)
+    assert torch.equal(greedy.tokens, topk1.tokens)
+
+
+# --- answers: length, EOS, stop strings ---------------------------------------------------------------------
+
+
+def test_max_new_tokens_and_eos_trimming():
+    model = _model()
+    model.config.eos_token_id = None
+    ids, mask = _batch()
+    kw = dict(max_new_tokens=14, steps=5, temperature=1.0, seed=2)
+    full = generate_ids(model, ids, mask, **kw)
+    assert full.tokens.shape == (3, 14) and full.lengths.tolist() == [14] * 3
+    # make a token that first appears mid-answer the EOS: the same answer must be cut right there
+    row = full.tokens[0].tolist()
+    k = next(i for i in range(3, 14) if row[i] not in row[:i])
+    model.config.eos_token_id = row[k]
+    cut = generate_ids(model, ids, mask, **kw)
+    assert torch.equal(cut.tokens, full.tokens)
+    assert cut.lengths[0] == k and cut.token_lists()[0] == row[:k]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny BiGLM and a word-level tokenizer saved as a Hugging Face directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("tiny-biglm")
+    text = ["the cat sat on the mat", "the dog sat on the log", "a cat and a dog ran far away"] * 20
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(text, trainers.WordLevelTrainer(special_tokens=["<pad>", "<s>", "</s>", "<unk>", "<mask>"]))
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                     unk_token="<unk>", mask_token="<mask>",
+                                     model_input_names=["input_ids", "attention_mask"])
+    hf_tok.save_pretrained(path)
+    model = _model(vocab_size=len(hf_tok), mask_token_id=hf_tok.mask_token_id, eos_token_id=None)
+    model.save_pretrained(path)
+    return path, model, hf_tok
+
+
+def test_generate_text_and_stop_strings(saved):
+    _, model, tok = saved
+    prompts = ["the cat sat on", "a dog"]
+    kw = dict(max_new_tokens=12, steps=4, temperature=1.0, seed=0)
+    texts = generate(model, tok, prompts, **kw)
+    assert len(texts) == 2
+    assert all(len(tok(t, add_special_tokens=False)["input_ids"]) <= 12 for t in texts)
+    # a word that first appears after the start of some answer: cutting there must shorten that answer
+    stop = next(w for t in texts for i, w in enumerate(t.split()) if i > 0 and w not in t.split()[:i])
+    cut = generate(model, tok, prompts, stop=[stop, "zebra"], **kw)
+    assert cut == [t[: t.find(stop)] if stop in t else t for t in texts]
+    assert sum(map(len, cut)) < sum(map(len, texts))
+    assert cut_at_stop("a b c b", ["b", "c"]) == "a " and cut_at_stop("abc", []) == "abc"
+    assert generate(model, tok, prompts, use_cache=False, **kw) == texts
+
+
+def test_bad_inputs(saved):
+    _, model, tok = saved
+    with pytest.raises(ValueError, match="prompts is empty"):
+        generate(model, tok, [])
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        generate(model, tok, ["the cat"], max_new_tokens=0)
+    with pytest.raises(ValueError, match="steps=0"):
+        generate(model, tok, ["the cat"], steps=0)
+    with pytest.raises(ValueError, match="strategy='beam'"):
+        generate(model, tok, ["the cat"], strategy="beam")
+    with pytest.raises(ValueError, match="block_length applies"):
+        generate(model, tok, ["the cat"], block_length=4)
+    with pytest.raises(TypeError, match="list of strings"):
+        generate(model, tok, "the cat")
+    with pytest.warns(UserWarning, match="keeping its last 6"):
+        out = generate(model, tok, ["the cat sat on the mat " * 50], max_new_tokens=250, steps=2)
+    assert len(out) == 1
+    no_mask = _model(vocab_size=len(tok), mask_token_id=None)
+    with pytest.raises(ValueError, match="no mask_token_id"):
+        generate(no_mask, tok, ["the cat"])
+
+
+# --- CLI ---------------------------------------------------------------------------------------------------
+
+
+def test_cli_end_to_end(saved, capsys):
+    path, model, tok = saved
+    rc = cli_main([str(path), "--prompt", "the cat sat", "--prompt", "a dog", "--max-new-tokens", "6",
+                   "--steps", "3", "--show-steps"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "### prompt 1: the cat sat" in out and "### prompt 2: a dog" in out
+    assert "[step 1/3] prompt 1, 6 masked: _ _ _ _ _ _" in out
+    expected = generate(model, tok, ["the cat sat", "a dog"], max_new_tokens=6, steps=3)
+    assert out.splitlines()[-3:] == [expected[0], "### prompt 2: a dog", expected[1]]
+    rc = cli_main([str(path), "--prompt", "the cat", "--strategy", "confidence", "--max-new-tokens", "4",
+                   "--show-steps", "--no-cache"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "[step 4/4] prompt 1, 1 masked:" in out and "_" in out.splitlines()[0]
+
+
+def test_cli_errors(tmp_path, saved, capsys):
+    rc = cli_main([str(tmp_path / "nope"), "--prompt", "hi"])
+    assert rc == 2 and "no checkpoint at" in capsys.readouterr().err
+    rc = cli_main([str(saved[0]), "--prompt", "hi", "--steps", "0"])
+    assert rc == 2 and "steps=0" in capsys.readouterr().err
