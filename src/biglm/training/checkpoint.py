@@ -1,0 +1,199 @@
+"""Checkpoints that lose nothing.
+
+Layout of a run directory::
+
+    OUT/config.json            model config (BiGLMConfig.save_pretrained)
+    OUT/train_config.json      the full TrainConfig
+    OUT/tokenizer/             the tokenizer the data was built with
+    OUT/checkpoints/step_0001000/   one complete checkpoint:
+        .metadata, __*.distcp  model + optimizer, torch.distributed.checkpoint (sharded under FSDP)
+        rank00000.pt           per-rank state: data position, RNG
+        meta.json              written last: step, world size; its presence marks the checkpoint complete
+
+A checkpoint is written into ``checkpoints/.tmp-step_XXXXXXX`` and renamed into place only when every
+rank has finished, so a kill during saving leaves the previous checkpoint intact. Only the last K
+complete checkpoints are kept; the newest is never removed before its successor is complete.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message says what to do."""
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    done = [d for d in root.glob("step_*") if (d / "meta.json").exists()]
+    return sorted(done, key=lambda d: int(d.name.split("_")[1]))
+
+
+def latest_checkpoint(path: Path) -> Path | None:
+    """The newest complete checkpoint of a run directory, or ``path`` itself if it is a checkpoint."""
+    path = Path(path)
+    if (path / "meta.json").exists():
+        return path
+    dirs = checkpoint_dirs(path)
+    return dirs[-1] if dirs else None
+
+
+class Checkpointer:
+    """Saves and restores (model, optimizer, per-rank extra state) for a run directory."""
+
+    def __init__(self, run_dir: Path, *, keep_last: int = 3) -> None:
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / "checkpoints"
+        self.keep_last = max(1, keep_last)
+
+    def clean_partial(self) -> None:
+        """Remove half-written checkpoints left by a kill during saving."""
+        if _rank() == 0 and self.root.is_dir():
+            for d in self.root.glob(".tmp-step_*"):
+                shutil.rmtree(d, ignore_errors=True)
+        _barrier()
+
+    def save(self, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             extra: dict[str, Any]) -> Path:
+        """Write checkpoint ``step`` atomically. On failure (e.g. disk full) the partial files are
+        removed, earlier checkpoints are untouched, and a `CheckpointError` explains what happened."""
+        final = self.root / f"step_{step:07d}"
+        tmp = self.root / f".tmp-step_{step:07d}"
+        rank = _rank()
+        try:
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            _barrier()
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+            torch.save(extra, tmp / f"rank{rank:05d}.pt")
+            _barrier()
+            if rank == 0:
+                meta = {"step": step, "world_size": dist.get_world_size() if dist.is_initialized() else 1}
+                with open(tmp / "meta.json", "w") as f:
+                    json.dump(meta, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                old = None
+                if final.exists():  # a re-save of the same step: move the old one aside, never delete first
+                    old = self.root / f".old-step_{step:07d}"
+                    shutil.rmtree(old, ignore_errors=True)
+                    os.replace(final, old)
+                os.replace(tmp, final)
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
+                _fsync_dir(self.root)
+                self._prune()
+            _barrier()
+        except OSError as e:
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            previous = checkpoint_dirs(self.run_dir)
+            kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
+            reason = "no space left on device" if e.errno == errno.ENOSPC else str(e)
+            raise CheckpointError(
+                f"could not save checkpoint step {step} to {final}: {reason}; {kept}. Free disk space "
+                f"(or point --out_dir elsewhere) and resume with the same command."
+            ) from e
+        return final
+
+    def _prune(self) -> None:
+        for old in checkpoint_dirs(self.run_dir)[: -self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def load(self, path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Restore model and optimizer in place from checkpoint ``path``; return this rank's extra state."""
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        try:
+            dcp.load(state, checkpoint_id=str(path))
+        except Exception as e:  # DCP reports shape mismatches deep inside the planner
+            raise CheckpointError(
+                f"cannot load {path} into this model: {e}\nThe checkpoint was written with a different model "
+                f"shape or optimizer. Resume with the run's original settings (see {self.run_dir / 'train_config.json'}), "
+                f"or start a new run with a different --out_dir."
+            ) from e
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        rank_file = Path(path) / f"rank{_rank():05d}.pt"
+        if not rank_file.exists():
+            raise CheckpointError(
+                f"{path} has no state for rank {_rank()}: it was written by a run with a different number of "
+                "processes. Resume with the same number of ranks."
+            )
+        return torch.load(rank_file, weights_only=False)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_inference_checkpoint(path: str | Path):
+    """``(model, tokenizer)`` from a run directory (its newest checkpoint) or one checkpoint directory."""
+    from transformers import AutoTokenizer
+
+    from ..model import BiGLMConfig, BiGLMForMaskedLM
+
+    path = Path(path)
+    ckpt = latest_checkpoint(path)
+    if ckpt is None:
+        raise FileNotFoundError(
+            f"{path} holds neither an exported model (config.json + model.safetensors) nor a training checkpoint "
+            "(checkpoints/step_*/meta.json): pass a `biglm export` directory or a `biglm pretrain` run directory."
+        )
+    run_dir = ckpt.parent.parent
+    config = BiGLMConfig.from_pretrained(run_dir)
+    model = BiGLMForMaskedLM(config)
+    state = {"model": get_model_state_dict(model, options=StateDictOptions())}
+    dcp.load(state, checkpoint_id=str(ckpt))
+    model.load_state_dict(state["model"])
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
+    return model.eval(), tokenizer
+
+
+def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
+    """Write a plain Hugging Face directory (config.json, model.safetensors, tokenizer) from a run."""
+    model, tokenizer = load_inference_checkpoint(path)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,105 @@
+"""The trainer's view of the data layer: open shard folders as a (phased) mixture, read the manifest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..data.mixture import Mixture, PhasedSampler, TokenDataset, iter_windows
+from ..data.shards import ShardError
+from .config import TrainConfig
+from .distributed import DistInfo
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    tokenizer_path: str | None
+    fingerprint: str | None
+
+
+def _missing(folder: str, hub_sources: dict[str, str]) -> FileNotFoundError:
+    source = hub_sources.get(folder, "SOURCE...")
+    return FileNotFoundError(
+        f"training data {folder!r} not found or empty: build it with\n"
+        f"  biglm data prepare {source} --tokenizer TOKENIZER_DIR --out {folder} --val-docs 1000\n"
+        f"or point the recipe at prepared folders with --data DIR[,DIR...]"
+    )
+
+
+def read_data_info(cfg: TrainConfig) -> DataInfo:
+    """Tokenizer and fingerprint recorded by `biglm data prepare` in the first data folder."""
+    import json
+
+    for folder in cfg.data:
+        manifest = Path(folder) / "manifest.json"
+        if manifest.is_file():
+            m = json.loads(manifest.read_text())
+            return DataInfo(tokenizer_path=m.get("tokenizer"), fingerprint=m.get("config", {}).get("tokenizer_fingerprint"))
+        if not Path(folder).exists():
+            raise _missing(folder, cfg.hub_sources)
+    return DataInfo(tokenizer_path=None, fingerprint=None)
+
+
+def _datasets(folders: dict[str, float], *, split: str, vocab_size: int, fingerprint: str | None,
+              hub_sources: dict[str, str]) -> dict[str, tuple[TokenDataset, float]]:
+    out = {}
+    for folder, weight in folders.items():
+        if not Path(folder).exists():
+            raise _missing(folder, hub_sources)
+        try:
+            ds = TokenDataset(folder, split=split, expected_vocab_size=vocab_size, expected_fingerprint=fingerprint)
+        except ShardError as e:
+            if split == "val" and "no 'val' shards" in str(e):
+                raise FileNotFoundError(str(e)) from e
+            raise
+        if ds.n_tokens == 0:
+            raise _missing(folder, hub_sources)
+        out[folder] = (ds, weight)
+    return out
+
+
+def open_train_sampler(cfg: TrainConfig, *, info: DistInfo, vocab_size: int, fingerprint: str | None) -> PhasedSampler:
+    """The training windows: `data` from step 0 and, with WSD annealing, `anneal_data` from its first step."""
+    kw = dict(split="train", vocab_size=vocab_size, fingerprint=fingerprint, hub_sources=cfg.hub_sources)
+    phases = [(0, Mixture(_datasets(cfg.data, **kw)))]
+    if cfg.anneal_data and cfg.anneal_steps > 0:
+        phases.append((cfg.steps - cfg.anneal_steps, Mixture(_datasets(cfg.anneal_data, **kw))))
+    return PhasedSampler(phases, window=cfg.seq_len, seed=cfg.seed, rank=info.rank, world_size=info.world_size)
+
+
+def validation_windows(cfg: TrainConfig, *, info: DistInfo, vocab_size: int, fingerprint: str | None) -> list:
+    """Fixed held-out batches (the same every evaluation): the first windows of each val split."""
+    folders = {f: 1.0 for f in (cfg.val_data or list(cfg.data))}
+    per_source = max(1, cfg.eval_batches * cfg.micro_batch * info.world_size // len(folders))
+    batches = []
+    for ds, _ in _datasets(folders, split="val", vocab_size=vocab_size, fingerprint=fingerprint,
+                           hub_sources=cfg.hub_sources).values():
+        batches += list(iter_windows(ds, window=cfg.seq_len, batch_size=cfg.micro_batch, rank=info.rank,
+                                     world_size=info.world_size, max_windows=per_source))
+    return batches
+
+
+def unigram_loss(cfg: TrainConfig, *, vocab_size: int, fingerprint: str | None, windows: list,
+                 objective, mask_token_id: int, max_tokens: int = 50_000_000) -> float:
+    """Cross-entropy of the validation masked tokens under the training unigram distribution
+    (add-one smoothed): the loss of a model that ignores context, the bar a trained model must clear."""
+    import torch
+
+    from ..objective import make_generator, mask_batch
+
+    counts = np.ones(vocab_size, dtype=np.float64)
+    for ds, _ in _datasets(cfg.data, split="train", vocab_size=vocab_size, fingerprint=fingerprint,
+                           hub_sources=cfg.hub_sources).values():
+        n = min(ds.n_tokens, max_tokens)
+        counts += np.bincount(ds.read(0, n), minlength=vocab_size)[:vocab_size]
+    logp = torch.from_numpy(np.log(counts / counts.sum()))
+    total, n = 0.0, 0
+    for i, w in enumerate(windows):
+        batch = mask_batch(w, objective, mask_token_id=mask_token_id, vocab_size=vocab_size,
+                           generator=make_generator(seed=cfg.seed + 7919, step=i, rank=0, device="cpu"))
+        targets = batch.labels[batch.labels != -100]
+        total += float(-logp[targets].sum())
+        n += targets.numel()
+    return total / max(n, 1)

@@ -1,0 +1,416 @@
+"""The pre-training loop: ``train()`` -> ``train_step()`` -> ``forward_backward()``.
+
+Notable features
+- One code path for a laptop CPU, one GPU and many GPUs/nodes under torchrun (DDP or FSDP2 via
+  `distributed.parallelize`; the model file knows nothing of it).
+- Loss normalisation without a host sync: all micro-batches of a step are masked first, their
+  masked-token counts are summed on device and all-reduced, and every micro-batch loss is divided by
+  that global count — exactly "mean cross-entropy over the masked tokens of the global batch".
+- Masks are a pure function of (seed, micro-step, rank) and the data position is part of the
+  checkpoint, so a killed and resumed run reproduces the uninterrupted one step for step.
+- Checkpoints every N steps, at the end, and on SIGINT/SIGTERM; a non-finite gradient norm stops the
+  run before the optimizer step, so neither weights nor checkpoints are touched.
+- Metrics: console (loss, lr, tokens/s, MFU, ETA), JSONL, optional TensorBoard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters
+from ..objective import ObjectiveConfig, get_objective, make_generator, mask_batch, masked_lm_loss
+from .checkpoint import Checkpointer, CheckpointError, latest_checkpoint
+from .config import TrainConfig
+from .distributed import DistInfo, all_reduce_sum, parallelize, unwrap
+from .schedule import lr_at
+
+# dense bf16 peak per device, for MFU
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "4090": 165.0}
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient became NaN/inf; the run stopped before updating the weights."""
+
+
+@dataclass
+class TrainResult:
+    step: int
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    val_losses: list[tuple[int, float]] = field(default_factory=list)
+    interrupted: bool = False
+    unigram_loss: float | None = None
+
+
+def _peak_flops(cfg: TrainConfig, device: torch.device) -> float | None:
+    if cfg.peak_tflops:
+        return cfg.peak_tflops * 1e12
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, tf in PEAK_TFLOPS.items():
+            if key in name:
+                return tf * 1e12
+    return None
+
+
+def flops_per_token(config: BiGLMConfig, objective: ObjectiveConfig, seq_len: int) -> tuple[float, float]:
+    """Training FLOPs per window token: (dense-attention count, count with only unmasked attention blocks).
+
+    6·N_non-embedding + 12·layers·hidden·L for attention, plus the MLM head 6·hidden·V on masked
+    positions only (sparse prediction). Under the BiGLM mask a prefix query skips the suffix: the
+    attended share of the L² pairs is 1 - E[p(L-p)]/L², p uniform on [αL, (1-α)L].
+    """
+    n = count_parameters(config)["non_embedding"]
+    attn = 12 * config.num_hidden_layers * config.hidden_size * seq_len
+    if objective.diffusion:
+        masked = 0.5
+    elif objective.decompose:
+        beta_y = sum(objective.suffix_ratio) / 2
+        beta_x = objective.prefix_lambda[0] - objective.prefix_lambda[1] * beta_y
+        masked = (beta_x + beta_y) / 2  # E[p] = L/2
+    else:
+        masked = objective.mlm_ratio
+    head = 6 * config.hidden_size * config.vocab_size * masked
+    dense = 6 * n + attn + head
+    if objective.prefix_attention:
+        a, b = objective.alpha, 1 - objective.alpha
+        # E[x(1-x)] for x ~ U(a, b)
+        e = ((b**2 / 2 - b**3 / 3) - (a**2 / 2 - a**3 / 3)) / (b - a)
+        return dense, 6 * n + attn * (1 - e) + head
+    return dense, dense
+
+
+class Trainer:
+    """Builds everything from a `TrainConfig` and runs it. ``hooks`` (tests, fault injection):
+    ``after_step(trainer, step)`` is called after every optimizer step."""
+
+    def __init__(self, cfg: TrainConfig, *, info: DistInfo, after_step: Callable[["Trainer", int], None] | None = None,
+                 echo: Callable[[str], None] | None = None) -> None:
+        cfg.validate(world_size=info.world_size)
+        self.cfg, self.info = cfg, info
+        self.after_step = after_step
+        self.echo = echo or (print if info.is_main else (lambda s: None))
+        self.out = cfg.output_dir
+        self.accum = cfg.global_batch // (cfg.micro_batch * info.world_size)
+        self._stop_signal: int | None = None
+        self._build()
+
+    # ------------------------------------------------------------------ setup
+    def _build(self) -> None:
+        from ..data import load_tokenizer
+        from .data import open_train_sampler, read_data_info, validation_windows
+
+        cfg, dev = self.cfg, self.info.device
+        data_info = read_data_info(cfg)
+        tok_path = cfg.tokenizer or data_info.tokenizer_path
+        if tok_path is None:
+            raise ValueError("no tokenizer: give --tokenizer DIR (the one used by `biglm data prepare`).")
+        self.tokenizer = load_tokenizer(tok_path)
+        vocab = len(self.tokenizer)
+        backend = cfg.attn_backend
+        if backend == "auto":
+            backend = "flex" if dev.type == "cuda" else "sdpa"
+        model_args = dict(vocab_size=vocab, max_position_embeddings=max(cfg.seq_len, 128), attn_backend=backend,
+                          pad_token_id=self.tokenizer.pad_token_id, mask_token_id=self.tokenizer.mask_token_id,
+                          eos_token_id=self.tokenizer.eos_token_id, bos_token_id=self.tokenizer.bos_token_id)
+        model_args.update(cfg.model)
+        if "vocab_size" in cfg.model and cfg.model["vocab_size"] < vocab:
+            raise ValueError(f"--model.vocab_size {cfg.model['vocab_size']} is smaller than the tokenizer's {vocab}.")
+        if cfg.seq_len > model_args["max_position_embeddings"]:
+            raise ValueError(
+                f"seq_len={cfg.seq_len} is longer than the model's max_position_embeddings="
+                f"{model_args['max_position_embeddings']}: lower --seq_len or raise --model.max_position_embeddings."
+            )
+        self.model_config = BiGLMConfig.from_preset(cfg.preset, **model_args)
+        self.objective = get_objective(cfg.objective, **cfg.objective_args)
+        self.mask_id = self.tokenizer.mask_token_id
+
+        torch.manual_seed(cfg.seed)
+        model = BiGLMForMaskedLM(self.model_config).to(dev)
+        self.raw_model = model
+        self.n_params = count_parameters(self.model_config)
+        self.autocast_dtype = None
+        if cfg.dtype == "bf16" or (cfg.dtype == "auto" and dev.type == "cuda"):
+            self.autocast_dtype = torch.bfloat16
+        use_compile = cfg.compile == "yes" or (cfg.compile == "auto" and dev.type == "cuda")
+        self.model = parallelize(model, info=self.info, mode=cfg.parallel, compile=use_compile,
+                                 activation_checkpointing=cfg.activation_checkpointing,
+                                 param_dtype=self.autocast_dtype)
+        self.fsdp = self.model is model and self.info.distributed
+        decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=tuple(cfg.betas), fused=dev.type == "cuda",
+        )
+        fingerprint = data_info.fingerprint
+        self.train_sampler = open_train_sampler(cfg, info=self.info, vocab_size=vocab, fingerprint=fingerprint)
+        self.val_windows = []
+        try:
+            self.val_windows = validation_windows(cfg, info=self.info, vocab_size=vocab, fingerprint=fingerprint)
+        except FileNotFoundError as e:
+            self.echo(f"[biglm] no validation loss: {e}")
+        self.data_fingerprint = fingerprint
+        self.flops, self.flops_sparse = flops_per_token(self.model_config, self.objective, cfg.seq_len)
+        self.peak = _peak_flops(cfg, dev)
+        self.checkpointer = Checkpointer(self.out, keep_last=cfg.keep_last)
+        self.step = 0
+        self.tokens_seen = 0
+
+    # ------------------------------------------------------------------ state
+    def _write_run_files(self) -> None:
+        if not self.info.is_main:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        saved = self.out / "config.json"
+        if saved.exists():
+            old = BiGLMConfig.from_pretrained(self.out)
+            keys = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                    "num_key_value_heads", "vocab_size", "tie_word_embeddings")
+            diff = {k: (getattr(old, k), getattr(self.model_config, k)) for k in keys
+                    if getattr(old, k) != getattr(self.model_config, k)}
+            if diff and latest_checkpoint(self.out) is not None:
+                changes = ", ".join(f"{k}: checkpoint {a} vs now {b}" for k, (a, b) in diff.items())
+                raise CheckpointError(
+                    f"{self.out} holds checkpoints of a different model shape ({changes}). Resume with the original "
+                    "settings, or choose a new --out_dir for the new shape."
+                )
+        self.model_config.save_pretrained(self.out)
+        self.cfg.save(self.out / "train_config.json")
+        self.tokenizer.save_pretrained(self.out / "tokenizer")
+
+    def _extra_state(self) -> dict[str, Any]:
+        extra = {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "train_sampler": self.train_sampler.state_dict(),
+            "rng_cpu": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available() and self.info.device.type == "cuda":
+            extra["rng_cuda"] = torch.cuda.get_rng_state(self.info.device)
+        return extra
+
+    def save(self) -> Path:
+        path = self.checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, extra=self._extra_state())
+        self.echo(f"[biglm] saved checkpoint {path}")
+        return path
+
+    def maybe_resume(self) -> bool:
+        """Resume from the newest complete checkpoint in the output directory, if any."""
+        self._write_run_files()
+        self.checkpointer.clean_partial()
+        ckpt = latest_checkpoint(self.out) if (self.out / "checkpoints").is_dir() else None
+        if ckpt is None:
+            return False
+        extra = self.checkpointer.load(ckpt, model=self.model, optimizer=self.optimizer)
+        self.step, self.tokens_seen = extra["step"], extra["tokens_seen"]
+        self.train_sampler.load_state_dict(extra["train_sampler"])
+        torch.set_rng_state(extra["rng_cpu"])
+        if "rng_cuda" in extra and self.info.device.type == "cuda":
+            torch.cuda.set_rng_state(extra["rng_cuda"], self.info.device)
+        self.echo(f"[biglm] resumed from {ckpt} (step {self.step})")
+        return True
+
+    # ------------------------------------------------------------------ steps
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.info.device.type, dtype=self.autocast_dtype)
+
+    def _doc_ids(self, windows: torch.Tensor) -> torch.Tensor | None:
+        if not self.cfg.doc_mask:
+            return None
+        eos = self.tokenizer.eos_token_id
+        # a document ends at its EOS: ids change after each EOS
+        return torch.cumsum((windows == eos).long(), dim=1) - (windows == eos).long()
+
+    def forward_backward(self, batch, windows: torch.Tensor, normalizer: torch.Tensor, *, sync: bool) -> torch.Tensor:
+        """One micro-batch: forward, loss summed over its masked tokens / global count, backward."""
+        ctx = contextlib.nullcontext()
+        if not sync and hasattr(self.model, "no_sync"):
+            ctx = self.model.no_sync()  # DDP: all-reduce gradients only on the last micro-batch
+        elif self.fsdp:
+            self.model.set_requires_gradient_sync(sync)
+        with ctx:
+            with self._autocast():
+                out = self.model(batch.input_ids, prefix_len=batch.prefix_len, labels=batch.labels,
+                                 doc_ids=self._doc_ids(windows))
+                # DDP/FSDP average gradients over ranks; the normaliser is already global, so undo that
+                loss = masked_lm_loss(out.logits, batch, normalizer=normalizer) * self.info.world_size
+            loss.backward()
+        return loss.detach() / self.info.world_size
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over the global batch; returns (loss, grad norm) as device tensors."""
+        cfg, dev = self.cfg, self.info.device
+        lr = lr_at(self.step, schedule=cfg.schedule, lr=cfg.lr, min_lr=cfg.min_lr, total_steps=cfg.steps,
+                   warmup_steps=cfg.warmup_steps, anneal_steps=cfg.anneal_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        micro = []
+        for i in range(self.accum):
+            windows = self.train_sampler.next_batch(cfg.micro_batch, step=self.step).to(dev, non_blocking=True)
+            gen = make_generator(seed=cfg.seed, step=self.step * self.accum + i, rank=self.info.rank, device=dev)
+            micro.append((windows, mask_batch(windows, self.objective, mask_token_id=self.mask_id,
+                                              vocab_size=self.model_config.vocab_size, generator=gen)))
+        normalizer = all_reduce_sum(sum(b.normalizer for _, b in micro).float()).clamp(min=1)
+        total = torch.zeros((), device=dev)
+        for i, (windows, batch) in enumerate(micro):
+            total += self.forward_backward(batch, windows, normalizer, sync=i == self.accum - 1)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        if not bool(torch.isfinite(grad_norm)):  # one scalar sync per step, before the weights change
+            loss_now = float(all_reduce_sum(total.clone()))
+            raise NonFiniteLossError(
+                f"non-finite {'loss' if not math.isfinite(loss_now) else 'gradient'} at step {self.step} "
+                f"(loss {loss_now}): the run stopped before the optimizer step, so the weights and every checkpoint "
+                f"are untouched. Lower --lr, check the data, or resume from the last checkpoint in {self.out}/checkpoints."
+            )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += cfg.global_batch * cfg.seq_len
+        return all_reduce_sum(total), grad_norm
+
+    @torch.no_grad()
+    def validate(self) -> float | None:
+        """Masked-LM loss on the fixed held-out windows, with fixed masks (comparable across evaluations)."""
+        if not self.val_windows:
+            return None
+        self.model.eval()
+        dev = self.info.device
+        loss_sum = torch.zeros((), device=dev)
+        count = torch.zeros((), device=dev)
+        for i, windows in enumerate(self.val_windows):
+            windows = windows.to(dev)
+            gen = make_generator(seed=self.cfg.seed + 7919, step=i, rank=self.info.rank, device=dev)
+            batch = mask_batch(windows, self.objective, mask_token_id=self.mask_id,
+                               vocab_size=self.model_config.vocab_size, generator=gen)
+            with self._autocast():
+                out = self.raw_model(batch.input_ids, prefix_len=batch.prefix_len, labels=batch.labels,
+                                     doc_ids=self._doc_ids(windows))
+            loss_sum += masked_lm_loss(out.logits, batch, normalizer=torch.ones((), device=dev))
+            count += batch.normalizer
+        self.model.train()
+        return float(all_reduce_sum(loss_sum) / all_reduce_sum(count).clamp(min=1))
+
+    # ------------------------------------------------------------------ loop
+    def _install_signals(self) -> dict:
+        def handler(signum, frame):
+            self._stop_signal = signum
+            self.echo(f"\n[biglm] received {signal.Signals(signum).name}: saving a checkpoint after this step")
+
+        old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread
+                old[sig] = signal.signal(sig, handler)
+        return old
+
+    def train(self) -> TrainResult:
+        cfg = self.cfg
+        self.maybe_resume()
+        result = TrainResult(step=self.step)
+        metrics = _MetricsWriter(self.out, enabled=self.info.is_main, tensorboard=cfg.tensorboard)
+        old_handlers = self._install_signals()
+        self.model.train()
+        fault_step = int(os.environ.get("BIGLM_FAULT_AFTER_STEP", "0"))  # tests: simulate a crash (os._exit)
+        self.echo(f"[biglm] {cfg.name}: {self.n_params['non_embedding'] / 1e6:.2f}M non-embedding params, "
+                  f"objective {self.objective.name}, L={cfg.seq_len}, global batch {cfg.global_batch} windows "
+                  f"({self.accum} accumulation x {cfg.micro_batch} x {self.info.world_size} ranks), "
+                  f"{cfg.steps} steps, device {self.info.device}")
+        t_last, tokens_last, t_start, step_start = time.perf_counter(), self.tokens_seen, time.perf_counter(), self.step
+        pending: list[tuple[int, torch.Tensor]] = []
+        try:
+            while self.step < cfg.steps:
+                loss, gnorm = self.train_step()
+                pending.append((self.step, loss))
+                if self.after_step is not None:
+                    self.after_step(self, self.step)
+                if fault_step and self.step == fault_step:
+                    os._exit(17)
+                last = self.step == cfg.steps
+                if self.step % cfg.log_every == 0 or last or self._stop_signal:
+                    now = time.perf_counter()
+                    tok_s = (self.tokens_seen - tokens_last) / max(now - t_last, 1e-9)
+                    t_last, tokens_last = now, self.tokens_seen
+                    for s, l in pending:
+                        value = float(l)
+                        result.losses.append((s, value))
+                        metrics.write({"step": s, "loss": value})
+                    pending.clear()
+                    mfu = tok_s * self.flops / (self.peak * self.info.world_size) if self.peak else None
+                    eta = (now - t_start) / max(self.step - step_start, 1) * (cfg.steps - self.step)
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    record = {"step": self.step, "loss": result.losses[-1][1], "lr": lr, "grad_norm": float(gnorm),
+                              "tokens_per_s": tok_s, "tokens": self.tokens_seen, "mfu": mfu, "eta_s": eta}
+                    metrics.write(record, kind="log")
+                    mfu_s = f" | mfu {100 * mfu:.1f}%" if mfu is not None else ""
+                    self.echo(f"step {self.step:>6}/{cfg.steps} | loss {record['loss']:.4f} | lr {lr:.2e} | "
+                              f"{tok_s:,.0f} tok/s{mfu_s} | eta {_fmt_time(eta)}")
+                if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:
+                    val = self.validate()
+                    if val is not None:
+                        result.val_losses.append((self.step, val))
+                        metrics.write({"step": self.step, "val_loss": val}, kind="val")
+                        self.echo(f"step {self.step:>6} | val loss {val:.4f}")
+                if (cfg.save_every and self.step % cfg.save_every == 0) or last or self._stop_signal:
+                    self.save()
+                if self._stop_signal:
+                    result.interrupted = True
+                    self.echo(f"[biglm] stopped at step {self.step}; run the same command to resume.")
+                    break
+        finally:
+            for sig, h in old_handlers.items():
+                signal.signal(sig, h)
+            metrics.close()
+        result.step = self.step
+        return result
+
+
+class _MetricsWriter:
+    """JSONL metrics (one record per line: train losses, logs, validation) and optional TensorBoard."""
+
+    def __init__(self, out: Path, *, enabled: bool, tensorboard: bool) -> None:
+        self.enabled = enabled
+        self.tb = None
+        if not enabled:
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        self.file = open(out / "metrics.jsonl", "a")
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise ImportError("--tensorboard needs the tensorboard package: pip install 'biglm[tensorboard]'") from e
+            self.tb = SummaryWriter(str(out / "tensorboard"))
+
+    def write(self, record: dict[str, Any], kind: str = "train") -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps({"kind": kind, **record}) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.tb.add_scalar(f"{kind}/{k}", v, record["step"])
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+            if self.tb is not None:
+                self.tb.close()
+
+
+def _fmt_time(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
