@@ -1,0 +1,272 @@
+"""log P(continuation | context) for a BiGLM: the four estimators of DESIGN §5, batched over an exact prefix cache.
+
+Notable features
+- One engine, four estimators. Each estimator turns a request (context X, continuation Y) into
+  *variants*: a copy of Y with some positions replaced by the mask token, the positions scored in
+  that copy, and a weight. The engine encodes every distinct context once (`encode_prefix`), repeats
+  its cache rows for all variants of all continuations of that context (`PrefixCache.select`), and
+  runs only the suffix positions, computing logits only at the scored slots (`logits_positions`).
+  Several choices of a multiple-choice question share one context encode.
+- Estimators (|Y| = n; "scored distribution" = the model's softmax at that slot in that variant):
+  * ``chain``: exact chain rule left to right, Σ_t log P(y_t | X, y_<t, y_>t masked). n variants of
+    Y, variant t = y_<t visible and y_≥t masked, scoring slot t. A proper distribution over all
+    continuations of length n (tested by summing exp over a tiny vocabulary).
+    is_greedy: every y_t is the argmax at slot t, i.e. greedy left-to-right unmasking writes Y.
+  * ``one-pass``: one variant with all of Y masked, Σ_t log P(y_t | X, Y all masked). Cheapest (one
+    suffix pass), not a distribution over sequences (it scores marginals independently).
+    is_greedy: every y_t is the argmax of its all-masked marginal.
+  * ``pll``: pseudo-log-likelihood (Salazar et al. 2020), Σ_t log P(y_t | X, Y without y_t): n variants,
+    variant t masks slot t only. Not a distribution (it overrates internally consistent strings).
+    is_greedy: every y_t is the argmax when only it is masked.
+  * ``mc``: LLaDA's Monte Carlo ELBO (Nie et al. 2025, eq. 6) with stratified mask counts: sample i
+    of m masks k_i = 1 + floor((i + u)·n/m) positions (u ~ U(0,1) per request, k_i clipped to n, so
+    k is uniform over 1..n in expectation), chosen uniformly, and scores them with weight n/(k_i·m):
+    an unbiased estimate of the ELBO ≤ log P(Y | X). Seeded per request from (seed, token ids), so a
+    score does not depend on batching or order. is_greedy: every scored slot in every sample holds
+    its argmax (slots no sample masked are not checked).
+- Cost in suffix token-positions per request: one-pass n, chain and pll n², mc m·n. Measured numbers
+  are in docs/scoring.md and benchmarks/bench_scoring.py.
+- Window: context + continuation must fit `max_length` (default the model's
+  max_position_embeddings). Longer requests lose context from the LEFT (a warning says how many);
+  a continuation that alone does not fit is an error, since scoring part of it would change the
+  quantity being measured.
+- Contexts are LEFT-padded to a common length (RoPE is relative, so no position shift), suffixes
+  RIGHT-padded; pads are masked out as keys.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..model.modeling import BiGLMForMaskedLM, PrefixCache
+
+ESTIMATORS: tuple[str, ...] = ("chain", "one-pass", "pll", "mc")
+
+
+@dataclass(frozen=True)
+class _Variant:
+    """One suffix pass row: ``tokens`` (Y with some slots masked), ``slots`` scored with their true
+    ``targets``, each log-prob multiplied by ``weight``."""
+
+    request: int
+    tokens: tuple[int, ...]
+    slots: tuple[int, ...]
+    targets: tuple[int, ...]
+    weight: float
+
+
+def _variants(estimator: str, request: int, context: Sequence[int], cont: Sequence[int], *, mask_id: int,
+              mc_samples: int, seed: int) -> list[_Variant]:
+    """The rows an estimator needs for one request (see the module docstring for the definitions)."""
+    n = len(cont)
+    y = tuple(int(t) for t in cont)
+    if estimator == "one-pass":
+        return [_Variant(request, (mask_id,) * n, tuple(range(n)), y, 1.0)]
+    if estimator == "chain":
+        return [_Variant(request, y[:t] + (mask_id,) * (n - t), (t,), (y[t],), 1.0) for t in range(n)]
+    if estimator == "pll":
+        return [_Variant(request, y[:t] + (mask_id,) + y[t + 1:], (t,), (y[t],), 1.0) for t in range(n)]
+    if estimator == "mc":
+        # seed from the request's own ids: the estimate is a function of (seed, X, Y) only
+        digest = zlib.crc32(np.asarray([*context, -1, *cont], dtype=np.int64).tobytes())
+        rng = np.random.default_rng([seed, digest])
+        u = rng.random()
+        out = []
+        for i in range(mc_samples):
+            k = min(n, 1 + int((i + u) * n / mc_samples))
+            slots = tuple(sorted(int(s) for s in rng.choice(n, size=k, replace=False)))
+            tokens = tuple(mask_id if j in slots else y[j] for j in range(n))
+            out.append(_Variant(request, tokens, slots, tuple(y[j] for j in slots), n / (k * mc_samples)))
+        return out
+    raise ValueError(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}.")
+
+
+def fit_window(context: Sequence[int], continuation: Sequence[int], *, max_length: int) -> tuple[list[int], int]:
+    """Return ``(context, n_dropped)`` with the context cut from the left so that context + continuation
+    fits ``max_length``. Raises ValueError for an empty continuation or one longer than the window."""
+    if len(continuation) == 0:
+        raise ValueError("empty continuation: there is nothing to score (lm-eval puts the word-boundary space "
+                         "in the continuation; check the task's target delimiter).")
+    if len(continuation) > max_length:
+        raise ValueError(f"continuation of {len(continuation)} tokens does not fit the window of {max_length} "
+                         "tokens: use loglikelihood_rolling for long texts, or a model with a longer window.")
+    keep = max_length - len(continuation)
+    drop = max(0, len(context) - keep)
+    return list(context[drop:]), drop
+
+
+@torch.no_grad()
+def score_requests(
+    model: BiGLMForMaskedLM,
+    requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    estimator: str = "chain",
+    batch_size: int = 16,
+    row_batch_size: int = 256,
+    mc_samples: int = 32,
+    seed: int = 1234,
+    max_length: int | None = None,
+    use_cache: bool = True,
+) -> list[tuple[float, bool]]:
+    """Score ``requests`` = [(context_ids, continuation_ids), ...] and return [(loglik, is_greedy), ...].
+
+    Args:
+        model: a BiGLM in eval mode (any device/dtype; log-softmax runs in fp32).
+        estimator: ``chain`` | ``one-pass`` | ``pll`` | ``mc`` (module docstring).
+        batch_size: distinct contexts encoded together (one `encode_prefix` call per batch).
+        row_batch_size: suffix rows (variants) per forward pass.
+        mc_samples: samples per request for ``mc``.
+        seed: base seed for ``mc`` (combined with each request's ids).
+        max_length: the window; default ``model.config.max_position_embeddings``.
+        use_cache: False runs the full sequence (context + suffix, BiGLM mask) for every row instead of
+            the prefix cache; the result is the same up to float rounding (kept for tests and debugging).
+
+    An empty context is allowed: the row then sees only its own suffix.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}.")
+    if estimator == "mc" and mc_samples < 1:
+        raise ValueError(f"mc_samples={mc_samples} must be >= 1.")
+    if batch_size < 1 or row_batch_size < 1:
+        raise ValueError("batch_size and row_batch_size must be >= 1.")
+    config = model.config
+    if config.mask_token_id is None:
+        raise ValueError("model.config.mask_token_id is None: a BiGLM scorer needs a mask token.")
+    window = int(max_length or config.max_position_embeddings)
+    pad_id = int(config.pad_token_id if config.pad_token_id is not None else 0)
+    device = next(model.parameters()).device
+
+    # fit the window, then group requests by identical (fitted) context
+    fitted: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    truncated = 0
+    for ctx, cont in requests:
+        ctx_fit, dropped = fit_window(ctx, cont, max_length=window)
+        truncated += dropped > 0
+        fitted.append((tuple(int(t) for t in ctx_fit), tuple(int(t) for t in cont)))
+    if truncated:
+        warnings.warn(f"{truncated} of {len(requests)} requests exceed the {window}-token window: their contexts "
+                      "were truncated from the left (the continuation is kept whole).", stacklevel=2)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, (ctx, _) in enumerate(fitted):
+        groups.setdefault(ctx, []).append(i)
+    # longest contexts first: similar lengths share a batch, so left padding stays small
+    contexts = sorted(groups, key=len, reverse=True)
+
+    loglik = np.zeros(len(requests), dtype=np.float64)
+    greedy = np.ones(len(requests), dtype=bool)
+    for c0 in range(0, len(contexts), batch_size):
+        ctx_batch = contexts[c0:c0 + batch_size]
+        P = max(1, max(len(c) for c in ctx_batch))  # >= 1 so an all-empty batch still has a (padded) prefix
+        ctx_ids = torch.full((len(ctx_batch), P), pad_id, dtype=torch.long)
+        ctx_mask = torch.zeros((len(ctx_batch), P), dtype=torch.long)
+        for b, c in enumerate(ctx_batch):
+            if c:
+                ctx_ids[b, P - len(c):] = torch.tensor(c)
+                ctx_mask[b, P - len(c):] = 1
+        ctx_ids, ctx_mask = ctx_ids.to(device), ctx_mask.to(device)
+        cache = model.encode_prefix(ctx_ids, attention_mask=ctx_mask) if use_cache else None
+
+        rows: list[tuple[int, _Variant]] = []  # (context row in this batch, variant)
+        for b, c in enumerate(ctx_batch):
+            for r in groups[c]:
+                rows += [(b, v) for v in _variants(estimator, r, c, fitted[r][1], mask_id=int(config.mask_token_id),
+                                                   mc_samples=mc_samples, seed=seed)]
+        rows.sort(key=lambda bv: len(bv[1].tokens))  # similar suffix lengths per pass: less right padding
+        for r0 in range(0, len(rows), row_batch_size):
+            chunk = rows[r0:r0 + row_batch_size]
+            _run_rows(model, chunk, cache=cache, ctx_ids=ctx_ids, ctx_mask=ctx_mask, pad_id=pad_id,
+                      loglik=loglik, greedy=greedy)
+    return [(float(ll), bool(g)) for ll, g in zip(loglik, greedy)]
+
+
+def _run_rows(model: BiGLMForMaskedLM, chunk: list[tuple[int, _Variant]], *, cache: PrefixCache | None,
+              ctx_ids: torch.Tensor, ctx_mask: torch.Tensor, pad_id: int, loglik: np.ndarray,
+              greedy: np.ndarray) -> None:
+    """One suffix pass over ``chunk``; accumulates weighted log-probs and greedy flags in place."""
+    device = ctx_ids.device
+    S = max(len(v.tokens) for _, v in chunk)
+    R = len(chunk)
+    ids = torch.full((R, S), pad_id, dtype=torch.long)
+    mask = torch.zeros((R, S), dtype=torch.long)
+    score = torch.zeros((R, S), dtype=torch.bool)
+    targets: list[int] = []
+    weights: list[float] = []
+    owners: list[int] = []
+    for i, (_, v) in enumerate(chunk):
+        ids[i, :len(v.tokens)] = torch.tensor(v.tokens)
+        mask[i, :len(v.tokens)] = 1
+        score[i, list(v.slots)] = True
+        # slots are sorted, so this is the row-major order of the flattened logits
+        targets += v.targets
+        weights += [v.weight] * len(v.slots)
+        owners += [v.request] * len(v.slots)
+    index = torch.tensor([b for b, _ in chunk], dtype=torch.long, device=device)
+    ids, mask, score = ids.to(device), mask.to(device), score.to(device)
+    if cache is not None:
+        logits = model(ids, prefix_cache=cache.select(index), attention_mask=mask, logits_positions=score).logits
+    else:
+        # reference path: the whole sequence under the BiGLM mask (prefix cannot see the suffix)
+        P = ctx_ids.shape[1]
+        full = torch.cat((ctx_ids.index_select(0, index), ids), dim=1)
+        full_mask = torch.cat((ctx_mask.index_select(0, index), mask), dim=1)
+        full_score = torch.cat((torch.zeros_like(ctx_mask, dtype=torch.bool).index_select(0, index), score), dim=1)
+        logits = model(full, prefix_len=P, attention_mask=full_mask, logits_positions=full_score).logits
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (M, V)
+    tgt = torch.tensor(targets, dtype=torch.long, device=logp.device)
+    lp = logp.gather(1, tgt[:, None]).squeeze(1).double().cpu().numpy()
+    hit = (logp.argmax(dim=-1) == tgt).cpu().numpy()
+    np.add.at(loglik, np.asarray(owners), lp * np.asarray(weights))
+    np.logical_and.at(greedy, np.asarray(owners), hit)
+
+
+
+def rolling_requests(tokens: Sequence[int], *, prefix_token: int, max_length: int,
+                     chunk: int = 32) -> list[tuple[list[int], list[int]]]:
+    """Split a text into (context, continuation) pairs for perplexity scoring.
+
+    Every token is predicted exactly once, in chunks of at most ``chunk`` tokens; each chunk is
+    conditioned on as many preceding tokens as the window allows (``max_length - len(chunk)``),
+    the first on ``prefix_token`` alone (BOS, like lm-eval's EOT prefix for causal LMs). Short chunks
+    keep the chain rule cheap (n² suffix positions per chunk) and leave most of the window to context.
+    """
+    if chunk < 1 or chunk >= max_length:
+        raise ValueError(f"chunk={chunk} must lie in [1, max_length={max_length}) so some context fits.")
+    full = [int(prefix_token), *map(int, tokens)]  # full[s] is the last context token before tokens[s]
+    pairs = []
+    for s in range(0, len(tokens), chunk):
+        cont = full[s + 1:s + 1 + chunk]
+        start = max(0, s + 1 - (max_length - len(cont)))
+        pairs.append((full[start:s + 1], cont))
+    return pairs
+
+
+def score_rolling(
+    model: BiGLMForMaskedLM,
+    texts: Sequence[Sequence[int]],
+    *,
+    prefix_token: int,
+    estimator: str = "chain",
+    chunk: int = 32,
+    max_length: int | None = None,
+    **kwargs,
+) -> list[float]:
+    """Total log-likelihood of each token sequence in ``texts`` (for perplexity), scored window by window
+    with `rolling_requests` and `score_requests` (``kwargs`` go to the latter). Empty texts score 0."""
+    window = int(max_length or model.config.max_position_embeddings)
+    pairs, owner = [], []
+    for i, toks in enumerate(texts):
+        for p in rolling_requests(toks, prefix_token=prefix_token, max_length=window, chunk=chunk):
+            pairs.append(p)
+            owner.append(i)
+    scores = score_requests(model, pairs, estimator=estimator, max_length=window, **kwargs)
+    total = [0.0] * len(texts)
+    for i, (ll, _) in zip(owner, scores):
+        total[i] += ll
+    return total

@@ -1,0 +1,264 @@
+"""lm-evaluation-harness (0.4.13) model ``biglm``: a BiGLM scored with the estimators of `estimators.py`.
+
+Notable features
+- Registered with ``@register_model("biglm")`` when this module is imported; lm-eval has no plugin
+  discovery, so `biglm eval` (``biglm.scoring.cli``) imports it before handing over to lm-eval's CLI.
+- ``loglikelihood`` groups requests by identical context: each context is encoded once and its cache
+  is shared by all the choices of a question (and by every variant an estimator needs).
+- Tokenisation follows HFLM: trailing spaces of the context move to the continuation, and the
+  continuation's ids are the tail of the encoded context+continuation, so a word's leading space
+  and the BPE merges across the boundary come out as in running text.
+- Every context starts with a document-boundary token (``prefix_token=eos`` by default): the
+  pre-training shards end each document with ``</s>``, so a new document follows ``</s>``. It also
+  gives an empty context something to attend to.
+- Data parallel: under ``torchrun`` / ``accelerate launch`` (WORLD_SIZE > 1) each process evaluates
+  its shard of the documents (lm-eval splits them by ``rank``/``world_size``) and the gathers go
+  through torch.distributed (gloo on CPU, nccl on CUDA), as HFLM does through accelerate.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from tqdm import tqdm
+
+from .estimators import ESTIMATORS, score_requests, score_rolling
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SCORER = "chain"
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def _as_int(value: Any, default: int) -> int:
+    """lm-eval passes batch sizes as str ("8", "auto", "auto:4") or int; "auto" means our default."""
+    if value is None or (isinstance(value, str) and value.startswith("auto")):
+        return default
+    return int(value)
+
+
+@register_model("biglm")
+class BiGLMLM(LM):
+    """A BiGLM as an lm-eval model.
+
+    Args (``--model_args key=value,...``):
+        pretrained: directory written by `biglm export` / ``save_pretrained`` (or a training checkpoint
+            that `biglm.loading.load_model` accepts).
+        scorer: ``chain`` | ``one-pass`` | ``pll`` | ``mc`` (see `biglm.scoring.estimators`).
+        batch_size: contexts encoded per batch (``auto`` = 16).
+        row_batch_size: suffix rows per forward pass.
+        device: ``cpu``, ``cuda``, ``cuda:1``... (under torchrun: ``cuda:LOCAL_RANK``).
+        dtype: ``float32`` | ``bfloat16`` | ``float16`` (default: the checkpoint's).
+        max_length: window in tokens (default: the model's max_position_embeddings).
+        mc_samples: Monte Carlo samples per request for ``scorer=mc``.
+        seed: seed of the ``mc`` estimator.
+        rolling_chunk: tokens predicted per window by ``loglikelihood_rolling``.
+        prefix_token: ``eos`` | ``bos`` | ``none``: the token put before every context.
+        max_gen_toks: default generation length for ``generate_until``.
+    """
+
+    def __init__(
+        self,
+        pretrained: str,
+        scorer: str = DEFAULT_SCORER,
+        batch_size: int | str | None = 16,
+        max_batch_size: int | None = None,
+        row_batch_size: int = 256,
+        device: str | None = None,
+        dtype: str | None = None,
+        max_length: int | None = None,
+        mc_samples: int = 32,
+        seed: int = 1234,
+        rolling_chunk: int = 32,
+        prefix_token: str = "eos",
+        max_gen_toks: int = 64,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        if kwargs:
+            log.warning("biglm: ignoring unknown model_args %s", sorted(kwargs))
+        if scorer not in ESTIMATORS:
+            raise ValueError(f"scorer={scorer!r}: choose one of {', '.join(ESTIMATORS)}.")
+        if dtype is not None and str(dtype) not in _DTYPES:
+            raise ValueError(f"dtype={dtype!r}: choose one of {', '.join(_DTYPES)}.")
+        self._init_distributed(device)
+        from ..loading import load_model
+
+        self.model, self.tokenizer = load_model(pretrained, device=self._device,
+                                                dtype=_DTYPES[str(dtype)] if dtype is not None else None)
+        self.pretrained = str(pretrained)
+        self.scorer = scorer
+        self.batch_size = _as_int(batch_size, 16)
+        self.row_batch_size = int(row_batch_size)
+        self.mc_samples = int(mc_samples)
+        self.seed = int(seed)
+        self.rolling_chunk = int(rolling_chunk)
+        self.max_gen_toks = int(max_gen_toks)
+        self._max_length = int(max_length or self.model.config.max_position_embeddings)
+        if self._max_length > self.model.config.max_position_embeddings:
+            raise ValueError(f"max_length={self._max_length} exceeds the model's max_position_embeddings="
+                             f"{self.model.config.max_position_embeddings}.")
+        choices = {"eos": self.tokenizer.eos_token_id, "bos": self.tokenizer.bos_token_id, "none": None}
+        if prefix_token not in choices:
+            raise ValueError(f"prefix_token={prefix_token!r}: choose eos, bos or none.")
+        self.prefix_ids = [] if choices[prefix_token] is None else [int(choices[prefix_token])]
+
+    # ---- process layout --------------------------------------------------------------------------------
+
+    def _init_distributed(self, device: str | None) -> None:
+        """Set rank/world size from the launcher's env (torchrun and accelerate both set RANK/WORLD_SIZE)."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
+            # lm-eval's CLI defaults to --device cuda; a CPU machine should still run
+            log.warning("biglm: device %s requested but CUDA is not available; using cpu", device)
+            device = "cpu"
+        want_cuda = device is not None and str(device).startswith("cuda") or (device is None and torch.cuda.is_available())
+        if world > 1:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                dist.init_process_group(backend="nccl" if want_cuda else "gloo")
+            self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            self._device = torch.device(f"cuda:{local}") if want_cuda else torch.device("cpu")
+            if want_cuda:
+                torch.cuda.set_device(self._device)
+        else:
+            self._device = torch.device(device if device is not None else ("cuda" if want_cuda else "cpu"))
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._world_size == 1:
+            return tensor
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(tensor) for _ in range(self._world_size)]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        if self._world_size == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out = [None] * self._world_size if self._rank == dst else None
+        dist.gather_object(obj, out, dst=dst)
+        return out
+
+    def barrier(self) -> None:
+        if self._world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def tokenizer_name(self) -> str:
+        return getattr(self.tokenizer, "name_or_path", "biglm").replace("/", "__")
+
+    # ---- tokenisation ----------------------------------------------------------------------------------
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        # as HFLM: "Question: x? Answer:" + " yes" — the space belongs to the continuation
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            continuation = context[-n_spaces:] + continuation
+            context = context[:-n_spaces]
+        whole = self._encode(context + continuation)
+        ctx = self._encode(context)
+        cont = whole[len(ctx):]
+        if not cont or whole[:len(ctx)] != ctx:
+            # the merge crossed the boundary: encode separately so the continuation is still scored whole
+            cont = self._encode(continuation)
+        return self.prefix_ids + ctx, cont
+
+    # ---- lm-eval requests ------------------------------------------------------------------------------
+
+    def loglikelihood(self, requests: list, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        pairs = [req.args for req in requests]
+        encoded = []
+        for context, continuation in pairs:
+            if not continuation:
+                raise ValueError(f"empty continuation for context {context[-80:]!r}: nothing to score.")
+            encoded.append(self._encode_pair(context, continuation))
+        # chunks of whole contexts, so a context's choices are scored together (one encode each)
+        by_ctx: dict[tuple[int, ...], list[int]] = {}
+        for i, (ctx, _) in enumerate(encoded):
+            by_ctx.setdefault(tuple(ctx), []).append(i)
+        order = sorted(by_ctx, key=len, reverse=True)
+        results: list[tuple[float, bool] | None] = [None] * len(encoded)
+        step = self.batch_size * 4
+        bar = tqdm(total=len(encoded), disable=disable_tqdm or self.rank != 0, desc=f"biglm {self.scorer}")
+        for c0 in range(0, len(order), step):
+            idx = [i for c in order[c0:c0 + step] for i in by_ctx[c]]
+            scores = score_requests(self.model, [encoded[i] for i in idx], estimator=self.scorer,
+                                    batch_size=self.batch_size, row_batch_size=self.row_batch_size,
+                                    mc_samples=self.mc_samples, seed=self.seed, max_length=self._max_length)
+            for i, s in zip(idx, scores):
+                results[i] = s
+                self.cache_hook.add_partial("loglikelihood", pairs[i], s)
+            bar.update(len(idx))
+        bar.close()
+        return results  # type: ignore[return-value]
+
+    def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
+        prefix = self.prefix_ids[0] if self.prefix_ids else self.tokenizer.eos_token_id
+        out = []
+        for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc=f"biglm rolling {self.scorer}"):
+            (text,) = req.args
+            ll = score_rolling(self.model, [self._encode(text)], prefix_token=int(prefix), estimator=self.scorer,
+                               chunk=min(self.rolling_chunk, self._max_length - 1), max_length=self._max_length,
+                               batch_size=self.batch_size, row_batch_size=self.row_batch_size,
+                               mc_samples=self.mc_samples, seed=self.seed)[0]
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), ll)
+            out.append(ll)
+        return out
+
+    def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
+        from ..generation import generate  # written alongside; imported lazily so scoring works without it
+
+        out: list[str | None] = [None] * len(requests)
+        groups: dict[str, list[int]] = {}
+        for i, req in enumerate(requests):
+            groups.setdefault(repr(sorted(req.args[1].items())), []).append(i)
+        for idx in groups.values():
+            kw = dict(requests[idx[0]].args[1])
+            until = kw.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = int(kw.pop("max_gen_toks", self.max_gen_toks))
+            for b0 in tqdm(range(0, len(idx), self.batch_size), disable=disable_tqdm or self.rank != 0,
+                           desc="biglm generate"):
+                chunk = idx[b0:b0 + self.batch_size]
+                prompts = [requests[i].args[0] for i in chunk]
+                texts = generate(self.model, self.tokenizer, prompts, max_new_tokens=max_new, stop=until)
+                for i, text in zip(chunk, _as_texts(texts)):
+                    out[i] = _cut(text, until)
+                    self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
+        return out  # type: ignore[return-value]
+
+
+def _as_texts(result: Any) -> list[str]:
+    """`generate` returns a list of strings (or objects with ``.text``); accept both."""
+    items = result if isinstance(result, list) else list(result)
+    return [x if isinstance(x, str) else getattr(x, "text") for x in items]
+
+
+def _cut(text: str, stops: Iterable[str]) -> str:
+    """Cut at the first stop sequence (in case the decoder overshoots one)."""
+    for s in stops:
+        if s and s in text:
+            text = text[:text.index(s)]
+    return text
