@@ -61,8 +61,9 @@ def test_denoiser_cache_matches_full_forward(backend):
     valid[1, 7:] = False  # a shorter candidate: its tail is padding
     where = (answer == model.config.mask_token_id) & valid
     with torch.no_grad():
-        cached = AnswerDenoiser(model, prompt_ids=ids, prompt_mask=mask, rows=rows, use_cache=True)(answer, valid, where)
-        full = AnswerDenoiser(model, prompt_ids=ids, prompt_mask=mask, rows=rows, use_cache=False)(answer, valid, where)
+        kw = dict(prompt_ids=ids, prompt_mask=mask, rows=rows, valid=valid)
+        cached = AnswerDenoiser(model, use_cache=True, **kw)(answer, where)
+        full = AnswerDenoiser(model, use_cache=False, **kw)(answer, where)
     assert cached.shape == (int(where.sum()), 512)
     torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
 
@@ -136,6 +137,8 @@ def test_mask_predict_stops_when_nothing_changes(model):
         later = [s.num_masked for s in steps[steps.index(cur) + 1:]]
         for r in unchanged.nonzero().flatten().tolist():
             assert all(int(n[r]) == 0 for n in later)
+    full = generate_ids(model, ids, mask, max_new_tokens=12, steps=30, early_stop=False)
+    assert full.steps == 28  # no early stop: every iteration with n_t > 0 runs (n_t = 0 from t = 28 on)
 
 
 def test_length_beam_picks_most_likely_candidate(model):

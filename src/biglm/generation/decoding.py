@@ -109,40 +109,39 @@ class AnswerDenoiser:
 
     Built once per batch: with ``use_cache`` the prompt keys/values are computed here, once, and
     reused by every call. ``prompt_ids`` (B, P) are left-padded, ``prompt_mask`` (B, P) marks real
-    tokens; ``rows`` (R,) maps each answer row to its prompt (length-beam candidates share one).
+    tokens; ``rows`` (R,) maps each answer row to its prompt (length-beam candidates share one);
+    ``valid`` (R, N) marks slots inside each row's candidate length (the rest are padding keys).
     """
 
     def __init__(self, model: torch.nn.Module, *, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                 rows: torch.Tensor, use_cache: bool) -> None:
+                 rows: torch.Tensor, valid: torch.Tensor, use_cache: bool) -> None:
         self.model = model
         self.prompt_len = prompt_ids.shape[1]
         self.use_cache = use_cache and self.prompt_len > 0  # nothing to cache for empty prompts
-        mask = None if bool(prompt_mask.all()) else prompt_mask
+        # masks are fixed for the whole decode: build them once (each `.all()` is a host sync)
+        self.answer_mask = None if bool(valid.all()) else valid.long()
+        prompt_padded = not bool(prompt_mask.all())
         if self.use_cache:
-            cache = model.encode_prefix(prompt_ids, mask)
+            cache = model.encode_prefix(prompt_ids, prompt_mask if prompt_padded else None)
             # the identity selection is skipped: `select` copies every layer's keys/values
             same = rows.numel() == prompt_ids.shape[0] and bool((rows == torch.arange(rows.numel(), device=rows.device)).all())
             self.cache = cache if same else cache.select(rows)
         else:
             self.prompt_ids = prompt_ids.index_select(0, rows)
-            self.prompt_mask = prompt_mask.index_select(0, rows)
+            attn = torch.cat((prompt_mask.index_select(0, rows), valid.long()), dim=1)
+            self.full_mask = attn if prompt_padded or self.answer_mask is not None else None
+            self.no_logits = torch.zeros_like(self.prompt_ids, dtype=torch.bool)
 
-    def __call__(self, answer: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits (M, V) at the ``positions`` (R, N) bool of ``answer`` (R, N), row-major order.
-
-        ``valid`` (R, N) marks slots inside each row's candidate length; the rest are padding keys.
-        """
-        answer_mask = None if bool(valid.all()) else valid.long()
+    def __call__(self, answer: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits (M, V) at the ``positions`` (R, N) bool of ``answer`` (R, N), in row-major order."""
         if self.use_cache:
-            return self.model(answer, prefix_cache=self.cache, attention_mask=answer_mask,
+            return self.model(answer, prefix_cache=self.cache, attention_mask=self.answer_mask,
                               logits_positions=positions).logits
         if self.prompt_len == 0:
-            return self.model(answer, attention_mask=answer_mask, logits_positions=positions).logits
+            return self.model(answer, attention_mask=self.answer_mask, logits_positions=positions).logits
         ids = torch.cat((self.prompt_ids, answer), dim=1)
-        attn = torch.cat((self.prompt_mask, valid.long()), dim=1)
-        attn = None if bool(attn.all()) else attn
-        where = torch.cat((torch.zeros_like(self.prompt_ids, dtype=torch.bool), positions), dim=1)
-        return self.model(ids, prefix_len=self.prompt_len, attention_mask=attn, logits_positions=where).logits
+        where = torch.cat((self.no_logits, positions), dim=1)
+        return self.model(ids, prefix_len=self.prompt_len, attention_mask=self.full_mask, logits_positions=where).logits
 
 
 def left_pad(prompts: Sequence[Sequence[int]], *, pad_id: int, device: torch.device | str = "cpu",
@@ -212,6 +211,7 @@ def generate_ids(
     block_length: int | None = None,
     threshold: float = 0.9,
     use_cache: bool = True,
+    early_stop: bool = True,
     suppress_ids: Sequence[int] = (),
     on_step: StepCallback | None = None,
 ) -> GenerationOutput:
@@ -230,6 +230,8 @@ def generate_ids(
         block_length: semi-autoregressive block size for confidence/threshold (None = one block).
         threshold: τ of the threshold rule.
         use_cache: encode the prompt once and run only the answer slots (exact).
+        early_stop: Mask-Predict ends a row once an iteration changes none of its tokens; False runs
+            all T iterations (the original algorithm; fixed cost, as a benchmark wants).
         suppress_ids: token ids never generated (the mask token and, when it is not EOS, the pad
             token are always suppressed).
         on_step: called with a `StepInfo` after every model call.
@@ -267,6 +269,9 @@ def generate_ids(
         raise ValueError(f"prompt ({P}) + answer ({N}) tokens exceed max_position_embeddings="
                          f"{config.max_position_embeddings}: shorten the prompt or max_new_tokens.")
 
+    if prompt_ids.numel() and (int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= config.vocab_size):
+        raise ValueError(f"prompt token ids must lie in [0, vocab_size={config.vocab_size}): was the prompt encoded "
+                         "with this model's tokenizer?")
     device = prompt_ids.device
     if prompt_mask is None:
         prompt_mask = torch.ones_like(prompt_ids)
@@ -276,7 +281,8 @@ def generate_ids(
     rows = torch.arange(B, device=device).repeat_interleave(K)  # row r = prompt r // K, candidate r % K
     cand_len = torch.tensor(lengths, device=device).repeat(B)  # (R,)
     valid = torch.arange(N, device=device)[None, :] < cand_len[:, None]  # (R, N)
-    denoise = AnswerDenoiser(model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, rows=rows, use_cache=use_cache)
+    denoise = AnswerDenoiser(model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, rows=rows, valid=valid,
+                             use_cache=use_cache)
 
     eos_id, pad_id = config.eos_token_id, config.pad_token_id
     banned = {mask_id, *suppress_ids}
@@ -285,18 +291,28 @@ def generate_ids(
     banned_t = torch.tensor(sorted(i for i in banned if 0 <= i < config.vocab_size), device=device)
 
     def predict(answer: torch.Tensor, where: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = denoise(answer, valid, where)
+        logits = denoise(answer, where)
         logits = logits.index_fill(-1, banned_t, float("-inf"))
         return sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
 
     info = dict(strategy=strategy, valid=valid, prompt_index=rows, candidate_length=cand_len)
-    if strategy == "mask-predict":
-        answer, probs, calls = _mask_predict(predict, valid=valid, mask_id=mask_id, steps=steps, on_step=on_step,
-                                             info=info)
-    else:
-        answer, probs, calls = _commit_by_confidence(
-            predict, valid=valid, mask_id=mask_id, steps=steps, block_length=block_length or N,
-            threshold=threshold if strategy == "threshold" else None, on_step=on_step, info=info)
+    # the answer ids are written by this loop, not by a user: the model's host-side input checks (a
+    # device sync per call) add nothing after the prompt was checked
+    inner = getattr(model, "model", None)
+    checks = getattr(inner, "validate_inputs", None)
+    if checks is not None:
+        inner.validate_inputs = False
+    try:
+        if strategy == "mask-predict":
+            answer, probs, calls = _mask_predict(predict, valid=valid, mask_id=mask_id, steps=steps,
+                                                 early_stop=early_stop, on_step=on_step, info=info)
+        else:
+            answer, probs, calls = _commit_by_confidence(
+                predict, valid=valid, mask_id=mask_id, steps=steps, block_length=block_length or N,
+                threshold=threshold if strategy == "threshold" else None, on_step=on_step, info=info)
+    finally:
+        if checks is not None:
+            inner.validate_inputs = checks
 
     # length beam: the candidate with the highest mean log-probability per slot
     logp = torch.where(valid, probs.clamp_min(torch.finfo(torch.float32).tiny).log(), 0.0)
@@ -317,7 +333,7 @@ def generate_ids(
 Predict = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def _mask_predict(predict: Predict, *, valid: torch.Tensor, mask_id: int, steps: int,
+def _mask_predict(predict: Predict, *, valid: torch.Tensor, mask_id: int, steps: int, early_stop: bool,
                   on_step: StepCallback | None, info: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Mask-Predict over all rows at once; returns (answer, probs, model calls)."""
     R, N = valid.shape
@@ -342,7 +358,7 @@ def _mask_predict(predict: Predict, *, valid: torch.Tensor, mask_id: int, steps:
         answer = inputs.masked_scatter(where, tok)
         probs = probs.masked_scatter(where, p)
         calls += 1
-        if t > 0:
+        if t > 0 and early_stop:
             active = active & (answer != before).any(1)  # an iteration that changes nothing ends the row
         if on_step is not None:
             on_step(StepInfo(step=calls, total_steps=steps, block=0, input_ids=inputs, output_ids=answer,
