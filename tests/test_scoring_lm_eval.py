@@ -1,0 +1,161 @@
+"""The lm-eval adapter (`biglm` model) and the `biglm eval` launcher, end to end on a tiny checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra")
+
+from biglm import BiGLMConfig, BiGLMForMaskedLM  # noqa: E402
+from biglm.scoring import cli, score_requests  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_EVAL = REPO.parent / "shared" / "data" / "eval"
+PRETRAIN = REPO.parent / "shared" / "data" / "pretrain"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A random tiny BiGLM saved with a small byte-level BPE tokenizer (a saved HF directory)."""
+    from biglm.data.tokenizer import train_tokenizer
+
+    src = PRETRAIN / "tinyshakespeare" / "input.txt"
+    text = src.read_text()[:20000].split("\n\n") if src.is_file() else ["the quick brown fox jumps over the lazy dog"] * 50
+    tok = train_tokenizer(texts=text, vocab_size=300)
+    torch.manual_seed(0)
+    cfg = BiGLMConfig.from_preset("tiny", vocab_size=len(tok), mask_token_id=tok.mask_token_id,
+                                  pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                                  eos_token_id=tok.eos_token_id)
+    out = tmp_path_factory.mktemp("ckpt")
+    BiGLMForMaskedLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _instances(pairs):
+    from lm_eval.api.instance import Instance
+
+    return [Instance(request_type="loglikelihood", doc={}, arguments=p, idx=i) for i, p in enumerate(pairs)]
+
+
+def test_adapter_groups_contexts_and_matches_estimator(checkpoint, monkeypatch):
+    from biglm.scoring.lm_eval_adapter import BiGLMLM
+
+    lm = BiGLMLM.create_from_arg_string(f"pretrained={checkpoint},scorer=chain", {"batch_size": "auto", "device": "cpu"})
+    calls = []
+    real = lm.model.encode_prefix
+    monkeypatch.setattr(lm.model, "encode_prefix", lambda ids, attention_mask=None: calls.append(ids.shape[0]) or real(ids, attention_mask))
+    pairs = [("Question: where is the king?\nAnswer:", c) for c in (" in the castle", " at sea", " dead")]
+    pairs += [("The queen said", c) for c in (" no.", " yes.")]
+    out = lm.loglikelihood(_instances(pairs))
+    assert sum(calls) == 2  # two distinct contexts, each encoded once for all its choices
+    assert all(isinstance(ll, float) and isinstance(g, bool) for ll, g in out)
+    # the adapter's numbers are the estimator's on the HFLM-style split with the </s> document prefix
+    ctx, cont = lm._encode_pair(*pairs[0])
+    assert ctx[0] == lm.tokenizer.eos_token_id
+    assert lm.tokenizer.decode(cont) == " in the castle"
+    (ref, _), = score_requests(lm.model, [(ctx, cont)], estimator="chain")
+    assert out[0][0] == pytest.approx(ref, abs=1e-5)
+    with pytest.raises(ValueError, match="empty continuation"):
+        lm.loglikelihood(_instances([("ctx", "")]))
+    from lm_eval.api.instance import Instance
+
+    rolling = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("To be or not to be, that is the question.",), 0)])
+    assert rolling[0] < 0
+
+
+def _copa_yaml(tmp: Path) -> Path:
+    import lm_eval.tasks
+
+    builtin = Path(lm_eval.tasks.__file__).parent / "super_glue" / "copa" / "default.yaml"
+    doc = {"include": str(builtin), "task": "copa_local", "dataset_path": "json", "dataset_name": None,
+           "dataset_kwargs": {"data_files": {"validation": str(SHARED_EVAL / "aps__super_glue/copa/validation.jsonl")}},
+           "training_split": None}
+    d = tmp / "tasks"
+    d.mkdir()
+    (d / "copa_local.yaml").write_text(yaml.safe_dump(doc))
+    return d
+
+
+def test_launcher_end_to_end(checkpoint, tmp_path, shared_data):
+    out = tmp_path / "out"
+    rc = cli.main(["--model_args", f"pretrained={checkpoint},scorer=one-pass", "--tasks", "copa_local",
+                   "--include_path", str(_copa_yaml(tmp_path)), "--limit", "8", "--output_path", str(out),
+                   "--device", "cpu"])
+    assert rc == 0
+    files = list(out.rglob("results_*.json"))
+    assert len(files) == 1
+    res = json.loads(files[0].read_text())["results"]["copa_local"]
+    assert 0.0 <= res["acc,none"] <= 1.0 and "acc_stderr,none" in res
+    assert json.loads(files[0].read_text())["config"]["model"] == "biglm"
+
+
+def test_suite_skips_missing_and_prints_table(checkpoint, tmp_path, shared_data, capsys):
+    """The whole --suite path on a data dir holding only PIQA: the rest is reported missing by path."""
+    data = tmp_path / "eval"
+    (data / "baber__piqa").mkdir(parents=True)
+    shutil.copy(SHARED_EVAL / "baber__piqa" / "validation.jsonl", data / "baber__piqa" / "validation.jsonl")
+    rc = cli.main(["--suite", "paper", "--data-dir", str(data), "--model_args", f"pretrained={checkpoint},scorer=one-pass",
+                   "--limit", "4", "--device", "cpu", "--output_path", str(tmp_path / "out")])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert f"data file not found: {data / 'allenai__ai2_arc' / 'ARC-Challenge' / 'test.jsonl'}" in captured.err
+    table = captured.out[captured.out.index("| ARC-E"):].splitlines()
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    row = [c.strip() for c in table[2].strip("|").split("|")]
+    assert header[:3] == ["ARC-E", "ARC-C", "PIQA"] and "Avg" in header and header[-1] == "LAMBADA"
+    assert row[header.index("ARC-C")] == "—" and row[header.index("PIQA")] != "—"
+    assert row[header.index("Avg")] == row[header.index("PIQA")]  # the only task that ran
+
+
+def test_suite_yamls_on_shared_data(tmp_path, shared_data):
+    tasks, missing = cli.write_suite_yamls(data_dir=shared_data / "eval", out_dir=tmp_path)
+    ran = {t.column for t in tasks}
+    assert {"ARC-E", "PIQA", "WinoG", "LogiQA", "SIQA", "BoolQ", "MMLU", "LAMBADA"} <= ran
+    for absent in ("ARC-C", "HellaS", "TruthQA", "SciQ", "RACE"):
+        assert absent in missing and missing[absent].endswith(".jsonl")
+    piqa = yaml.safe_load((tmp_path / "piqa_local.yaml").read_text())
+    assert piqa["include"].endswith("lm_eval/tasks/piqa/piqa.yaml") and Path(piqa["include"]).is_absolute()
+    assert piqa["training_split"] is None and piqa["dataset_path"] == "json"
+    assert len(yaml.safe_load((tmp_path / "_mmlu_local.yaml").read_text())["task"]) == 57
+    with pytest.raises(FileNotFoundError, match="no task of suite"):
+        cli.write_suite_yamls(data_dir=tmp_path / "empty", out_dir=tmp_path / "y")
+
+
+def test_suite_table_layout():
+    results = {"results": {"piqa_local": {"acc,none": 0.5, "acc_norm,none": 0.6},
+                           "arc_easy_local": {"acc,none": 0.4, "acc_norm,none": 0.9},
+                           "mmlu_local": {"acc,none": 0.25}}}
+    header, row = cli.suite_table(results)
+    assert row[header.index("PIQA")] == "60.0"  # acc_norm for PIQA
+    assert row[header.index("ARC-E")] == "40.0"  # acc for ARC-E
+    assert row[header.index("Avg")] == "50.0"  # MMLU is shown but not averaged
+    assert row[header.index("MMLU")] == "25.0" and row[header.index("HellaS")] == "—"
+
+
+def test_missing_checkpoint_message(tmp_path, capsys):
+    rc = cli.main(["--model_args", f"pretrained={tmp_path / 'nope'}", "--tasks", "piqa"])
+    assert rc == 2
+    assert f"no model at {tmp_path / 'nope'}" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="no model at"):
+        cli.run_suite(tmp_path / "nope", data_dir=tmp_path)
+
+
+def test_generate_until(checkpoint):
+    generation = pytest.importorskip("biglm.generation")
+    if not hasattr(generation, "generate"):
+        pytest.skip("biglm.generation.generate is not written yet")
+    from lm_eval.api.instance import Instance
+
+    from biglm.scoring.lm_eval_adapter import BiGLMLM
+
+    lm = BiGLMLM(pretrained=str(checkpoint), device="cpu")
+    reqs = [Instance("generate_until", {}, ("Once upon a time", {"until": ["\n"], "max_gen_toks": 6}), 0)]
+    (text,) = lm.generate_until(reqs)
+    assert isinstance(text, str) and "\n" not in text
