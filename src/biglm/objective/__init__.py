@@ -3,6 +3,9 @@
 from .masking import (
     OBJECTIVES,
     MaskedBatch,
+    MaskPattern,
+    apply_masks,
+    draw_masks,
     ObjectiveConfig,
     get_objective,
     make_generator,
@@ -10,4 +13,4 @@ from .masking import (
     masked_lm_loss,
 )
 
-__all__ = ["OBJECTIVES", "MaskedBatch", "ObjectiveConfig", "get_objective", "make_generator", "mask_batch", "masked_lm_loss"]
+__all__ = ["OBJECTIVES", "MaskedBatch", "MaskPattern", "apply_masks", "draw_masks", "ObjectiveConfig", "get_objective", "make_generator", "mask_batch", "masked_lm_loss"]

@@ -142,6 +142,116 @@ def _round(x: torch.Tensor) -> torch.Tensor:
     return torch.floor(x + 0.5).long()
 
 
+@dataclass
+class MaskPattern:
+    """Which positions of R rows × L are masked, drawn without looking at the tokens.
+
+    Drawing the pattern for a whole global batch and handing each rank its rows makes the masks a
+    function of (seed, step, global window index) only: the same for any number of ranks, micro-batch
+    size or accumulation, so a 2-process run reproduces the 1-process loss curve.
+    """
+
+    masked: torch.Tensor  # (R, L) bool
+    split: torch.Tensor | None  # (R,) p, None without a split
+    prefix_attention: bool
+    ratios: torch.Tensor  # (R, 2)
+    weight: torch.Tensor | None  # (R,) per-row loss weight (diffusion: 1/t)
+    corrupt_random: torch.Tensor | None = None  # (R, L) bool: replace with a random token
+    corrupt_keep: torch.Tensor | None = None  # (R, L) bool: keep the original token
+    random_ids: torch.Tensor | None = None  # (R, L) long
+
+    def count(self) -> torch.Tensor:
+        """The loss normaliser of these rows, on device: masked tokens (all tokens for diffusion, as in LLaDA)."""
+        if self.weight is not None:
+            return torch.tensor(float(self.masked.numel()), device=self.masked.device)
+        return self.masked.sum()
+
+    def rows(self, index: torch.Tensor | slice) -> "MaskPattern":
+        """The pattern of some rows (a rank's / micro-batch's share)."""
+        pick = lambda t: None if t is None else t[index]  # noqa: E731
+        return MaskPattern(masked=self.masked[index], split=pick(self.split), prefix_attention=self.prefix_attention,
+                           ratios=self.ratios[index], weight=pick(self.weight), corrupt_random=pick(self.corrupt_random),
+                           corrupt_keep=pick(self.corrupt_keep), random_ids=pick(self.random_ids))
+
+
+def draw_masks(
+    rows: int,
+    length: int,
+    objective: ObjectiveConfig,
+    *,
+    generator: torch.Generator,
+    device: torch.device | str,
+    vocab_size: int | None = None,
+) -> MaskPattern:
+    """Draw the masks of ``rows`` windows of ``length`` tokens under ``objective`` (all on ``device``)."""
+    B, L, dev = rows, length, torch.device(device)
+    pos = torch.arange(L, device=dev)[None, :]  # (1, L)
+
+    def uniform(*shape: int) -> torch.Tensor:
+        return torch.rand(*shape, device=dev, generator=generator)
+
+    weight = split = None
+    if objective.diffusion:
+        t = objective.diffusion_eps + (1 - objective.diffusion_eps) * uniform(B)  # (B,)
+        masked = uniform(B, L) < t[:, None]
+        weight = 1.0 / t
+        ratios = torch.stack((t, t), dim=1)
+    elif not objective.decompose:
+        k = int(objective.mlm_ratio * L + 0.5)  # a Python constant: no device sync
+        masked = uniform(B, L).argsort(dim=1).argsort(dim=1) < max(1, k)
+        ratios = torch.full((B, 2), objective.mlm_ratio, device=dev)
+    else:
+        lo, hi = max(1, round(objective.alpha * L)), min(L - 1, round((1 - objective.alpha) * L))
+        if hi < lo:
+            raise ValueError(f"window length L={L} is too short to split with alpha={objective.alpha}.")
+        split = lo + (uniform(B) * (hi - lo + 1)).long().clamp_max(hi - lo)  # (B,) p
+        y_lo, y_hi = objective.suffix_ratio
+        beta_y = y_lo + (y_hi - y_lo) * uniform(B)
+        l1, l2 = objective.prefix_lambda
+        beta_x = l1 - l2 * beta_y
+        k_y = _round(beta_y * (L - split)).clamp(min=1)
+        k_x = _round(beta_x * split)
+        in_suffix = pos >= split[:, None]  # (B, L)
+        keys = uniform(B, L) + 2.0 * in_suffix  # prefix keys in [0,1), suffix keys in [2,3)
+        rank_ = keys.argsort(dim=1).argsort(dim=1)  # rank within prefix for prefix, p + rank within suffix for suffix
+        masked = torch.where(in_suffix, rank_ - split[:, None] < k_y[:, None], rank_ < k_x[:, None])
+        ratios = torch.stack((beta_x, beta_y), dim=1)
+    pattern = MaskPattern(masked=masked, split=split, prefix_attention=objective.prefix_attention, ratios=ratios,
+                          weight=weight)
+    if objective.corruption is not None:
+        _, p_random, p_keep = objective.corruption
+        if vocab_size is None and p_random > 0:
+            raise ValueError("corruption with a random-token share needs vocab_size.")
+        u = uniform(B, L)
+        pattern.corrupt_random = masked & (u < p_random)
+        pattern.corrupt_keep = masked & (u >= p_random) & (u < p_random + p_keep)
+        if p_random > 0:
+            pattern.random_ids = torch.randint(0, vocab_size, (B, L), device=dev, generator=generator)
+    return pattern
+
+
+def apply_masks(windows: torch.Tensor, pattern: MaskPattern, *, mask_token_id: int,
+                normalizer: torch.Tensor | None = None) -> MaskedBatch:
+    """Build the training example of ``windows`` (B, L) under ``pattern`` (B rows).
+
+    ``normalizer`` defaults to this batch's masked-token count (B·L for diffusion, as in LLaDA).
+    """
+    if windows.dim() != 2 or windows.shape != pattern.masked.shape:
+        raise ValueError(f"windows {tuple(windows.shape)} do not match the mask pattern {tuple(pattern.masked.shape)}.")
+    masked = pattern.masked
+    labels = torch.where(masked, windows, torch.full_like(windows, IGNORE_INDEX))
+    input_ids = torch.where(masked, torch.full_like(windows, mask_token_id), windows)
+    if pattern.random_ids is not None:
+        input_ids = torch.where(pattern.corrupt_random, pattern.random_ids, input_ids)
+    if pattern.corrupt_keep is not None:
+        input_ids = torch.where(pattern.corrupt_keep, windows, input_ids)
+    weight = None if pattern.weight is None else pattern.weight[:, None].expand_as(windows)
+    return MaskedBatch(input_ids=input_ids, labels=labels,
+                       prefix_len=pattern.split if pattern.prefix_attention else None, split=pattern.split,
+                       loss_weight=weight, normalizer=pattern.count() if normalizer is None else normalizer,
+                       ratios=pattern.ratios)
+
+
 def mask_batch(
     windows: torch.Tensor,
     objective: ObjectiveConfig,
@@ -160,65 +270,13 @@ def mask_batch(
     """
     if windows.dim() != 2:
         raise ValueError(f"windows must be (batch, length), got shape {tuple(windows.shape)}.")
-    B, L = windows.shape
-    dev = windows.device
     if generator is None:
         if seed is None:
             raise ValueError("mask_batch needs a generator or a seed (with step and rank).")
-        generator = make_generator(seed=seed, step=step, rank=rank, device=dev)
-    pos = torch.arange(L, device=dev)[None, :]  # (1, L)
-
-    def uniform(*shape: int) -> torch.Tensor:
-        return torch.rand(*shape, device=dev, generator=generator)
-
-    weight = None
-    split = prefix_len = None
-    if objective.diffusion:
-        t = objective.diffusion_eps + (1 - objective.diffusion_eps) * uniform(B)  # (B,)
-        masked = uniform(B, L) < t[:, None]
-        weight = (1.0 / t)[:, None].expand(B, L)
-        normalizer = torch.tensor(float(B * L), device=dev)
-        ratios = torch.stack((t, t), dim=1)
-    elif not objective.decompose:
-        k = int(objective.mlm_ratio * L + 0.5)  # a Python constant: no device sync
-        rank_ = uniform(B, L).argsort(dim=1).argsort(dim=1)
-        masked = rank_ < max(1, k)
-        ratios = torch.full((B, 2), objective.mlm_ratio, device=dev)
-        normalizer = masked.sum()
-    else:
-        lo, hi = max(1, round(objective.alpha * L)), min(L - 1, round((1 - objective.alpha) * L))
-        if hi < lo:
-            raise ValueError(f"window length L={L} is too short to split with alpha={objective.alpha}.")
-        split = lo + (uniform(B) * (hi - lo + 1)).long().clamp_max(hi - lo)  # (B,) p
-        y_lo, y_hi = objective.suffix_ratio
-        beta_y = y_lo + (y_hi - y_lo) * uniform(B)
-        l1, l2 = objective.prefix_lambda
-        beta_x = l1 - l2 * beta_y
-        k_y = _round(beta_y * (L - split)).clamp(min=1)
-        k_x = _round(beta_x * split)
-        in_suffix = pos >= split[:, None]  # (B, L)
-        keys = uniform(B, L) + 2.0 * in_suffix  # prefix keys in [0,1), suffix keys in [2,3)
-        rank_ = keys.argsort(dim=1).argsort(dim=1)  # rank within prefix for prefix, p + rank within suffix for suffix
-        masked = torch.where(in_suffix, rank_ - split[:, None] < k_y[:, None], rank_ < k_x[:, None])
-        ratios = torch.stack((beta_x, beta_y), dim=1)
-        normalizer = masked.sum()
-        if objective.prefix_attention:
-            prefix_len = split
-    labels = torch.where(masked, windows, torch.full_like(windows, IGNORE_INDEX))
-    input_ids = torch.where(masked, torch.full_like(windows, mask_token_id), windows)
-    if objective.corruption is not None:
-        _, p_random, p_keep = objective.corruption
-        if vocab_size is None and p_random > 0:
-            raise ValueError("corruption with a random-token share needs vocab_size.")
-        u = uniform(B, L)
-        random_tok = masked & (u < p_random)
-        keep = masked & (u >= p_random) & (u < p_random + p_keep)
-        if p_random > 0:
-            rand_ids = torch.randint(0, vocab_size, (B, L), device=dev, generator=generator)
-            input_ids = torch.where(random_tok, rand_ids, input_ids)
-        input_ids = torch.where(keep, windows, input_ids)
-    return MaskedBatch(input_ids=input_ids, labels=labels, prefix_len=prefix_len, split=split,
-                       loss_weight=weight, normalizer=normalizer, ratios=ratios)
+        generator = make_generator(seed=seed, step=step, rank=rank, device=windows.device)
+    pattern = draw_masks(windows.shape[0], windows.shape[1], objective, generator=generator,
+                         device=windows.device, vocab_size=vocab_size)
+    return apply_masks(windows, pattern, mask_token_id=mask_token_id)
 
 
 def masked_lm_loss(

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -117,12 +118,13 @@ class Checkpointer:
                 _fsync_dir(self.root)
                 self._prune()
             _barrier()
-        except OSError as e:
+        except (OSError, CheckpointException) as e:
             if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
             previous = checkpoint_dirs(self.run_dir)
             kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
-            reason = "no space left on device" if e.errno == errno.ENOSPC else str(e)
+            full = getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e)
+            reason = "no space left on device" if full else str(e).splitlines()[0]
             raise CheckpointError(
                 f"could not save checkpoint step {step} to {final}: {reason}; {kept}. Free disk space "
                 f"(or point --out_dir elsewhere) and resume with the same command."

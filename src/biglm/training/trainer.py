@@ -3,10 +3,10 @@
 Notable features
 - One code path for a laptop CPU, one GPU and many GPUs/nodes under torchrun (DDP or FSDP2 via
   `distributed.parallelize`; the model file knows nothing of it).
-- Loss normalisation without a host sync: all micro-batches of a step are masked first, their
-  masked-token counts are summed on device and all-reduced, and every micro-batch loss is divided by
-  that global count — exactly "mean cross-entropy over the masked tokens of the global batch".
-- Masks are a pure function of (seed, micro-step, rank) and the data position is part of the
+- Loss normalisation without a host sync or collective: the masks of the whole global batch are drawn
+  from (seed, step) on every rank, so the global masked-token count is known on device, and every
+  micro-batch loss is divided by it — exactly "mean cross-entropy over the masked tokens of the global batch".
+- Masks are a pure function of (seed, step, global window index) and the data position is part of the
   checkpoint, so a killed and resumed run reproduces the uninterrupted one step for step.
 - Checkpoints every N steps, at the end, and on SIGINT/SIGTERM; a non-finite gradient norm stops the
   run before the optimizer step, so neither weights nor checkpoints are touched.
@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters
-from ..objective import ObjectiveConfig, get_objective, make_generator, mask_batch, masked_lm_loss
+from ..objective import ObjectiveConfig, apply_masks, draw_masks, get_objective, make_generator, mask_batch, masked_lm_loss
 from .checkpoint import Checkpointer, CheckpointError, latest_checkpoint
 from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_sum, parallelize, unwrap
@@ -256,13 +256,18 @@ class Trainer:
                    warmup_steps=cfg.warmup_steps, anneal_steps=cfg.anneal_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        # masks of the whole global batch from (seed, step) alone; each rank takes the rows of its windows,
+        # so the loss is the same for any number of ranks, micro-batch size or accumulation
+        W, r, mb = self.info.world_size, self.info.rank, cfg.micro_batch
+        gen = make_generator(seed=cfg.seed, step=self.step, rank=0, device=dev)
+        pattern = draw_masks(cfg.global_batch, cfg.seq_len, self.objective, generator=gen, device=dev,
+                             vocab_size=self.model_config.vocab_size)
+        normalizer = pattern.count().float().clamp(min=1)  # global masked-token count, no all-reduce needed
         micro = []
         for i in range(self.accum):
-            windows = self.train_sampler.next_batch(cfg.micro_batch, step=self.step).to(dev, non_blocking=True)
-            gen = make_generator(seed=cfg.seed, step=self.step * self.accum + i, rank=self.info.rank, device=dev)
-            micro.append((windows, mask_batch(windows, self.objective, mask_token_id=self.mask_id,
-                                              vocab_size=self.model_config.vocab_size, generator=gen)))
-        normalizer = all_reduce_sum(sum(b.normalizer for _, b in micro).float()).clamp(min=1)
+            windows = self.train_sampler.next_batch(mb, step=self.step).to(dev, non_blocking=True)
+            rows = i * mb * W + torch.arange(mb, device=dev) * W + r  # global window index of each row
+            micro.append((windows, apply_masks(windows, pattern.rows(rows), mask_token_id=self.mask_id)))
         total = torch.zeros((), device=dev)
         for i, (windows, batch) in enumerate(micro):
             total += self.forward_backward(batch, windows, normalizer, sync=i == self.accum - 1)

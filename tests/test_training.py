@@ -1,0 +1,271 @@
+"""The trainer: exact resume after a crash, atomic checkpoints, signals, non-finite loss, torchrun, recipes."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from biglm.training import (
+    RECIPES,
+    CheckpointError,
+    NonFiniteLossError,
+    Trainer,
+    TrainConfig,
+    export_checkpoint,
+    get_recipe,
+    lr_at,
+)
+from biglm.training.checkpoint import checkpoint_dirs
+from biglm.training.distributed import DistInfo
+
+SINGLE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, ):
+    """A 512-token tokenizer and train/val shards of Tiny Shakespeare (first 200 kB)."""
+    from biglm.data import prepare, train_tokenizer
+
+    src = REPO.parent / "shared" / "data" / "pretrain" / "tinyshakespeare" / "input.txt"
+    if not src.exists():
+        pytest.skip(f"shared data not found at {src}")
+    root = tmp_path_factory.mktemp("data")
+    text = src.read_text()[:200_000]
+    (root / "corpus.txt").write_text(text)
+    tok_dir = root / "tokenizer"
+    train_tokenizer(texts=text.split("\n\n"), vocab_size=512, out_dir=str(tok_dir))
+    prepare(sources=[str(root / "corpus.txt")], tokenizer=str(tok_dir), out_dir=root / "shards", val_docs=40,
+            workers=1, progress=False)
+    return root / "shards", tok_dir
+
+
+def _cfg(prepared, out: Path, **kw) -> TrainConfig:
+    shards, tok = prepared
+    base = dict(name="t", out_dir=str(out), preset="tiny", model={"max_position_embeddings": 64}, data={str(shards): 1.0},
+                tokenizer=str(tok), seq_len=32, micro_batch=4, global_batch=8, steps=6, lr=3e-3, min_lr=3e-4,
+                warmup_steps=1, log_every=1, eval_every=3, eval_batches=2, save_every=3, keep_last=3)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _losses(out: Path) -> dict[int, float]:
+    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
+
+
+def _run_cli(args: list[str], env_extra: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "biglm", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=REPO)
+
+
+def test_loss_decreases_and_checkpoints(prepared, tmp_path):
+    result = Trainer(_cfg(prepared, tmp_path, steps=12, lr=1e-2), info=SINGLE, echo=lambda s: None).train()
+    losses = [l for _, l in result.losses]
+    assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    assert [s for s, _ in result.val_losses] == [3, 6, 9, 12]
+    assert [d.name for d in checkpoint_dirs(tmp_path)] == ["step_0000006", "step_0000009", "step_0000012"]
+    assert (tmp_path / "config.json").exists() and (tmp_path / "tokenizer" / "tokenizer.json").exists()
+
+
+def test_killed_and_resumed_run_matches_uninterrupted(prepared, tmp_path):
+    full = tmp_path / "full"
+    Trainer(_cfg(prepared, full), info=SINGLE, echo=lambda s: None).train()
+    crashed = tmp_path / "crashed"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(_cfg(prepared, crashed).to_dict()))
+    # a hard kill after step 4: the checkpoint of step 3 is the last one
+    proc = _run_cli(["pretrain", str(recipe)], env_extra={"BIGLM_FAULT_AFTER_STEP": "4"})
+    assert proc.returncode == 17, proc.stderr
+    assert [d.name for d in checkpoint_dirs(crashed)] == ["step_0000003"]
+    proc = _run_cli(["pretrain", str(recipe)])
+    assert proc.returncode == 0, proc.stderr
+    assert "resumed from" in proc.stdout
+    a, b = _losses(full), _losses(crashed)
+    for step in range(1, 7):
+        assert a[step] == b[step], (step, a[step], b[step])  # exact, step for step
+
+
+def test_interrupted_save_keeps_previous_checkpoint(prepared, tmp_path, monkeypatch):
+    trainer = Trainer(_cfg(prepared, tmp_path, steps=3), info=SINGLE, echo=lambda s: None)
+    trainer.train()
+    before = checkpoint_dirs(tmp_path)
+    assert [d.name for d in before] == ["step_0000003"]
+    files_before = sorted(p.name for p in before[0].iterdir())
+
+    import biglm.training.checkpoint as ck
+
+    def full_disk(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ck.torch, "save", full_disk)
+    trainer.step = 4
+    with pytest.raises(CheckpointError, match=r"no space left on device.*step_0000003 is intact"):
+        trainer.save()
+    assert checkpoint_dirs(tmp_path) == before
+    assert sorted(p.name for p in before[0].iterdir()) == files_before
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))  # partial files removed
+    monkeypatch.undo()
+    # a kill half-way through a save leaves a .tmp directory: the next start removes it, the old one loads
+    partial = tmp_path / "checkpoints" / ".tmp-step_0000005"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"half")
+    t2 = Trainer(_cfg(prepared, tmp_path, steps=4), info=SINGLE, echo=lambda s: None)
+    assert t2.maybe_resume() and t2.step == 3
+    assert not partial.exists()
+
+
+def test_sigterm_saves_and_stops(prepared, tmp_path):
+    def hook(trainer, step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    result = Trainer(_cfg(prepared, tmp_path, save_every=100), info=SINGLE, after_step=hook, echo=lambda s: None).train()
+    assert result.interrupted and result.step == 2
+    assert [d.name for d in checkpoint_dirs(tmp_path)] == ["step_0000002"]
+
+
+def test_non_finite_loss_stops_without_touching_checkpoints(prepared, tmp_path):
+    Trainer(_cfg(prepared, tmp_path, steps=3), info=SINGLE, echo=lambda s: None).train()
+    ckpt = checkpoint_dirs(tmp_path)[0]
+    stamp = {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()}
+
+    trainer = Trainer(_cfg(prepared, tmp_path, steps=8, save_every=1), info=SINGLE, echo=lambda s: None)
+
+    def nan_output(module, args, output):  # the 5th optimizer step (trainer.step == 4) produces NaN activations
+        return output * float("nan") if trainer.step == 4 else output
+
+    trainer.raw_model.model.layers[0].mlp.register_forward_hook(nan_output)
+    with pytest.raises(NonFiniteLossError, match="at step 4.*untouched"):
+        trainer.train()
+    assert [d.name for d in checkpoint_dirs(tmp_path)][-1] == "step_0000004"  # nothing saved after the failure
+    assert all(torch.isfinite(p).all() for p in trainer.raw_model.parameters())  # no update was applied
+    assert all(torch.isfinite(v).all() for k, v in _load_weights(checkpoint_dirs(tmp_path)[-1]).items())
+    assert {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()} == stamp
+
+
+def _load_weights(ckpt: Path) -> dict:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = ckpt.parent.parent / "weights.pt"
+    dcp_to_torch_save(str(ckpt), str(out))
+    return {k: v for k, v in torch.load(out, weights_only=False)["model"].items()}
+
+
+def test_resume_with_changed_shape_is_refused(prepared, tmp_path):
+    Trainer(_cfg(prepared, tmp_path, steps=3), info=SINGLE, echo=lambda s: None).train()
+    bigger = _cfg(prepared, tmp_path, steps=6, model={"max_position_embeddings": 64, "hidden_size": 128})
+    with pytest.raises(CheckpointError, match="different model shape.*hidden_size: checkpoint 64 vs now 128"):
+        Trainer(bigger, info=SINGLE, echo=lambda s: None).train()
+
+
+def test_export_loads_with_auto_class(prepared, tmp_path):
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    trainer = Trainer(_cfg(prepared, tmp_path / "run", steps=3), info=SINGLE, echo=lambda s: None)
+    trainer.train()
+    out = export_checkpoint(tmp_path / "run", tmp_path / "hf")
+    model = AutoModelForMaskedLM.from_pretrained(out).eval()
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.mask_token_id == model.config.mask_token_id
+    ids = torch.randint(5, len(tok), (1, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, prefix_len=8).logits, trainer.raw_model.eval()(ids, prefix_len=8).logits)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(global_batch=10), "global_batch=10 is not divisible by micro_batch=4"),
+        (dict(seq_len=128), "seq_len=128 is longer than the model's max_position_embeddings=64"),
+        (dict(data={"/nonexistent/shards": 1.0}), "biglm data prepare"),
+    ],
+)
+def test_bad_settings(prepared, tmp_path, kw, match):
+    with pytest.raises((ValueError, FileNotFoundError), match=match):
+        Trainer(_cfg(prepared, tmp_path, **kw), info=SINGLE, echo=lambda s: None)
+
+
+def test_shard_from_another_tokenizer_is_refused(prepared, tmp_path):
+    from biglm.data import ShardError, train_tokenizer
+
+    other = tmp_path / "other_tok"
+    train_tokenizer(texts=["completely different text corpus here"] * 50, vocab_size=300, out_dir=str(other))
+    with pytest.raises(ShardError, match="tokenizer"):
+        Trainer(_cfg(prepared, tmp_path / "run", tokenizer=str(other)), info=SINGLE, echo=lambda s: None)
+
+
+def test_torchrun_two_processes_match_one(prepared, tmp_path):
+    one = tmp_path / "one"
+    Trainer(_cfg(prepared, one, steps=4, eval_every=0, save_every=4), info=SINGLE, echo=lambda s: None).train()
+    two = tmp_path / "two"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(_cfg(prepared, two, steps=4, eval_every=0, save_every=4).to_dict()))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           "-m", "biglm", "pretrain", str(recipe)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    a, b = _losses(one), _losses(two)
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for s in a:
+        assert b[s] == pytest.approx(a[s], rel=1e-4, abs=1e-5), (s, a[s], b[s])
+    assert [d.name for d in checkpoint_dirs(two)] == ["step_0000004"]
+    assert (checkpoint_dirs(two)[0] / "rank00001.pt").exists()
+
+
+def test_schedules():
+    kw = dict(lr=1.0, min_lr=0.1, total_steps=100, warmup_steps=10)
+    assert lr_at(0, schedule="cosine", **kw) == pytest.approx(0.1)
+    assert lr_at(9, schedule="cosine", **kw) == pytest.approx(1.0)
+    assert lr_at(55, schedule="cosine", **kw) == pytest.approx(0.55)
+    assert lr_at(100, schedule="cosine", **kw) == pytest.approx(0.1)
+    assert lr_at(50, schedule="wsd", anneal_steps=20, **kw) == 1.0
+    assert lr_at(79, schedule="wsd", anneal_steps=20, **kw) == 1.0
+    assert lr_at(89, schedule="wsd", anneal_steps=20, **kw) == pytest.approx(0.55)
+    assert lr_at(99, schedule="wsd", anneal_steps=20, **kw) == pytest.approx(0.1)
+    assert lr_at(99, schedule="wsd", anneal_steps=0, **kw) == 1.0
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_builds(name):
+    """Each recipe parses, validates, and builds its model (on the meta device), objective and schedule."""
+    from biglm import BiGLMConfig, BiGLMForMaskedLM
+    from biglm.objective import get_objective
+
+    cfg = get_recipe(name)
+    cfg.validate(world_size=8)
+    assert cfg.seq_len == 2048 and cfg.global_batch == 1024
+    config = BiGLMConfig.from_preset(cfg.preset, **cfg.model)
+    with torch.device("meta"):
+        model = BiGLMForMaskedLM(config)
+    assert sum(p.numel() for p in model.parameters()) > 50e6
+    get_objective(cfg.objective, **cfg.objective_args)
+    assert 0 < lr_at(cfg.steps - 1, schedule=cfg.schedule, lr=cfg.lr, min_lr=cfg.min_lr, total_steps=cfg.steps,
+                     warmup_steps=cfg.warmup_steps, anneal_steps=cfg.anneal_steps) <= cfg.lr
+    local = get_recipe(name, local=True)
+    assert local.steps < cfg.steps and local.global_batch < cfg.global_batch
+
+
+def test_paper_recipe_values():
+    t8 = get_recipe("table8-betax-0.3-0.5")
+    from biglm.objective import get_objective
+
+    assert get_objective(t8.objective, **t8.objective_args).prefix_ratio_range == pytest.approx((0.3, 0.5))
+    final = get_recipe("biglm-360m")
+    assert (final.steps, final.anneal_steps, final.lr, final.min_lr) == (300_000, 60_000, 6e-4, 6e-5)
+    assert get_recipe("table2-wsd-rawdata").anneal_steps == 5000
+    assert get_recipe("table2-wsd-rawdata-plus").anneal_steps == 10_000
+    assert get_recipe("table1-mlm").objective == "mlm"
+    assert get_recipe("table2-wsd-syndata").anneal_data == {"data/cosmopedia-v2": 1.0}
