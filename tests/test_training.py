@@ -206,13 +206,14 @@ def test_shard_from_another_tokenizer_is_refused(prepared, tmp_path):
         Trainer(_cfg(prepared, tmp_path / "run", tokenizer=str(other)), info=SINGLE, echo=lambda s: None)
 
 
-def test_torchrun_two_processes_match_one(prepared, tmp_path):
+@pytest.mark.parametrize("parallel, port", [("ddp", 29517), ("fsdp", 29518)])
+def test_torchrun_two_processes_match_one(prepared, tmp_path, parallel, port):
     one = tmp_path / "one"
     Trainer(_cfg(prepared, one, steps=4, eval_every=0, save_every=4), info=SINGLE, echo=lambda s: None).train()
     two = tmp_path / "two"
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump(_cfg(prepared, two, steps=4, eval_every=0, save_every=4).to_dict()))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    recipe.write_text(yaml.safe_dump(_cfg(prepared, two, steps=4, eval_every=0, save_every=4, parallel=parallel).to_dict()))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
            "-m", "biglm", "pretrain", str(recipe)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
