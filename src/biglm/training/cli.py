@@ -28,12 +28,12 @@ DEFAULT_DIR = Path("runs/default")
 # a small model that learns visibly in ~4 minutes on 2 CPU cores (measured: see docs/LOG.md)
 DEFAULT = TrainConfig(
     name="default", preset="tiny",
-    model=dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
-               intermediate_size=768, max_position_embeddings=256),
-    objective="biglm", seq_len=128, global_batch=32, micro_batch=32, steps=700, lr=2e-3, min_lr=2e-4,
-    schedule="cosine", warmup_steps=50, log_every=25, eval_every=100, eval_batches=8, save_every=100, keep_last=2,
+    model=dict(num_hidden_layers=4, hidden_size=192, num_attention_heads=6, num_key_value_heads=2,
+               intermediate_size=512, max_position_embeddings=256),
+    objective="biglm", seq_len=128, global_batch=32, micro_batch=32, steps=300, lr=3e-3, min_lr=3e-4,
+    schedule="cosine", warmup_steps=30, log_every=10, eval_every=50, eval_batches=8, save_every=50, keep_last=2,
 )
-DEFAULT_VOCAB = 8192
+DEFAULT_VOCAB = 4096
 
 DEMO_SENTENCES = [
     "Return the number of <mask> in the list.",

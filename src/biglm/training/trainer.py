@@ -150,7 +150,7 @@ class Trainer:
         no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=tuple(cfg.betas), fused=dev.type == "cuda",
+            lr=cfg.lr, betas=tuple(cfg.betas), fused=True,
         )
         fingerprint = data_info.fingerprint
         self.train_sampler = open_train_sampler(cfg, info=self.info, vocab_size=vocab, fingerprint=fingerprint)
