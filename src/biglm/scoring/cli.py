@@ -110,12 +110,26 @@ def _override(include: Path, task: str, alias: str, files: dict[str, Path], null
     return doc
 
 
+def select_tasks(columns: str | list[str] | None) -> tuple[SuiteTask, ...]:
+    """The suite's tasks restricted to ``columns`` (table names like "PIQA" or task names like "piqa")."""
+    if not columns:
+        return PAPER_SUITE
+    wanted = [c.strip() for c in columns.split(",")] if isinstance(columns, str) else list(columns)
+    known = {t.column.lower(): t for t in PAPER_SUITE} | {t.task.lower(): t for t in PAPER_SUITE}
+    bad = [c for c in wanted if c.lower() not in known]
+    if bad:
+        raise ValueError(f"unknown suite task(s) {', '.join(bad)}; choose from {', '.join(t.column for t in PAPER_SUITE)}.")
+    chosen = {known[c.lower()].task for c in wanted}
+    return tuple(t for t in PAPER_SUITE if t.task in chosen)
+
+
 def write_suite_yamls(*, data_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-                      suite: str = "paper") -> tuple[list[SuiteTask], dict[str, str]]:
-    """Write one override YAML per available task of ``suite`` into ``out_dir``.
+                      suite: str = "paper", only: str | list[str] | None = None,
+                      ) -> tuple[list[SuiteTask], dict[str, str]]:
+    """Write one override YAML per available task of ``suite`` (or of its ``only`` columns) into ``out_dir``.
 
     Returns ``(tasks_written, missing)`` where ``missing`` maps a skipped column to the file it looked
-    for. Raises FileNotFoundError when no task of the suite has data.
+    for. Raises FileNotFoundError when no chosen task has data.
     """
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; available: {', '.join(SUITES)}")
@@ -124,7 +138,7 @@ def write_suite_yamls(*, data_dir: str | os.PathLike[str], out_dir: str | os.Pat
     root = _tasks_root()
     written: list[SuiteTask] = []
     missing: dict[str, str] = {}
-    for t in PAPER_SUITE:
+    for t in select_tasks(only):
         if t.task == "mmlu":
             subjects = _write_mmlu(data_dir, out_dir, root, t)
             if subjects:
@@ -179,17 +193,17 @@ def suite_table(results: dict[str, Any], *, tasks: list[SuiteTask] | tuple[Suite
     """The paper's table from an lm-eval results dict: (header, row), percentages, "—" where missing.
     The average is over the paper's Table 1 tasks that ran."""
     res = results.get("results", {})
-    header, row, avg = [], [], []
-    for t in tasks:
-        value = res.get(t.task + LOCAL_SUFFIX, res.get(t.task, {})).get(f"{t.metric},none")
-        if t.column == "MMLU":
-            header.append("Avg")
-            row.append(f"{100 * sum(avg) / len(avg):.1f}" if avg else "—")
-        header.append(t.column)
-        ok = isinstance(value, (int, float)) and not math.isnan(value)
-        row.append(f"{100 * value:.1f}" if ok else "—")
-        if ok and t.in_average:
-            avg.append(value)
+
+    def value(t: SuiteTask) -> float | None:
+        v = res.get(t.task + LOCAL_SUFFIX, res.get(t.task, {})).get(f"{t.metric},none")
+        return v if isinstance(v, (int, float)) and not math.isnan(v) else None
+
+    cell = lambda v: "—" if v is None else f"{100 * v:.1f}"  # noqa: E731
+    paper = [t for t in tasks if t.in_average]
+    extra = [t for t in tasks if not t.in_average]
+    ran = [v for v in map(value, paper) if v is not None]
+    header = [t.column for t in paper] + ["Avg"] + [t.column for t in extra]
+    row = [cell(value(t)) for t in paper] + [cell(sum(ran) / len(ran) if ran else None)] + [cell(value(t)) for t in extra]
     return header, row
 
 
@@ -267,14 +281,14 @@ def _newest_results(output_path: Path, since: float) -> Path:
     return max(found, key=lambda p: p.stat().st_mtime)
 
 
-def _run_suite_argv(argv: list[str], *, data_dir: Path, suite: str = "paper") -> dict[str, Any]:
+def _run_suite_argv(argv: list[str], *, data_dir: Path, suite: str = "paper", only: str | None = None) -> dict[str, Any]:
     """Write the overrides, run lm-eval with them, print the paper table, return the results dict."""
     if _flag_value(argv, "--tasks", "-t") is not None or _flag_value(argv, "--include_path") is not None:
         raise ValueError("--suite chooses the tasks and the include path: drop --tasks/--include_path.")
     output = _flag_value(argv, "--output_path", "-o")
     with tempfile.TemporaryDirectory(prefix="biglm-eval-") as tmp:
         yaml_dir = Path(tmp) / "tasks"
-        tasks, missing = write_suite_yamls(data_dir=data_dir, out_dir=yaml_dir, suite=suite)
+        tasks, missing = write_suite_yamls(data_dir=data_dir, out_dir=yaml_dir, suite=suite, only=only)
         for column, path in missing.items():
             print(f"biglm eval: skipping {column}: data file not found: {path}", file=sys.stderr)
         out_path = Path(output) if output else Path(tmp) / "results"
@@ -285,7 +299,7 @@ def _run_suite_argv(argv: list[str], *, data_dir: Path, suite: str = "paper") ->
         path = out_path if out_path.suffix == ".json" and out_path.is_file() else _newest_results(
             out_path.parent if out_path.suffix == ".json" else out_path, start)
         results = json.loads(path.read_text(encoding="utf-8"))
-    header, row = suite_table(results)
+    header, row = suite_table(results, tasks=select_tasks(only))
     print(f"\nBiGLM zero-shot, suite {suite!r} (acc_norm: PIQA, ARC-C, LogiQA, HellaS; acc elsewhere; "
           "Avg over Table 1 tasks that ran)")
     print(format_table(header, row))
@@ -304,12 +318,13 @@ def run_suite(
     output_path: str | os.PathLike[str] | None = None,
     model_args: dict[str, Any] | None = None,
     suite: str = "paper",
+    only: str | list[str] | None = None,
 ) -> dict[str, Any]:
     """Run the paper's zero-shot suite on a BiGLM through lm-eval's CLI and return lm-eval's results dict
     (plus ``results["biglm_suite"]``: the printed table's header, row and skipped tasks).
 
     ``model_args`` adds further adapter options (e.g. ``{"mc_samples": 16}``); ``scorer`` None keeps the
-    adapter's default.
+    adapter's default; ``only`` restricts the suite to some columns (e.g. ``["PIQA", "ARC-E"]``).
     """
     if not Path(pretrained).exists():
         raise FileNotFoundError(f"no model at {pretrained}: pass a directory written by `biglm export` or save_pretrained.")
@@ -323,7 +338,8 @@ def run_suite(
         argv += ["--device", str(device)]
     if output_path is not None:
         argv += ["--output_path", str(output_path)]
-    return _run_suite_argv(argv, data_dir=Path(data_dir) if data_dir is not None else default_data_dir(), suite=suite)
+    return _run_suite_argv(argv, data_dir=Path(data_dir) if data_dir is not None else default_data_dir(), suite=suite,
+                           only=",".join(only) if isinstance(only, list) else only)
 
 
 def main(argv: list[str]) -> int:
@@ -337,6 +353,8 @@ def main(argv: list[str]) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-h", "--help", action="store_true")
     parser.add_argument("--suite", choices=SUITES, help="run a whole evaluation suite on local data")
+    parser.add_argument("--suite-tasks", default=None, metavar="COLS",
+                        help="run only these suite columns, comma-separated (e.g. PIQA,ARC-E,LAMBADA)")
     parser.add_argument("--data-dir", default=None,
                         help="eval data in hub layout <owner>__<name>/<config>/<split>.jsonl "
                              "(default: $BIGLM_EVAL_DATA or ./data/eval)")
@@ -354,13 +372,13 @@ def main(argv: list[str]) -> int:
     if ours.suite:
         data_dir = Path(ours.data_dir) if ours.data_dir else default_data_dir()
         try:
-            _run_suite_argv(rest, data_dir=data_dir, suite=ours.suite)
+            _run_suite_argv(rest, data_dir=data_dir, suite=ours.suite, only=ours.suite_tasks)
         except (FileNotFoundError, ValueError) as e:
             print(f"biglm eval: {e}", file=sys.stderr)
             return 2
         return 0
-    if ours.data_dir:
-        print("biglm eval: --data-dir only applies with --suite.", file=sys.stderr)
+    if ours.data_dir or ours.suite_tasks:
+        print("biglm eval: --data-dir and --suite-tasks only apply with --suite.", file=sys.stderr)
         return 2
     _run_lm_eval(rest)
     return 0
