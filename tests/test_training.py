@@ -270,3 +270,14 @@ def test_paper_recipe_values():
     assert get_recipe("table2-wsd-rawdata-plus").anneal_steps == 10_000
     assert get_recipe("table1-mlm").objective == "mlm"
     assert get_recipe("table2-wsd-syndata").anneal_data == {"data/cosmopedia-v2": 1.0}
+
+
+def test_tensorboard_and_jsonl_metrics(prepared, tmp_path):
+    pytest.importorskip("tensorboard")
+    Trainer(_cfg(prepared, tmp_path, steps=2, tensorboard=True, eval_every=2), info=SINGLE, echo=lambda s: None).train()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    kinds = {r["kind"] for r in rows}
+    assert kinds == {"train", "log", "val"}
+    log = [r for r in rows if r["kind"] == "log"][-1]
+    assert log["tokens"] == 2 * 8 * 32 and log["tokens_per_s"] > 0 and "eta_s" in log
