@@ -304,6 +304,16 @@ def test_generate_text_and_stop_strings(saved):
     assert generate(model, tok, prompts, use_cache=False, **kw) == texts
 
 
+def test_empty_prompt_in_a_batch(saved):
+    # an empty prompt is a fully padded row: it must decode exactly as when it runs alone (no prefix at all)
+    _, model, tok = saved
+    kw = dict(max_new_tokens=8, steps=3)
+    batch = generate(model, tok, ["", "the cat sat on"], **kw)
+    assert batch == generate(model, tok, ["", "the cat sat on"], use_cache=False, **kw)
+    assert batch[0] == generate(model, tok, [""], **kw)[0]
+    assert batch[1] == generate(model, tok, ["the cat sat on"], **kw)[0]
+
+
 def test_bad_inputs(saved):
     _, model, tok = saved
     with pytest.raises(ValueError, match="prompts is empty"):

@@ -288,7 +288,7 @@ def generate_ids(
     banned = {mask_id, *suppress_ids}
     if pad_id is not None and pad_id != eos_id:
         banned.add(pad_id)  # a pad in the middle of an answer is never what a user wants
-    banned_t = torch.tensor(sorted(i for i in banned if 0 <= i < config.vocab_size), device=device)
+    banned_t = torch.tensor(sorted(i for i in banned if 0 <= i < config.vocab_size), dtype=torch.long, device=device)
 
     def predict(answer: torch.Tensor, where: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = denoise(answer, where)
