@@ -152,7 +152,7 @@ def score_requests(
         fitted.append((tuple(int(t) for t in ctx_fit), tuple(int(t) for t in cont)))
     if truncated:
         warnings.warn(f"{truncated} of {len(requests)} requests exceed the {window}-token window: their contexts "
-                      "were truncated from the left (the continuation is kept whole).", stacklevel=2)
+                      "were truncated from the left (the continuation is kept whole).", stacklevel=3)  # past no_grad's wrapper
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, (ctx, _) in enumerate(fitted):
         groups.setdefault(ctx, []).append(i)
