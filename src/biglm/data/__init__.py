@@ -34,6 +34,10 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
+# `prepare` is both a submodule and a function: bind the function now, or the first import of the
+# submodule (e.g. by a tokenising worker or a test) would leave the module object under that name.
+from biglm.data.prepare import PrepareError, prepare, read_manifest  # noqa: E402
+
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f"biglm.data.{_EXPORTS[name]}"), name)

@@ -99,6 +99,7 @@ class PrefixCache:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     key_valid: torch.Tensor
+    padded: bool = True  # False when every prefix token is real: suffix passes then need no key mask
 
     @property
     def length(self) -> int:
@@ -114,6 +115,7 @@ class PrefixCache:
             keys=[k.index_select(0, index) for k in self.keys],
             values=[v.index_select(0, index) for v in self.values],
             key_valid=self.key_valid.index_select(0, index),
+            padded=self.padded,
         )
 
 
@@ -268,10 +270,11 @@ class BiGLMModel(BiGLMPreTrainedModel):
                 raise ValueError("prefix_cache and prefix_len are exclusive: with a cache, the suffix sees everything.")
         key_valid = None if attention_mask is None else attention_mask.bool()
         if prefix_cache is not None:
-            suffix_valid = key_valid if key_valid is not None else torch.ones(B, L, dtype=torch.bool, device=input_ids.device)
-            key_valid = torch.cat((prefix_cache.key_valid, suffix_valid), dim=1)
-            if bool(key_valid.all()):
-                key_valid = None
+            if key_valid is None and not prefix_cache.padded:
+                pass  # nothing padded anywhere: no mask, and no host sync per decoding step
+            else:
+                suffix_valid = key_valid if key_valid is not None else torch.ones(B, L, dtype=torch.bool, device=input_ids.device)
+                key_valid = torch.cat((prefix_cache.key_valid, suffix_valid), dim=1)
         elif key_valid is not None and bool(key_valid.all()):
             key_valid = None  # nothing padded: keep the fast unmasked path
         mask = AttentionMask(batch=B, q_len=L, k_len=L + offset, q_offset=offset,
@@ -290,7 +293,8 @@ class BiGLMModel(BiGLMPreTrainedModel):
         out = BaseModelOutput(last_hidden_state=self.norm(x))
         if return_cache:
             valid = attention_mask.bool() if attention_mask is not None else torch.ones(B, L, dtype=torch.bool, device=input_ids.device)
-            out["cache"] = PrefixCache(keys=keys, values=values, key_valid=valid)
+            padded = attention_mask is not None and not bool(valid.all())  # one check per prompt, not per step
+            out["cache"] = PrefixCache(keys=keys, values=values, key_valid=valid, padded=padded)
         return out
 
 
