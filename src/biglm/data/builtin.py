@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -157,11 +158,14 @@ def _collect() -> tuple[str, ...]:
 def builtin_corpus() -> list[str]:
     """Return the built-in corpus as a deterministic list of documents.
 
-    One document per ``pydoc`` topic, then one per standard-library module (its docstring
-    followed by the docstrings of its public classes, methods and functions). The result is
-    cached for the life of the process.
+    One document per ``pydoc`` topic and one per standard-library module (its docstring
+    followed by the docstrings of its public classes, methods and functions), in a fixed
+    shuffled order: a held-out split taken from the front (``prepare(val_docs=N)``) then mixes
+    language-reference topics and library docs like the training split does, instead of being
+    all topics. The result is cached for the life of the process.
     """
     docs = list(_collect())
+    random.Random(20250701).shuffle(docs)
     if not docs:
         raise RuntimeError("the built-in corpus is empty: this Python installation carries no docstrings "
                            "(was it run with -OO?); pass a text source instead")

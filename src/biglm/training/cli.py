@@ -30,8 +30,8 @@ DEFAULT = TrainConfig(
     name="default", preset="tiny",
     model=dict(num_hidden_layers=4, hidden_size=192, num_attention_heads=6, num_key_value_heads=2,
                intermediate_size=512, max_position_embeddings=256),
-    objective="biglm", seq_len=128, global_batch=32, micro_batch=32, steps=300, lr=3e-3, min_lr=3e-4,
-    schedule="cosine", warmup_steps=30, log_every=10, eval_every=50, eval_batches=8, save_every=50, keep_last=2,
+    objective="biglm", seq_len=128, global_batch=32, micro_batch=32, steps=600, lr=3e-3, min_lr=3e-4,
+    schedule="cosine", warmup_steps=40, log_every=20, eval_every=100, eval_batches=8, save_every=100, keep_last=2,
 )
 DEFAULT_VOCAB = 4096
 
