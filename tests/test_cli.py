@@ -1,0 +1,40 @@
+"""The `biglm` command dispatcher and the small commands."""
+
+from __future__ import annotations
+
+from biglm.cli import COMMANDS, main
+
+
+def test_help_lists_every_command(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for name in COMMANDS:
+        assert f"  {name}" in out
+
+
+def test_unknown_command(capsys):
+    assert main(["train-gpt"]) == 2
+    assert "unknown command 'train-gpt'" in capsys.readouterr().err
+
+
+def test_presets_prints_counts(capsys):
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    # SmolLM-sized counts for vocab 49152 (tied embeddings): 134.5M and 361.8M
+    assert "biglm-136m" in out and "134.5M" in out and "361.8M" in out
+
+
+def test_recipes_lists_the_paper(capsys):
+    assert main(["recipes"]) == 0
+    out = capsys.readouterr().out
+    for name in ("table1-biglm", "table1-mlm", "table8-alpha-0.3", "table2-wsd-syndata", "biglm-3.5b"):
+        assert name in out
+
+
+def test_pretrain_help_and_bad_option(capsys):
+    assert main(["pretrain", "--help"]) == 0
+    assert "--global_batch" in capsys.readouterr().out
+    assert main(["pretrain", "table1-biglm", "--no_such_field", "3"]) == 2
+    assert "unknown option --no_such_field" in capsys.readouterr().err
+    assert main(["pretrain", "no-such-recipe"]) == 2
+    assert "unknown recipe" in capsys.readouterr().err
