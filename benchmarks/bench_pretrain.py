@@ -2,7 +2,7 @@
 transformers masked LM of the same size and shape (ModernBERT, full attention) on the same batches.
 
     python benchmarks/bench_pretrain.py --presets biglm-136m,biglm-360m         # GPU: bf16, flex, compile
-    python benchmarks/bench_pretrain.py --device cpu --presets tiny --seq-len 128 --batch 8
+    python benchmarks/bench_pretrain.py --device cpu --presets tiny,biglm-136m,biglm-360m --layers 2 --seq-len 256 --batch 4 --threads 1
 
 The BiGLM step is the trainer's: global-batch masks, sparse MLM head, AdamW (fused), clip 1.0.
 Targets on H100: MFU >= 45% at 360M; >= 1.3x the transformers baseline's tokens/s.
@@ -40,9 +40,13 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="torch.compile both models (GPU)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--layers", type=int, default=None, help="cut each preset to this many layers (CPU runs)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (1 is stable on a shared CPU)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     gpu = dev.type == "cuda"
+    if args.threads:
+        torch.set_num_threads(args.threads)
     B, L = args.batch, args.seq_len
     peak = None
     if gpu:
@@ -50,7 +54,8 @@ def main() -> None:
     obj = get_objective("biglm")
     rows = []
     for name in args.presets.split(","):
-        c = BiGLMConfig.from_preset(name, attn_backend="flex" if gpu else "sdpa", max_position_embeddings=max(L, 256))
+        extra = {"num_hidden_layers": args.layers} if args.layers else {}
+        c = BiGLMConfig.from_preset(name, attn_backend="flex" if gpu else "sdpa", max_position_embeddings=max(L, 256), **extra)
         pattern = draw_masks(B, L, obj, generator=make_generator(seed=0, step=0, rank=0, device=dev), device=dev)
         windows = torch.randint(5, c.vocab_size, (B, L), device=dev)
         batch = apply_masks(windows, pattern, mask_token_id=4)
