@@ -4,8 +4,10 @@
 #   bash benchmarks/run_gpu.sh            # ~20 minutes on one H100
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python -m venv .venv-gpu && . .venv-gpu/bin/activate
-pip install -q -e ".[all]"          # the machine's CUDA torch stays; do not pin the CPU wheel here
+# the device machine has no network: use its own CUDA torch, import biglm from the tree; packages it lacks
+# (transformers, tokenizers, safetensors, datasets, pyyaml) travel as wheels (see the device tool's README)
+export PYTHONPATH="$PWD/src:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+python -c "import transformers, tokenizers, safetensors, yaml" || { echo "missing packages: carry wheels"; exit 3; }
 python -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
 python -m pytest -q tests/test_gpu.py tests/test_model.py                              # flex bf16 fwd+bwd vs SDPA
 python benchmarks/bench_attention.py --presets biglm-136m,biglm-360m --seq-len 2048 --batch 8   # target: masked <= 0.9x dense
