@@ -279,6 +279,11 @@ class BiGLMModel(BiGLMPreTrainedModel):
             key_valid = None  # nothing padded: keep the fast unmasked path
         mask = AttentionMask(batch=B, q_len=L, k_len=L + offset, q_offset=offset,
                              prefix_len=prefix_len, key_valid=key_valid, doc_ids=doc_ids)
+        # build the mask once, outside the (possibly compiled) blocks, for the backend that will read it
+        if self.config.attn_backend == "flex":
+            mask.block_mask(input_ids.device)
+        else:
+            mask.dense(input_ids.device)
         if position_ids is None:
             position_ids = torch.arange(offset, offset + L, device=input_ids.device).expand(B, L)
         x = self.dropout(self.embed_tokens(input_ids))
