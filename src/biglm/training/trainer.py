@@ -354,10 +354,13 @@ class Trainer:
                         metrics.write({"step": s, "loss": value})
                     pending.clear()
                     mfu = tok_s * self.flops / (self.peak * self.info.world_size) if self.peak else None
+                    # the same, counting only the attention blocks the BiGLM mask does not skip
+                    mfu_unmasked = tok_s * self.flops_sparse / (self.peak * self.info.world_size) if self.peak else None
                     eta = (now - t_start) / max(self.step - step_start, 1) * (cfg.steps - self.step)
                     lr = self.optimizer.param_groups[0]["lr"]
                     record = {"step": self.step, "loss": result.losses[-1][1], "lr": lr, "grad_norm": float(gnorm),
-                              "tokens_per_s": tok_s, "tokens": self.tokens_seen, "mfu": mfu, "eta_s": eta}
+                              "tokens_per_s": tok_s, "tokens": self.tokens_seen, "mfu": mfu, "mfu_unmasked": mfu_unmasked,
+                              "eta_s": eta}
                     metrics.write(record, kind="log")
                     mfu_s = f" | mfu {100 * mfu:.1f}%" if mfu is not None else ""
                     self.echo(f"step {self.step:>6}/{cfg.steps} | loss {record['loss']:.4f} | lr {lr:.2e} | "
