@@ -281,3 +281,18 @@ def test_tensorboard_and_jsonl_metrics(prepared, tmp_path):
     assert kinds == {"train", "log", "val"}
     log = [r for r in rows if r["kind"] == "log"][-1]
     assert log["tokens"] == 2 * 8 * 32 and log["tokens_per_s"] > 0 and "eta_s" in log
+
+
+def test_generate_and_load_from_a_run_directory(prepared, tmp_path, capsys):
+    from biglm.generation.cli import main as generate_main
+    from biglm.loading import load_model
+
+    trainer = Trainer(_cfg(prepared, tmp_path, steps=2), info=SINGLE, echo=lambda s: None)
+    trainer.train()
+    model, tok = load_model(tmp_path)
+    ids = torch.randint(5, len(tok), (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, prefix_len=4).logits, trainer.raw_model.eval()(ids, prefix_len=4).logits)
+    capsys.readouterr()
+    assert generate_main([str(tmp_path), "--prompt", "KING HENRY:", "--max-new-tokens", "6", "--steps", "2"]) == 0
+    assert "### prompt 1" in capsys.readouterr().out

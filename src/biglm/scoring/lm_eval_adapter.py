@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -202,15 +203,22 @@ class BiGLMLM(LM):
         results: list[tuple[float, bool] | None] = [None] * len(encoded)
         step = self.batch_size * 4
         bar = tqdm(total=len(encoded), disable=disable_tqdm or self.rank != 0, desc=f"biglm {self.scorer}")
-        for c0 in range(0, len(order), step):
-            idx = [i for c in order[c0:c0 + step] for i in by_ctx[c]]
-            scores = score_requests(self.model, [encoded[i] for i in idx], estimator=self.scorer,
-                                    batch_size=self.batch_size, row_batch_size=self.row_batch_size,
-                                    mc_samples=self.mc_samples, seed=self.seed, max_length=self._max_length)
-            for i, s in zip(idx, scores):
-                results[i] = s
-                self.cache_hook.add_partial("loglikelihood", pairs[i], s)
-            bar.update(len(idx))
+        # one truncation warning for the whole call, not one per chunk
+        too_long = sum(len(c) + len(k) > self._max_length for c, k in encoded)
+        if too_long:
+            warnings.warn(f"{too_long} of {len(encoded)} requests exceed the {self._max_length}-token window: their "
+                          "contexts are truncated from the left (the continuation is kept whole).", stacklevel=2)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".* requests exceed the \d+-token window")
+            for c0 in range(0, len(order), step):
+                idx = [i for c in order[c0:c0 + step] for i in by_ctx[c]]
+                scores = score_requests(self.model, [encoded[i] for i in idx], estimator=self.scorer,
+                                        batch_size=self.batch_size, row_batch_size=self.row_batch_size,
+                                        mc_samples=self.mc_samples, seed=self.seed, max_length=self._max_length)
+                for i, s in zip(idx, scores):
+                    results[i] = s
+                    self.cache_hook.add_partial("loglikelihood", pairs[i], s)
+                bar.update(len(idx))
         bar.close()
         return results  # type: ignore[return-value]
 
