@@ -204,6 +204,12 @@ def test_shard_from_another_tokenizer_is_refused(prepared, tmp_path):
     train_tokenizer(texts=["completely different text corpus here"] * 50, vocab_size=300, out_dir=str(other))
     with pytest.raises(ShardError, match="tokenizer"):
         Trainer(_cfg(prepared, tmp_path / "run", tokenizer=str(other)), info=SINGLE, echo=lambda s: None)
+    # same vocabulary size, different merges: refused by the fingerprint, not just the size
+    same_size = tmp_path / "same_size_tok"
+    text = (REPO.parent / "shared" / "data" / "pretrain" / "tinyshakespeare" / "input.txt").read_text()[200_000:400_000]
+    train_tokenizer(texts=text.split("\n\n"), vocab_size=512, out_dir=str(same_size))
+    with pytest.raises(ShardError, match="different tokenizer"):
+        Trainer(_cfg(prepared, tmp_path / "run2", tokenizer=str(same_size)), info=SINGLE, echo=lambda s: None)
 
 
 @pytest.mark.parametrize("parallel, port", [("ddp", 29517), ("fsdp", 29518)])

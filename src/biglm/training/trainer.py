@@ -106,7 +106,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def _build(self) -> None:
-        from ..data import load_tokenizer
+        from ..data import load_tokenizer, tokenizer_fingerprint
         from .data import open_train_sampler, read_data_info, validation_windows
 
         cfg, dev = self.cfg, self.info.device
@@ -152,7 +152,8 @@ class Trainer:
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=tuple(cfg.betas), fused=True,
         )
-        fingerprint = data_info.fingerprint
+        # the loaded tokenizer's own fingerprint: shards built with any other tokenizer are refused, even one of equal size
+        fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.train_sampler = open_train_sampler(cfg, info=self.info, vocab_size=vocab, fingerprint=fingerprint)
         self.val_windows = []
         try:
