@@ -302,3 +302,19 @@ def test_generate_and_load_from_a_run_directory(prepared, tmp_path, capsys):
     capsys.readouterr()
     assert generate_main([str(tmp_path), "--prompt", "KING HENRY:", "--max-new-tokens", "6", "--steps", "2"]) == 0
     assert "### prompt 1" in capsys.readouterr().out
+
+
+def test_overrides_and_yaml_numbers(tmp_path):
+    from biglm.training.config import load_recipe_file
+
+    cfg = TrainConfig().override(["--lr", "6e-3", "--steps", "1e3", "--model.hidden_dropout", "1e-1",
+                                  "--objective.suffix_ratio", "[0.1, 0.9]", "--tensorboard", "true"])
+    assert cfg.lr == 6e-3 and cfg.steps == 1000 and isinstance(cfg.steps, int)
+    assert cfg.model == {"hidden_dropout": 0.1} and cfg.objective_args == {"suffix_ratio": (0.1, 0.9)}
+    assert cfg.tensorboard is True
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("lr: 6e-4\nmin_lr: 6e-5\nsteps: 300000\n")  # YAML 1.1 reads 6e-4 as a string
+    loaded = load_recipe_file(recipe)
+    assert loaded.lr == 6e-4 and loaded.min_lr == 6e-5
+    with pytest.raises(ValueError, match="--steps needs a whole number"):
+        TrainConfig().override(["--steps", "10.5"])

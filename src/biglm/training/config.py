@@ -133,8 +133,10 @@ class TrainConfig:
             raise ValueError(f"unknown training option(s) {sorted(unknown)}; known: {sorted(names)}")
         d = dict(d)
         if "betas" in d:
-            d["betas"] = tuple(d["betas"])
-        return cls(**d)
+            d["betas"] = tuple(float(b) for b in d["betas"])
+        cfg = cls(**d)
+        _coerce(cfg)
+        return cfg
 
     def override(self, args: list[str]) -> "TrainConfig":
         """Apply ``--key value`` pairs (values parsed as YAML: numbers, booleans, lists, dicts)."""
@@ -154,7 +156,7 @@ class TrainConfig:
                     raise ValueError(f"--{key} needs a value")
                 raw = args[i + 1]
                 i += 2
-            value = yaml.safe_load(raw)
+            value = _scalar(raw)
             key = key.replace("-", "_")
             if key.startswith("model."):
                 cfg.model[key[6:]] = value
@@ -170,7 +172,41 @@ class TrainConfig:
                 setattr(cfg, key, value)
             else:
                 raise ValueError(f"unknown option --{key}; see `biglm pretrain --help`.")
+        _coerce(cfg)
         return cfg
+
+
+def _scalar(raw: str) -> Any:
+    """A command-line value: int, then float (so "6e-4" is a number, which YAML 1.1 would leave a string),
+    then YAML (booleans, lists, dicts, strings)."""
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return yaml.safe_load(raw)
+
+
+def _coerce(cfg: TrainConfig) -> None:
+    """Numbers written as strings by YAML 1.1 ("3e-4") become floats; whole floats in int fields become ints."""
+    for f in dataclasses.fields(cfg):
+        value, default = getattr(cfg, f.name), f.default
+        if isinstance(value, str) and (isinstance(default, float) or f.name in {"peak_tflops"}):
+            try:
+                setattr(cfg, f.name, float(value))
+            except ValueError:
+                raise ValueError(f"--{f.name} needs a number, got {value!r}") from None
+        elif isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float):
+            if not value.is_integer():
+                raise ValueError(f"--{f.name} needs a whole number, got {value}")
+            setattr(cfg, f.name, int(value))
+    for d in (cfg.model, cfg.objective_args):
+        for k, v in d.items():
+            if isinstance(v, str):
+                try:
+                    d[k] = float(v)
+                except ValueError:
+                    pass
 
 
 def load_recipe_file(path: str | Path) -> TrainConfig:
