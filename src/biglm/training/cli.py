@@ -127,7 +127,12 @@ def main(argv: list[str]) -> int:
             base = unigram_loss(cfg, vocab_size=len(trainer.tokenizer), fingerprint=trainer.data_fingerprint,
                                 windows=trainer.val_windows, objective=trainer.objective,
                                 mask_token_id=trainer.mask_id)
-            val = result.val_losses[-1][1] if result.val_losses else float("nan")
+            if result.val_losses:
+                val = result.val_losses[-1][1]
+            else:  # the run was already complete: evaluate the checkpoint it resumed from
+                print(f"[biglm] {cfg.output_dir} already holds the finished run (step {result.step}); "
+                      "delete it or pass --out_dir to train again")
+                val = trainer.validate()
             print(f"\n[biglm] validation loss {val:.3f} vs unigram baseline {base:.3f} "
                   f"({'below' if val < base else 'NOT below'} the baseline)")
             print("[biglm] what the model fills in:")
