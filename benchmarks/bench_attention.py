@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", default=None, help="results file stem under benchmarks/results/")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -72,7 +73,7 @@ def main() -> None:
               f"dense {t['flex_attention/dense'] * 1e3:.2f} ms (ratio {ratio:.2f}) | sdpa masked "
               f"{t['sdpa_attention/masked'] * 1e3:.2f} ms, dense {t['sdpa_attention/dense'] * 1e3:.2f} ms | "
               f"max |flex - sdpa| {err:.2e}")
-    print("wrote", write_result("attention", {"args": vars(args), "rows": rows}))
+    print("wrote", write_result("attention", {"args": vars(args), "rows": rows}, stem=args.out))
 
 
 if __name__ == "__main__":

@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +38,9 @@ from biglm import BiGLMConfig, BiGLMForMaskedLM
 from biglm.generation import generate_ids
 from biglm.model import count_parameters
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -49,41 +49,6 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # 14x slower and the timings meaningless (3.8 s vs 0.26 s for the same decode); 1 thread is stable.
 QUICK = dict(preset="biglm-124m", layers=2, vocab_size=8192, prompt_len=64, new_tokens=[128], batch=[1, 4],
              steps=[4, 8, 16], repeats=3, threads=1)
-
-
-def machine_info(device: torch.device) -> dict:
-    """CPU model and cores, GPU name, library versions and the git commit, for the results file."""
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        cpu = platform.processor() or "unknown"
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return "unknown"
-
-    import transformers
-
-    return {
-        "cpu": cpu,
-        "cpu_cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        # other jobs on a shared machine slow every number down; the load says how busy it was
-        "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--", "src/biglm", "benchmarks/bench_generation.py")),
-    }
 
 
 def build_models(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
@@ -176,7 +141,7 @@ def run(args: argparse.Namespace) -> dict:
                           f"({out.steps} calls)", flush=True)
     return dict(
         command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        machine=machine_info(device),
+        machine=machine(device),
         settings=dict(preset=args.preset, num_hidden_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
                       num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
                       intermediate_size=config.intermediate_size, vocab_size=config.vocab_size,

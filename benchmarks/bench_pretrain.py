@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--compile", action="store_true", help="torch.compile both models (GPU)")
+    ap.add_argument("--out", default=None, help="results file stem under benchmarks/results/")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--layers", type=int, default=None, help="cut each preset to this many layers (CPU runs)")
@@ -99,7 +100,7 @@ def main() -> None:
             del base
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
-    print("wrote", write_result("pretrain", {"args": vars(args), "rows": rows}))
+    print("wrote", write_result("pretrain", {"args": vars(args), "rows": rows}, stem=args.out))
 
 
 if __name__ == "__main__":

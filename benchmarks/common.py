@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import time
@@ -14,8 +15,9 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def machine() -> dict:
-    cpu = platform.processor()
+def machine(device: torch.device | None = None) -> dict:
+    """CPU model and cores, GPU name, library versions, load and the git commit, for a results file."""
+    cpu = platform.processor() or "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -23,15 +25,30 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    info = {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                        cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        info["commit"] = "unknown"
-    return info
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return "unknown"
+
+    import transformers
+
+    gpu = torch.cuda.get_device_name(device) if torch.cuda.is_available() and (device is None or device.type == "cuda") else None
+    return {
+        "cpu": cpu,
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        # other jobs on a shared machine slow every number down; the load says how busy it was
+        "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
+        "gpu": gpu,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--", "src/biglm", "benchmarks")),
+    }
 
 
 def sync(device: torch.device) -> None:
@@ -51,9 +68,10 @@ def timeit(fn: Callable[[], object], *, device: torch.device, warmup: int = 2, i
     return (time.perf_counter() - t) / iters
 
 
-def write_result(name: str, payload: dict) -> Path:
+def write_result(name: str, payload: dict, *, stem: str | None = None) -> Path:
+    """Write ``results/<stem or name-cpu|gpu>.json`` with the machine description."""
     RESULTS.mkdir(exist_ok=True)
     tag = "gpu" if torch.cuda.is_available() else "cpu"
-    path = RESULTS / f"{name}-{tag}.json"
+    path = RESULTS / f"{stem or f'{name}-{tag}'}.json"
     path.write_text(json.dumps({"machine": machine(), **payload}, indent=2))
     return path

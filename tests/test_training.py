@@ -155,7 +155,6 @@ def test_non_finite_loss_stops_without_touching_checkpoints(prepared, tmp_path):
 
 
 def _load_weights(ckpt: Path) -> dict:
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     out = ckpt.parent.parent / "weights.pt"

@@ -36,7 +36,6 @@ Notable features
 
 from __future__ import annotations
 
-import math
 import warnings
 import zlib
 from collections.abc import Sequence

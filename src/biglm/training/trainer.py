@@ -31,7 +31,7 @@ from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters
 from ..objective import ObjectiveConfig, apply_masks, draw_masks, get_objective, make_generator, mask_batch, masked_lm_loss
 from .checkpoint import Checkpointer, CheckpointError, latest_checkpoint
 from .config import TrainConfig
-from .distributed import DistInfo, all_reduce_sum, parallelize, unwrap
+from .distributed import DistInfo, all_reduce_sum, parallelize
 from .schedule import lr_at
 
 # dense bf16 peak per device, for MFU
