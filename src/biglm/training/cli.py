@@ -125,8 +125,7 @@ def main(argv: list[str]) -> int:
             from .data import unigram_loss
 
             base = unigram_loss(cfg, vocab_size=len(trainer.tokenizer), fingerprint=trainer.data_fingerprint,
-                                windows=trainer.val_windows, objective=trainer.objective,
-                                mask_token_id=trainer.mask_id)
+                                targets=[batch.labels for _, batch in trainer.val_batches()])
             if result.val_losses:
                 val = result.val_losses[-1][1]
             else:  # the run was already complete: evaluate the checkpoint it resumed from

@@ -81,13 +81,12 @@ def validation_windows(cfg: TrainConfig, *, info: DistInfo, vocab_size: int, fin
     return batches
 
 
-def unigram_loss(cfg: TrainConfig, *, vocab_size: int, fingerprint: str | None, windows: list,
-                 objective, mask_token_id: int, max_tokens: int = 50_000_000) -> float:
-    """Cross-entropy of the validation masked tokens under the training unigram distribution
-    (add-one smoothed): the loss of a model that ignores context, the bar a trained model must clear."""
+def unigram_loss(cfg: TrainConfig, *, vocab_size: int, fingerprint: str | None, targets: list,
+                 max_tokens: int = 50_000_000) -> float:
+    """Cross-entropy of the validation masked tokens (``targets``: one label tensor per batch, -100 =
+    unmasked) under the training unigram distribution (add-one smoothed): the loss of a model that
+    ignores context, the bar a trained model must clear."""
     import torch
-
-    from ..objective import make_generator, mask_batch
 
     counts = np.ones(vocab_size, dtype=np.float64)
     for ds, _ in _datasets(cfg.data, split="train", vocab_size=vocab_size, fingerprint=fingerprint,
@@ -96,10 +95,8 @@ def unigram_loss(cfg: TrainConfig, *, vocab_size: int, fingerprint: str | None, 
         counts += np.bincount(ds.read(0, n), minlength=vocab_size)[:vocab_size]
     logp = torch.from_numpy(np.log(counts / counts.sum()))
     total, n = 0.0, 0
-    for i, w in enumerate(windows):
-        batch = mask_batch(w, objective, mask_token_id=mask_token_id, vocab_size=vocab_size,
-                           generator=make_generator(seed=cfg.seed + 7919, step=i, rank=0, device="cpu"))
-        targets = batch.labels[batch.labels != -100]
-        total += float(-logp[targets].sum())
-        n += targets.numel()
+    for labels in targets:
+        masked = labels[labels != -100].cpu()
+        total += float(-logp[masked].sum())
+        n += masked.numel()
     return total / max(n, 1)

@@ -288,6 +288,15 @@ class Trainer:
         self.tokens_seen += cfg.global_batch * cfg.seq_len
         return all_reduce_sum(total), grad_norm
 
+    def val_batches(self):
+        """The held-out windows with their fixed masks (seeded by index, so every evaluation sees the same)."""
+        dev = self.info.device
+        for i, windows in enumerate(self.val_windows):
+            windows = windows.to(dev)
+            gen = make_generator(seed=self.cfg.seed + 7919, step=i, rank=self.info.rank, device=dev)
+            yield windows, mask_batch(windows, self.objective, mask_token_id=self.mask_id,
+                                      vocab_size=self.model_config.vocab_size, generator=gen)
+
     @torch.no_grad()
     def validate(self) -> float | None:
         """Masked-LM loss on the fixed held-out windows, with fixed masks (comparable across evaluations)."""
@@ -297,11 +306,7 @@ class Trainer:
         dev = self.info.device
         loss_sum = torch.zeros((), device=dev)
         count = torch.zeros((), device=dev)
-        for i, windows in enumerate(self.val_windows):
-            windows = windows.to(dev)
-            gen = make_generator(seed=self.cfg.seed + 7919, step=i, rank=self.info.rank, device=dev)
-            batch = mask_batch(windows, self.objective, mask_token_id=self.mask_id,
-                               vocab_size=self.model_config.vocab_size, generator=gen)
+        for windows, batch in self.val_batches():
             with self._autocast():
                 out = self.raw_model(batch.input_ids, prefix_len=batch.prefix_len, labels=batch.labels,
                                      doc_ids=self._doc_ids(windows))
