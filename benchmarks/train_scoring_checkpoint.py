@@ -4,7 +4,7 @@ Stop-gap for docs/scoring.md while `biglm pretrain` does not exist yet: a byte-l
 tokenizer (biglm.data.tokenizer) and a 4-layer BiGLM trained with the paper's objective
 (`biglm.objective.mask_batch` + `masked_lm_loss`) on the local pre-training text, for a fixed
 wall-clock budget, then saved as a Hugging Face directory (save_pretrained + tokenizer) that
-`biglm.loading.load_model` and `biglm eval` read.
+`biglm.checkpoint.load_model` and `biglm eval` read.
 
     python benchmarks/train_scoring_checkpoint.py --out runs/scoring-ckpt --seconds 600
 

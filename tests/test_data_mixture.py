@@ -58,7 +58,7 @@ def test_ranks_are_disjoint_and_agree_on_state(mix: Mixture) -> None:
     seen0: list[tuple[str, int]] = []
     seen1: list[tuple[str, int]] = []
     # stay within the first epoch of the smaller source "b" so "no repeats" must hold exactly
-    while r0.counts.get("b", 0) + 16 < r0.n_chunks["b"]:
+    while r0.counts.get(mix.keys["b"], 0) + 16 < r0.n_chunks[mix.keys["b"]]:
         r0.next_batch(4)
         r1.next_batch(4)
         seen0 += r0.last_chunks
@@ -95,7 +95,7 @@ def test_resume_gives_the_same_windows(mix: Mixture) -> None:
 def test_epoch_wraps_with_a_new_shuffle(mix: Mixture) -> None:
     b = mix.datasets["b"]
     s = WindowSampler(Mixture.single(b, name="b"), window=256, seed=0)
-    n = s.n_chunks["b"]
+    n = s.n_chunks[mix.keys["b"]]
     assert n == b.n_tokens // 256 >= 5
     chunks = []
     for _ in range(2 * n):

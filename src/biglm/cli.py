@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("biglm.data.cli", "tokenise text sources into binary token shards (data prepare ...)"),
     "pretrain": ("biglm.training.cli", "pre-train a BiGLM from a recipe (no argument: the built-in default)"),
     "recipes": ("biglm.training.cli_recipes", "list the pre-training recipes of the paper"),
-    "export": ("biglm.training.cli_export", "export a training checkpoint as a Hugging Face directory"),
+    "export": ("biglm.checkpoint.cli", "export a training checkpoint as a Hugging Face directory"),
     "generate": ("biglm.generation.cli", "generate text by iterative unmasking (Mask-Predict)"),
     "eval": ("biglm.scoring.cli", "zero-shot evaluation through lm-evaluation-harness"),
 }
@@ -40,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"biglm: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except SystemExit as e:  # --help (0) and bad usage (2) from `biglm.config.parse_cli`
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
 
 
 if __name__ == "__main__":

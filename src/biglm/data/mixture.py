@@ -9,6 +9,9 @@ Notable features
   source of window g is a weighted draw from ``rng(seed, block of g)``; the k-th window
   taken from source s is chunk ``perm(seed, s, epoch)[k mod n_chunks]`` with
   ``epoch = k // n_chunks``, so an exhausted source wraps round with a fresh shuffle.
+- Sources are identified by their content (`TokenDataset.content_id`, from the shards' checksums),
+  never by their path: the same data gives the same windows wherever it lies, and a run directory
+  (with its data) moved elsewhere resumes exactly.
 - Ranks: one ``next_batch(B)`` call advances g by ``B * world_size``; rank r takes windows
   ``g0 + r, g0 + r + world_size, ...``. Every rank makes the same draws, so the ranks never
   see the same chunk within an epoch, and the state (g and per-source counters) is the
@@ -16,7 +19,7 @@ Notable features
 - Resume: ``state_dict()`` stores counters, never data; a sampler loaded from it draws
   exactly the windows the original would have drawn next.
 - Annealing with another mixture: ``PhasedSampler`` switches mixtures at given optimizer
-  steps; counters are kept per source name, so a source used in both phases continues its
+  steps; counters are kept per source, so a source used in both phases continues its
   permutation instead of repeating the windows it already served.
 """
 
@@ -77,6 +80,14 @@ class TokenDataset:
         # global start of every document, for per-token document ids
         self._doc_starts = np.concatenate([r.doc_offsets + s for r, s in zip(self.readers, self._shard_starts)])
 
+    @property
+    def content_id(self) -> str:
+        """A key of the dataset's content (its shards' checksums and sizes), the same wherever it lies."""
+        crc = 0
+        for r in self.readers:
+            crc = zlib.crc32(f"{r.checksum}:{r.n_tokens};".encode(), crc)
+        return f"{crc:08x}"
+
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens ``[start, start + length)`` of the stream as int64 (may span shards)."""
         if start < 0 or start + length > self.n_tokens:
@@ -131,15 +142,16 @@ def _shard_paths(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
 class Mixture:
     """Named datasets with sampling weights: ``Mixture({"fineweb": (ds, 0.7), "cosmo": (ds2, 0.3)})``.
 
-    Weights need not sum to 1; they are normalised. Names are sorted, so the draws do not
-    depend on the order of the dict.
+    Weights need not sum to 1; they are normalised. Sources are ordered by content (then name), so
+    the draws depend neither on the order of the dict nor on where the data lies.
     """
 
     def __init__(self, sources: Mapping[str, tuple[TokenDataset, float]]) -> None:
         if not sources:
             raise ValueError("a mixture needs at least one source")
-        self.names = sorted(sources)
+        self.names = sorted(sources, key=lambda n: (sources[n][0].content_id, n))
         self.datasets = {n: sources[n][0] for n in self.names}
+        self.keys = {n: self.datasets[n].content_id for n in self.names}  # name -> content key
         weights = np.array([float(sources[n][1]) for n in self.names])
         if not np.all(np.isfinite(weights)) or np.any(weights <= 0):
             raise ValueError(f"mixture weights must be positive and finite, got {dict(zip(self.names, weights))}")
@@ -172,7 +184,7 @@ class WindowSampler:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.window, self.seed, self.rank, self.world_size = window, seed, rank, world_size
         self.g = 0  # next global window index
-        self.counts: dict[str, int] = {}  # windows served so far per source name, all ranks together
+        self.counts: dict[str, int] = {}  # windows served so far per source (content key), all ranks together
         self._perm_cache: dict[tuple[str, int], np.ndarray] = {}
         self._block: tuple[int, np.ndarray] | None = None
         self.last_chunks: list[tuple[str, int]] = []  # (source, chunk) of each window of the last batch
@@ -180,8 +192,8 @@ class WindowSampler:
 
     def set_mixture(self, mixture: Mixture) -> None:
         """Draw from ``mixture`` from now on, keeping the position and the per-source counters."""
-        n_chunks = {n: mixture.datasets[n].n_tokens // self.window for n in mixture.names}
-        short = {n: mixture.datasets[n].n_tokens for n, c in n_chunks.items() if c == 0}
+        n_chunks = {mixture.keys[n]: mixture.datasets[n].n_tokens // self.window for n in mixture.names}
+        short = {n: mixture.datasets[n].n_tokens for n in mixture.names if n_chunks[mixture.keys[n]] == 0}
         if short:
             raise ValueError(f"window of {self.window} tokens is longer than source(s) "
                              + ", ".join(f"{n!r} ({k} tokens)" for n, k in short.items())
@@ -191,7 +203,7 @@ class WindowSampler:
         self._cum = np.cumsum(mixture.weights)
         self._cum[-1] = 1.0  # guard against rounding: every u < 1 maps to a source
         for n in mixture.names:
-            self.counts.setdefault(n, 0)
+            self.counts.setdefault(mixture.keys[n], 0)
 
     # -- deterministic building blocks ------------------------------------------------------
     def _sources(self, g0: int, n: int) -> np.ndarray:
@@ -204,13 +216,13 @@ class WindowSampler:
             u[j] = self._block[1][off]
         return np.searchsorted(self._cum, u, side="right")
 
-    def _perm(self, name: str, epoch: int) -> np.ndarray:
-        key = (name, epoch)
+    def _perm(self, source: str, epoch: int) -> np.ndarray:
+        key = (source, epoch)
         if key not in self._perm_cache:
             if len(self._perm_cache) > 2 * len(self.counts):  # keep memory flat over many epochs
                 self._perm_cache.clear()
-            rng = np.random.default_rng([self.seed, _SALT_PERM, zlib.crc32(name.encode()), epoch])
-            self._perm_cache[key] = rng.permutation(self.n_chunks[name])
+            rng = np.random.default_rng([self.seed, _SALT_PERM, int(source, 16), epoch])
+            self._perm_cache[key] = rng.permutation(self.n_chunks[source])
         return self._perm_cache[key]
 
     # -- the trainer's interface --------------------------------------------------------------
@@ -229,12 +241,13 @@ class WindowSampler:
         chunks: list[tuple[str, int]] = []
         for j in range(total):
             name = self.mixture.names[src[j]]
-            k = self.counts[name]
-            self.counts[name] = k + 1
+            key = self.mixture.keys[name]
+            k = self.counts[key]
+            self.counts[key] = k + 1
             if j % self.world_size != self.rank:
                 continue  # another rank's window: counted, not read
-            epoch, i = divmod(k, self.n_chunks[name])
-            chunk = int(self._perm(name, epoch)[i])
+            epoch, i = divmod(k, self.n_chunks[key])
+            chunk = int(self._perm(key, epoch)[i])
             ds = self.mixture.datasets[name]
             row = j // self.world_size
             tokens[row] = ds.read(chunk * self.window, self.window)
@@ -248,28 +261,30 @@ class WindowSampler:
 
     def epochs(self) -> dict[str, float]:
         """Passes made over each source so far (all ranks together), e.g. for logging."""
-        return {n: self.counts.get(n, 0) / self.n_chunks[n] for n in self.mixture.names}
+        return {n: self.counts.get(self.mixture.keys[n], 0) / self.n_chunks[self.mixture.keys[n]]
+                for n in self.mixture.names}
 
     def state_dict(self) -> dict[str, Any]:
         """Counters that fix every future window (identical on all ranks)."""
-        return {"version": 1, "g": self.g, "counts": dict(self.counts), "seed": self.seed, "window": self.window,
+        return {"version": 2, "g": self.g, "counts": dict(self.counts), "seed": self.seed, "window": self.window,
                 "n_chunks": dict(self.n_chunks), "weights": self.mixture.describe()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``; the seed, window and the sizes of the sources must match."""
-        if state.get("version") != 1:
+        if state.get("version") != 2:
             raise ValueError(f"unknown sampler state version {state.get('version')!r}")
         if state["seed"] != self.seed or state["window"] != self.window:
             raise ValueError(f"sampler state is for seed={state['seed']} window={state['window']}, this sampler "
                              f"has seed={self.seed} window={self.window}; resuming would change the data order")
         for n, c in state["n_chunks"].items():
             if n in self.n_chunks and self.n_chunks[n] != c:
-                raise ValueError(f"source {n!r} has {self.n_chunks[n]} windows now but {c} when the state was "
+                raise ValueError(f"source {n} has {self.n_chunks[n]} windows now but {c} when the state was "
                                  "saved: the data changed, so the run cannot resume its data order")
         if state["g"] % self.world_size:
             log.warning("resuming at global window %d, not a multiple of world_size %d", state["g"], self.world_size)
         self.g = int(state["g"])
-        self.counts = {**{n: 0 for n in self.mixture.names}, **{n: int(c) for n, c in state["counts"].items()}}
+        self.counts = {**{self.mixture.keys[n]: 0 for n in self.mixture.names},
+                       **{n: int(c) for n, c in state["counts"].items()}}
 
 
 class PhasedSampler:

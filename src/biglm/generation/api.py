@@ -59,7 +59,7 @@ def generate(
     """Continue each prompt with an answer of up to ``max_new_tokens`` tokens written by iterative unmasking.
 
     Args:
-        model: a `BiGLMForMaskedLM` in eval mode (e.g. from `biglm.loading.load_model`).
+        model: a `BiGLMForMaskedLM` in eval mode (e.g. from `biglm.checkpoint.load_model`).
         tokenizer: its tokenizer (a transformers tokenizer).
         prompts: the texts to continue; different lengths are batched with left padding.
         max_new_tokens: answer slots N; the answer is cut at the first EOS, so it may be shorter.

@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
         print(f"biglm generate: no checkpoint at {path}: pass a directory written by `biglm export` "
               "or `biglm pretrain` (or a Hugging Face model directory).", file=sys.stderr)
         return 2
-    from ..loading import load_model
+    from ..checkpoint import load_model
     from .api import generate
 
     try:

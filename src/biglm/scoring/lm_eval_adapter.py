@@ -52,7 +52,7 @@ class BiGLMLM(LM):
 
     Args (``--model_args key=value,...``):
         pretrained: directory written by `biglm export` / ``save_pretrained`` (or a training checkpoint
-            that `biglm.loading.load_model` accepts).
+            that `biglm.checkpoint.load_model` accepts).
         scorer: ``chain`` | ``one-pass`` | ``pll`` | ``mc`` (see `biglm.scoring.estimators`).
         batch_size: contexts encoded per batch (``auto`` = 16).
         row_batch_size: suffix rows per forward pass.
@@ -91,7 +91,7 @@ class BiGLMLM(LM):
         if dtype is not None and str(dtype) not in _DTYPES:
             raise ValueError(f"dtype={dtype!r}: choose one of {', '.join(_DTYPES)}.")
         self._init_distributed(device)
-        from ..loading import load_model
+        from ..checkpoint import load_model
 
         self.model, self.tokenizer = load_model(pretrained, device=self._device,
                                                 dtype=_DTYPES[str(dtype)] if dtype is not None else None)

@@ -1,18 +1,10 @@
-"""Checkpoints that lose nothing.
+"""Writing checkpoints during training (the layout is `biglm.checkpoint.layout`'s).
 
-Layout of a run directory::
-
-    OUT/config.json            model config (BiGLMConfig.save_pretrained)
-    OUT/train_config.json      the full TrainConfig
-    OUT/tokenizer/             the tokenizer the data was built with
-    OUT/checkpoints/step_0001000/   one complete checkpoint:
-        .metadata, __*.distcp  model + optimizer, torch.distributed.checkpoint (sharded under FSDP)
-        rank00000.pt           per-rank state: data position, RNG
-        meta.json              written last: step, world size; its presence marks the checkpoint complete
-
-A checkpoint is written into ``checkpoints/.tmp-step_XXXXXXX`` and renamed into place only when every
-rank has finished, so a kill during saving leaves the previous checkpoint intact. Only the last K
-complete checkpoints are kept; the newest is never removed before its successor is complete.
+`Checkpointer` saves and restores model + optimizer + per-rank state with torch.distributed.checkpoint,
+with the barriers a multi-process run needs. A checkpoint is written into ``checkpoints/.tmp-step_XXXXXXX``
+and renamed into place only when every rank has finished, so a kill during saving leaves the previous
+checkpoint intact. Only the last K complete checkpoints are kept; the newest is never removed before its
+successor is complete.
 """
 
 from __future__ import annotations
@@ -29,18 +21,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from ..checkpoint.layout import CheckpointError, checkpoint_dirs, latest_checkpoint
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read; the message says what to do."""
 
 
 def _barrier() -> None:
@@ -50,24 +35,6 @@ def _barrier() -> None:
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    done = [d for d in root.glob("step_*") if (d / "meta.json").exists()]
-    return sorted(done, key=lambda d: int(d.name.split("_")[1]))
-
-
-def latest_checkpoint(path: Path) -> Path | None:
-    """The newest complete checkpoint of a run directory, or ``path`` itself if it is a checkpoint."""
-    path = Path(path)
-    if (path / "meta.json").exists():
-        return path
-    dirs = checkpoint_dirs(path)
-    return dirs[-1] if dirs else None
 
 
 class Checkpointer:
@@ -166,36 +133,3 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def load_inference_checkpoint(path: str | Path):
-    """``(model, tokenizer)`` from a run directory (its newest checkpoint) or one checkpoint directory."""
-    from transformers import AutoTokenizer
-
-    from ..model import BiGLMConfig, BiGLMForMaskedLM
-
-    path = Path(path)
-    ckpt = latest_checkpoint(path)
-    if ckpt is None:
-        raise FileNotFoundError(
-            f"{path} holds neither an exported model (config.json + model.safetensors) nor a training checkpoint "
-            "(checkpoints/step_*/meta.json): pass a `biglm export` directory or a `biglm pretrain` run directory."
-        )
-    run_dir = ckpt.parent.parent
-    config = BiGLMConfig.from_pretrained(run_dir)
-    model = BiGLMForMaskedLM(config)
-    state = {"model": get_model_state_dict(model, options=StateDictOptions())}
-    dcp.load(state, checkpoint_id=str(ckpt))
-    model.load_state_dict(state["model"])
-    tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
-    return model.eval(), tokenizer
-
-
-def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
-    """Write a plain Hugging Face directory (config.json, model.safetensors, tokenizer) from a run."""
-    model, tokenizer = load_inference_checkpoint(path)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out

@@ -2,14 +2,16 @@
 
 Pre-train a BiGLM. RECIPE is a name from `biglm recipes` or a YAML/JSON file of TrainConfig fields;
 ``--local`` shrinks a paper recipe to a few minutes (fewer steps, smaller batch, shorter windows).
-Any TrainConfig field can be overridden: ``--steps 1000 --lr 1e-3 --data data/fineweb-edu``, model
-fields as ``--model.hidden_dropout 0.1``, objective fields as ``--objective.alpha 0.3``.
+Any field below can be overridden: ``--steps 1000 --lr 1e-3 --data data/fineweb-edu``, model
+fields as ``--model.hidden_dropout 0.1``, the objective as ``--objective mlm`` and its fields as
+``--objective.alpha 0.3``. Unknown names and wrong types are refused before any work starts;
+``--print_config`` shows the resolved configuration as YAML (a valid recipe file).
 
-With no RECIPE, the built-in default: a small BiGLM trained on English text every Python
+With no RECIPE, the `default` recipe: a small BiGLM trained on English text every Python
 installation carries (its documentation topics and standard-library docstrings, read at run time),
 with a tokenizer trained on the spot; no network, about five minutes on 2 CPU cores. It ends by
 comparing the validation loss with a unigram baseline and showing what the model fills in for a
-few masked sentences.
+few masked sentences. ``--data DIR`` trains the same model on your prepared data instead.
 
 The same command runs on many processes: ``torchrun --nproc_per_node N -m biglm pretrain RECIPE``.
 A run resumes from its newest checkpoint when started again with the same output directory.
@@ -17,23 +19,15 @@ A run resumes from its newest checkpoint when started again with the same output
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
-from .config import TrainConfig, load_recipe_file
+from ..config import ConfigError, apply_overrides, fail, format_help
+from .config import BUILTIN, TrainConfig, load_recipe_file
 from .recipes import RECIPES, get_recipe
 
-DEFAULT_DIR = Path("runs/default")
-# a small model that learns visibly in ~4 minutes on 2 CPU cores (measured: see docs/LOG.md)
-DEFAULT = TrainConfig(
-    name="default", preset="tiny",
-    model=dict(num_hidden_layers=4, hidden_size=192, num_attention_heads=6, num_key_value_heads=2,
-               intermediate_size=512, max_position_embeddings=256),
-    objective="biglm", seq_len=128, global_batch=32, micro_batch=32, steps=600, lr=3e-3, min_lr=3e-4,
-    schedule="cosine", warmup_steps=40, log_every=20, eval_every=100, eval_batches=8, save_every=100, keep_last=2,
-)
-DEFAULT_VOCAB = 4096
+DEFAULT_VOCAB = 4096  # the built-in corpus's tokenizer
+PROG = "biglm pretrain"
 
 DEMO_SENTENCES = [
     "Return the number of <mask> in the list.",
@@ -43,15 +37,7 @@ DEMO_SENTENCES = [
 ]
 
 
-def _help() -> str:
-    fields = []
-    for f in dataclasses.fields(TrainConfig):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        fields.append(f"  --{f.name:<26} (default: {default!r})")
-    return __doc__ + "\nOptions (TrainConfig fields):\n" + "\n".join(fields) + "\n"
-
-
-def prepare_default_data(out: Path) -> tuple[Path, Path]:
+def prepare_builtin_data(out: Path) -> tuple[Path, Path]:
     """Tokenizer and shards of the built-in corpus under ``out/data`` (reused when already built)."""
     from ..data import builtin_corpus, prepare, train_tokenizer
 
@@ -86,67 +72,91 @@ def show_fill_ins(model, tokenizer, sentences: list[str], *, top_k: int = 3) -> 
     return results
 
 
+def resolve_config(argv: list[str]) -> TrainConfig:
+    """The run's config from ``[RECIPE | file.yaml] [--local] [--field value ...]``; `ConfigError` if wrong."""
+    local = "--local" in argv
+    argv = [a for a in argv if a != "--local"]
+    if argv and not argv[0].startswith("--"):
+        name, rest = argv[0], argv[1:]
+        base = load_recipe_file(name) if Path(name).suffix in {".yaml", ".yml", ".json"} else get_recipe(name, local=local)
+    else:
+        if local:
+            raise ConfigError("--local shrinks a paper recipe: name one (see `biglm recipes`); the default is already small")
+        base, rest = get_recipe("default"), argv
+    return apply_overrides(base, rest)
+
+
 def main(argv: list[str]) -> int:
+    from ..checkpoint import CheckpointError
     from ..data.shards import ShardError
-    from .checkpoint import CheckpointError
     from .distributed import destroy_distributed, init_distributed
     from .trainer import NonFiniteLossError, Trainer
 
     if any(a in {"-h", "--help"} for a in argv):
-        print(_help())
+        base = get_recipe(argv[0]) if argv and argv[0] in RECIPES else get_recipe("default")
+        print(format_help(TrainConfig, prog=PROG + " [RECIPE | recipe.yaml] [--local]", doc=__doc__, base=base))
         return 0
-    local = "--local" in argv
-    argv = [a for a in argv if a != "--local"]
-    builtin_default = not argv or argv[0].startswith("--")
+    show = any(a in {"--print_config", "--print-config"} for a in argv)
     try:
-        if builtin_default:
-            cfg = dataclasses.replace(DEFAULT, model=dict(DEFAULT.model)).override(argv)
-            out = cfg.output_dir if cfg.out_dir else DEFAULT_DIR
-            cfg.out_dir = str(out)
-            info = init_distributed(cfg.device)
+        cfg = resolve_config([a for a in argv if a not in {"--print_config", "--print-config"}])
+        cfg.validate()
+    except ConfigError as e:
+        fail(PROG, str(e))
+    if show:
+        import yaml
+
+        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+        return 0
+    info = None
+    try:
+        info = init_distributed(cfg.device)
+        cfg.validate(world_size=info.world_size)
+        builtin = BUILTIN in cfg.data
+        if builtin:
+            data_dir, tok_dir = cfg.output_dir / "data", cfg.output_dir / "data" / "tokenizer"
             if info.is_main:
-                data_dir, tok_dir = prepare_default_data(out)
+                prepare_builtin_data(cfg.output_dir)
             if info.distributed:
                 import torch.distributed as dist
 
                 dist.barrier()
-            data_dir, tok_dir = out / "data", out / "data" / "tokenizer"
-            cfg.data, cfg.tokenizer = {str(data_dir): 1.0}, str(tok_dir)
-        else:
-            name, rest = argv[0], argv[1:]
-            if Path(name).suffix in {".yaml", ".yml", ".json"}:
-                cfg = load_recipe_file(name).override(rest)
-            else:
-                cfg = get_recipe(name, local=local).override(rest)
-            info = init_distributed(cfg.device)
+            cfg.data = {(str(data_dir) if k == BUILTIN else k): w for k, w in cfg.data.items()}
+            cfg.tokenizer = cfg.tokenizer or str(tok_dir)
         trainer = Trainer(cfg, info=info)
         result = trainer.train()
-        if builtin_default and info.is_main and not result.interrupted:
-            from .data import unigram_loss
-
-            base = unigram_loss(cfg, vocab_size=len(trainer.tokenizer), fingerprint=trainer.data_fingerprint,
-                                targets=[batch.labels for _, batch in trainer.val_batches()])
-            if result.val_losses:
-                val = result.val_losses[-1][1]
-            else:  # the run was already complete: evaluate the checkpoint it resumed from
-                print(f"[biglm] {cfg.output_dir} already holds the finished run (step {result.step}); "
-                      "delete it or pass --out_dir to train again")
-                val = trainer.validate()
-            print(f"\n[biglm] validation loss {val:.3f} vs unigram baseline {base:.3f} "
-                  f"({'below' if val < base else 'NOT below'} the baseline)")
-            print("[biglm] what the model fills in:")
-            show_fill_ins(trainer.raw_model, trainer.tokenizer, DEMO_SENTENCES)
-            print(f"\n[biglm] run directory: {cfg.output_dir}; export with `biglm export {cfg.output_dir} OUT_DIR`, "
-                  f"write with `biglm generate {cfg.output_dir} --prompt ...`")
+        if builtin and info.is_main and not result.interrupted:
+            _demo_report(trainer, result)
         return 0
     except NonFiniteLossError as e:
         print(f"[biglm] error: {e}", file=sys.stderr)
         return 3
-    except (ValueError, KeyError, FileNotFoundError, CheckpointError, ShardError) as e:
+    except (ConfigError, ValueError, KeyError, FileNotFoundError, CheckpointError, ShardError) as e:
         print(f"[biglm] error: {e}", file=sys.stderr)
         return 2
     finally:
-        destroy_distributed()
+        if info is not None:
+            destroy_distributed()
 
 
-__all__ = ["main", "DEFAULT", "RECIPES"]
+def _demo_report(trainer, result) -> None:
+    """The built-in run's ending: validation loss against a unigram baseline, and what the model fills in."""
+    from .data import unigram_loss
+
+    cfg = trainer.cfg
+    base = unigram_loss(cfg, vocab_size=len(trainer.tokenizer), fingerprint=trainer.data_fingerprint,
+                        targets=[batch.labels for _, batch in trainer.val_batches()])
+    if result.val_losses:
+        val = result.val_losses[-1][1]
+    else:  # the run was already complete: evaluate the checkpoint it resumed from
+        print(f"[biglm] {cfg.output_dir} already holds the finished run (step {result.step}); "
+              "delete it or pass --out_dir to train again")
+        val = trainer.validate()
+    print(f"\n[biglm] validation loss {val:.3f} vs unigram baseline {base:.3f} "
+          f"({'below' if val < base else 'NOT below'} the baseline)")
+    print("[biglm] what the model fills in:")
+    show_fill_ins(trainer.raw_model, trainer.tokenizer, DEMO_SENTENCES)
+    print(f"\n[biglm] run directory: {cfg.output_dir}; export with `biglm export {cfg.output_dir} OUT_DIR`, "
+          f"write with `biglm generate {cfg.output_dir} --prompt ...`")
+
+
+__all__ = ["main", "resolve_config", "RECIPES"]

@@ -1,27 +1,49 @@
-"""`biglm recipes`: the paper's pre-training recipes, one line each."""
+"""`biglm recipes [NAME]`: the pre-training recipes (the paper's experiments and the built-in default),
+one line each; with NAME, that recipe in full as YAML (a file `biglm pretrain` reads back)."""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+from dataclasses import dataclass
 
+from ..objective import OBJECTIVES
 from .recipes import RECIPES, get_recipe
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="biglm recipes", description=__doc__)
-    parser.add_argument("name", nargs="?", help="show one recipe in full")
-    args = parser.parse_args(argv)
-    if args.name:
-        import json
+@dataclass
+class RecipesArgs:
+    name: str | None = None
+    """show one recipe in full, as YAML"""
 
-        print(json.dumps(get_recipe(args.name).to_dict(), indent=2))
+
+def _objective(obj) -> str:
+    """The objective as its variant name plus the fields that differ from the variant."""
+    base = OBJECTIVES.get(obj.name)
+    if base is None:
+        return obj.name
+    diff = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if getattr(obj, f.name) != getattr(base, f.name)}
+    return obj.name + "".join(f" {k}={v}" for k, v in diff.items())
+
+
+def main(argv: list[str]) -> int:
+    from ..config import ConfigError, fail, parse_cli, to_dict
+
+    args = parse_cli(RecipesArgs, argv, prog="biglm recipes", doc=__doc__, positionals=("name",))
+    if args.name:
+        import yaml
+
+        try:
+            cfg = get_recipe(args.name)
+        except ConfigError as e:
+            fail("biglm recipes", str(e))
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
     for name in RECIPES:
         c = get_recipe(name)
-        obj = c.objective + (f" {c.objective_args}" if c.objective_args else "")
         sched = c.schedule + (f" anneal {c.anneal_fraction:.0%}" if c.schedule == "wsd" else "")
         if c.anneal_data:
             sched += f" on {'+'.join(c.anneal_data)}"
-        print(f"{name:<26} {c.preset:<11} {obj:<40} {c.steps:>7} steps lr {c.lr:g} {sched}; data {'+'.join(c.data)}")
-    print("\nrun one: biglm pretrain NAME [--local] [--field value ...]")
+        print(f"{name:<26} {c.preset:<11} {_objective(c.objective):<40} {c.steps:>7} steps lr {c.lr:g} {sched}; "
+              f"data {'+'.join(c.data)}")
+    print("\nrun one: biglm pretrain NAME [--local] [--field value ...]; `biglm pretrain NAME --help` lists the fields")
     return 0

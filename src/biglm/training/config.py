@@ -1,4 +1,9 @@
-"""`TrainConfig`: everything a pre-training run needs, as one plain dataclass (a "recipe")."""
+"""`TrainConfig`: everything a pre-training run needs, as one typed dataclass (a "recipe").
+
+Every field, nested ones included, is a command-line flag (``--steps 1000``, ``--model.hidden_dropout 0.1``,
+``--objective mlm --objective.mlm_ratio 0.2``) and a key of a YAML recipe file; both go through
+`biglm.config`, which refuses unknown names and wrong types before any work starts.
+"""
 
 from __future__ import annotations
 
@@ -6,46 +11,84 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
+from ..config import ConfigError, from_dict, load_yaml, to_dict
+from ..model.config import PRESETS
+from ..objective import OBJECTIVES, ObjectiveConfig
+
+BUILTIN = "builtin"  # the data source name of the built-in corpus (prepared into OUT/data by `biglm pretrain`)
+
+
+@dataclass
+class ModelArgs:
+    """Architecture fields that replace the preset's values (unset: the preset's value)."""
+
+    num_hidden_layers: int | None = None
+    """number of transformer blocks"""
+    hidden_size: int | None = None
+    """model width"""
+    intermediate_size: int | None = None
+    """SwiGLU inner width"""
+    num_attention_heads: int | None = None
+    """query heads"""
+    num_key_value_heads: int | None = None
+    """key/value heads (grouped-query attention); must divide the query heads"""
+    max_position_embeddings: int | None = None
+    """longest sequence the model accepts (default: the preset's, raised to seq_len if shorter)"""
+    vocab_size: int | None = None
+    """vocabulary size (default: the tokenizer's; may be larger, e.g. padded to a multiple of 64)"""
+    rope_theta: float | None = None
+    """RoPE base"""
+    rms_norm_eps: float | None = None
+    """RMSNorm epsilon"""
+    initializer_range: float | None = None
+    """std of the normal init of every weight matrix"""
+    attention_dropout: float | None = None
+    """dropout on attention probabilities (off by default; paper Table 2 shows dropout hurts)"""
+    hidden_dropout: float | None = None
+    """dropout on the residual branches and embeddings"""
+    tie_word_embeddings: bool | None = None
+    """share the input embedding with the MLM output projection"""
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields that are set, as `BiGLMConfig` keyword arguments."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclass
 class TrainConfig:
-    """A pre-training run. Every field can be overridden on the command line as ``--field value``;
-    model and objective fields as ``--model.FIELD value`` and ``--objective.FIELD value``."""
+    """A pre-training run."""
 
     name: str = "run"
-    """run name (used for the default output directory)"""
+    """run name (used for the default output directory runs/NAME)"""
     out_dir: str | None = None
     """where checkpoints, metrics and the exported model go (default: runs/NAME)"""
 
     # model
     preset: str = "biglm-124m"
     """architecture preset (see `biglm presets`)"""
-    model: dict[str, Any] = field(default_factory=dict)
-    """overrides of BiGLMConfig fields, e.g. {hidden_dropout: 0.1}"""
+    model: ModelArgs = field(default_factory=ModelArgs)
+    """changes to the preset's architecture"""
 
     # objective
-    objective: str = "biglm"
-    """objective variant: biglm, biglm-no-attn, mlm, diffusion"""
-    objective_args: dict[str, Any] = field(default_factory=dict)
-    """overrides of ObjectiveConfig fields (alpha, suffix_ratio, prefix_lambda, mlm_ratio, ...)"""
+    objective: ObjectiveConfig = field(default_factory=lambda: OBJECTIVES["biglm"], metadata={"choices": OBJECTIVES})
+    """masking objective: a named variant, then any of its fields changed"""
     doc_mask: bool = False
     """attend within a document only (off in the paper, whose Megatron setup attends across EOS)"""
 
     # data
     tokenizer: str | None = None
-    """Hugging Face tokenizer directory (default: the one recorded in the data manifest)"""
+    """Hugging Face tokenizer directory or hub name (default: the one recorded by `biglm data prepare`)"""
     data: dict[str, float] = field(default_factory=dict)
-    """token-shard directories (written by `biglm data prepare`) -> sampling weight"""
+    """token-shard folders written by `biglm data prepare`, with sampling weights (DIR[=WEIGHT],...); `builtin`
+    is the built-in corpus, prepared into OUT/data"""
     anneal_data: dict[str, float] | None = None
-    """mixture used from the start of the WSD annealing phase (None: keep `data`)"""
+    """mixture used from the start of the WSD annealing phase (unset: keep `data`)"""
     val_data: list[str] | None = None
-    """held-out shard directories/files (default: the val-*.bin shards of the `data` directories)"""
+    """held-out shard folders (default: the val-*.bin shards of the `data` folders)"""
     hub_sources: dict[str, str] = field(default_factory=dict)
-    """for messages: shard directory -> the `biglm data prepare` source that builds it"""
+    """for messages: shard folder -> the `biglm data prepare` source that builds it"""
     seq_len: int = 2048
     """window length L in tokens (documents packed across boundaries)"""
 
@@ -57,41 +100,53 @@ class TrainConfig:
     steps: int = 50_000
     """optimizer steps"""
     lr: float = 3e-3
+    """peak learning rate"""
     min_lr: float = 3e-4
-    schedule: str = "cosine"
-    """cosine | wsd | constant"""
+    """final learning rate of the cosine / WSD decay"""
+    schedule: Literal["cosine", "wsd", "constant"] = "cosine"
+    """learning-rate schedule after the linear warm-up"""
     warmup_steps: int = 2000
+    """linear warm-up steps"""
     anneal_fraction: float = 0.0
     """WSD: share of the steps spent in the final linear decay (paper: 0.1-0.2)"""
     betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas"""
     weight_decay: float = 0.01
+    """AdamW weight decay (matrices only)"""
     grad_clip: float = 1.0
+    """global gradient-norm clipping"""
     seed: int = 0
+    """seed of the initialisation, the data order and the masks"""
 
     # systems
-    device: str = "auto"
-    """auto | cpu | cuda"""
-    dtype: str = "auto"
-    """auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32"""
-    compile: str = "auto"
-    """auto (on GPU) | yes | no"""
-    attn_backend: str = "auto"
-    """auto (flex on GPU, sdpa on CPU) | eager | sdpa | flex"""
-    parallel: str = "auto"
-    """auto (fsdp on GPU when several ranks, ddp on CPU) | ddp | fsdp"""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """where to train (auto: cuda when available)"""
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    """auto: bf16 autocast on GPU, fp32 on CPU"""
+    compile: Literal["auto", "yes", "no"] = "auto"
+    """torch.compile the blocks (auto: on GPU)"""
+    attn_backend: Literal["auto", "eager", "sdpa", "flex"] = "auto"
+    """auto: flex on GPU (sdpa when attention dropout is on: flex has none), sdpa on CPU"""
+    parallel: Literal["auto", "ddp", "fsdp"] = "auto"
+    """data parallelism under torchrun (auto: fsdp on GPU, ddp on CPU)"""
     activation_checkpointing: bool = False
+    """recompute each block in the backward pass (less activation memory, dropout masks replayed exactly)"""
     peak_tflops: float | None = None
     """per-device peak for MFU (default: known GPUs; none on CPU)"""
 
     # bookkeeping
     log_every: int = 10
+    """steps between console/metrics log lines"""
     eval_every: int = 500
-    eval_batches: int = 20
+    """steps between validation losses (0: only at the end)"""
+    eval_windows: int = 160
+    """held-out windows in the validation loss (the same windows and masks for any batch layout)"""
     save_every: int = 1000
+    """steps between checkpoints (also saved at the end and on SIGINT/SIGTERM)"""
     keep_last: int = 3
+    """complete checkpoints kept"""
     tensorboard: bool = False
-    sample_every: int = 0
-    """show what the model fills in for a few masked sentences every N steps (0: only at the end)"""
+    """also write TensorBoard scalars to OUT/tensorboard"""
 
     @property
     def anneal_steps(self) -> int:
@@ -103,113 +158,48 @@ class TrainConfig:
 
     def validate(self, *, world_size: int = 1) -> None:
         """Refuse inconsistent settings with a message that says what to change."""
+        if self.preset not in PRESETS:
+            import difflib
+
+            close = difflib.get_close_matches(self.preset, list(PRESETS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"--preset {self.preset!r} is not a preset ({', '.join(PRESETS)}){hint}")
         if self.global_batch % (self.micro_batch * world_size):
-            raise ValueError(
+            raise ConfigError(
                 f"global_batch={self.global_batch} is not divisible by micro_batch={self.micro_batch} x "
                 f"ranks={world_size}: choose a global batch that is a multiple of {self.micro_batch * world_size}."
             )
-        if self.steps < 1 or self.seq_len < 2:
-            raise ValueError("steps must be >= 1 and seq_len >= 2.")
-        if self.schedule not in {"cosine", "wsd", "constant"}:
-            raise ValueError(f"schedule={self.schedule!r}: choose cosine, wsd or constant.")
+        for name in ("steps", "seq_len", "micro_batch", "global_batch", "log_every", "keep_last", "eval_windows"):
+            if getattr(self, name) < (2 if name == "seq_len" else 1):
+                raise ConfigError(f"--{name} must be at least {2 if name == 'seq_len' else 1}, got {getattr(self, name)}")
+        for name in ("eval_every", "save_every", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.anneal_fraction < 1.0:
-            raise ValueError(f"anneal_fraction={self.anneal_fraction} must lie in [0, 1).")
-        if self.warmup_steps >= self.steps:
-            self.warmup_steps = max(0, self.steps // 10)  # a local shrink of a paper recipe
+            raise ConfigError(f"--anneal_fraction {self.anneal_fraction} must lie in [0, 1).")
+        if self.warmup_steps > self.steps:
+            raise ConfigError(f"--warmup_steps {self.warmup_steps} is more than --steps {self.steps}: lower it.")
+        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
+            raise ConfigError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
         if not self.data:
-            raise ValueError("no training data: give --data DIR (a folder written by `biglm data prepare`).")
+            raise ConfigError("no training data: give --data DIR (a folder written by `biglm data prepare`).")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return to_dict(self)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown training option(s) {sorted(unknown)}; known: {sorted(names)}")
-        d = dict(d)
-        if "betas" in d:
-            d["betas"] = tuple(float(b) for b in d["betas"])
-        cfg = cls(**d)
-        _coerce(cfg)
-        return cfg
-
-    def override(self, args: list[str]) -> "TrainConfig":
-        """Apply ``--key value`` pairs (values parsed as YAML: numbers, booleans, lists, dicts)."""
-        cfg = dataclasses.replace(self, model=dict(self.model), objective_args=dict(self.objective_args))
-        fields = {f.name: f for f in dataclasses.fields(cfg)}
-        i = 0
-        while i < len(args):
-            key = args[i]
-            if not key.startswith("--"):
-                raise ValueError(f"expected --key value, got {key!r}")
-            key = key[2:]
-            if "=" in key:
-                key, raw = key.split("=", 1)
-                i += 1
-            else:
-                if i + 1 >= len(args):
-                    raise ValueError(f"--{key} needs a value")
-                raw = args[i + 1]
-                i += 2
-            value = _scalar(raw)
-            key = key.replace("-", "_")
-            if key.startswith("model."):
-                cfg.model[key[6:]] = value
-            elif key.startswith("objective."):
-                cfg.objective_args[key[10:]] = tuple(value) if isinstance(value, list) else value
-            elif key in fields:
-                if key == "data" and isinstance(value, str):
-                    value = {v: 1.0 for v in value.split(",")}
-                if key == "val_data" and isinstance(value, str):
-                    value = value.split(",")
-                if key == "betas":
-                    value = tuple(value)
-                setattr(cfg, key, value)
-            else:
-                raise ValueError(f"unknown option --{key}; see `biglm pretrain --help`.")
-        _coerce(cfg)
-        return cfg
-
-
-def _scalar(raw: str) -> Any:
-    """A command-line value: int, then float (so "6e-4" is a number, which YAML 1.1 would leave a string),
-    then YAML (booleans, lists, dicts, strings)."""
-    for cast in (int, float):
-        try:
-            return cast(raw)
-        except ValueError:
-            pass
-    return yaml.safe_load(raw)
-
-
-def _coerce(cfg: TrainConfig) -> None:
-    """Numbers written as strings by YAML 1.1 ("3e-4") become floats; whole floats in int fields become ints."""
-    for f in dataclasses.fields(cfg):
-        value, default = getattr(cfg, f.name), f.default
-        if isinstance(value, str) and (isinstance(default, float) or f.name in {"peak_tflops"}):
-            try:
-                setattr(cfg, f.name, float(value))
-            except ValueError:
-                raise ValueError(f"--{f.name} needs a number, got {value!r}") from None
-        elif isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float):
-            if not value.is_integer():
-                raise ValueError(f"--{f.name} needs a whole number, got {value}")
-            setattr(cfg, f.name, int(value))
-    for d in (cfg.model, cfg.objective_args):
-        for k, v in d.items():
-            if isinstance(v, str):
-                try:
-                    d[k] = float(v)
-                except ValueError:
-                    pass
+        """A config from plain data (a YAML recipe, a saved train_config.json); every key checked."""
+        return from_dict(cls, d)
 
 
 def load_recipe_file(path: str | Path) -> TrainConfig:
     """A recipe written as YAML or JSON with TrainConfig fields."""
-    text = Path(path).read_text()
-    return TrainConfig.from_dict(yaml.safe_load(text) or {})
+    data = load_yaml(path) or {}
+    try:
+        return from_dict(TrainConfig, data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from ..data.mixture import Mixture, PhasedSampler, TokenDataset, iter_windows
+from ..data.mixture import Mixture, PhasedSampler, TokenDataset
 from ..data.shards import ShardError
 from .config import TrainConfig
 from .distributed import DistInfo
@@ -69,16 +70,32 @@ def open_train_sampler(cfg: TrainConfig, *, info: DistInfo, vocab_size: int, fin
     return PhasedSampler(phases, window=cfg.seq_len, seed=cfg.seed, rank=info.rank, world_size=info.world_size)
 
 
-def validation_windows(cfg: TrainConfig, *, info: DistInfo, vocab_size: int, fingerprint: str | None) -> list:
-    """Fixed held-out batches (the same every evaluation): the first windows of each val split."""
+def validation_windows(cfg: TrainConfig, *, info: DistInfo, vocab_size: int, fingerprint: str | None
+                       ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+    """This rank's share of the fixed held-out windows, as ``(global index, windows)`` micro-batches,
+    and the number of windows over all ranks.
+
+    ``cfg.eval_windows`` windows in all (split evenly over the validation sources, the first windows of
+    each val split), numbered globally; rank r takes every world_size-th. The set of windows, and with
+    masks drawn by global index (`Trainer.val_batches`) the loss, do not depend on the micro-batch size
+    or the number of ranks.
+    """
     folders = {f: 1.0 for f in (cfg.val_data or list(cfg.data))}
-    per_source = max(1, cfg.eval_batches * cfg.micro_batch * info.world_size // len(folders))
-    batches = []
+    per_source = max(1, cfg.eval_windows // len(folders))
+    windows: list[np.ndarray] = []
     for ds, _ in _datasets(folders, split="val", vocab_size=vocab_size, fingerprint=fingerprint,
                            hub_sources=cfg.hub_sources).values():
-        batches += list(iter_windows(ds, window=cfg.seq_len, batch_size=cfg.micro_batch, rank=info.rank,
-                                     world_size=info.world_size, max_windows=per_source))
-    return batches
+        n = min(per_source, ds.n_tokens // cfg.seq_len)
+        if n == 0:
+            raise ValueError(f"the validation split of {ds.name} has {ds.n_tokens} tokens, fewer than one window of "
+                             f"{cfg.seq_len}: prepare more --val-docs or lower --seq_len")
+        windows += [ds.read(k * cfg.seq_len, cfg.seq_len) for k in range(n)]
+    mine = list(range(info.rank, len(windows), info.world_size))
+    batches = []
+    for b in range(0, len(mine), cfg.micro_batch):
+        index = mine[b:b + cfg.micro_batch]
+        batches.append((torch.tensor(index), torch.from_numpy(np.stack([windows[k] for k in index]))))
+    return batches, len(windows)
 
 
 def unigram_loss(cfg: TrainConfig, *, vocab_size: int, fingerprint: str | None, targets: list,
@@ -86,7 +103,6 @@ def unigram_loss(cfg: TrainConfig, *, vocab_size: int, fingerprint: str | None, 
     """Cross-entropy of the validation masked tokens (``targets``: one label tensor per batch, -100 =
     unmasked) under the training unigram distribution (add-one smoothed): the loss of a model that
     ignores context, the bar a trained model must clear."""
-    import torch
 
     counts = np.ones(vocab_size, dtype=np.float64)
     for ds, _ in _datasets(cfg.data, split="train", vocab_size=vocab_size, fingerprint=fingerprint,

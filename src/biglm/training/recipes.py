@@ -8,6 +8,9 @@
   raw++ (longer) / synthetic / mixed annealing data.
 - §4 final models: 136M, 360M, 1.3B, 3.5B; 300k steps, WSD lr 6e-4 -> 6e-5 with 60k (20%) annealing
   steps, FineWeb-edu + Cosmopedia v2 (Table 7).
+- `default`: the built-in demo, what `biglm pretrain` runs with no recipe: a 4-layer, 192-wide BiGLM on
+  the English text of the Python installation (`builtin` data, prepared with its own 4,096-token
+  tokenizer into OUT/data), 600 steps of 32 x 128 tokens, about four minutes on 2 CPU cores.
 
 Not stated in the paper, chosen here and written down: warm-up 2000 steps; min lr of the cosine runs
 3e-4 (10%); dropout 0.1 where the paper used it (Megatron's default); the final-model mixture weights
@@ -19,10 +22,14 @@ dataset builds each, and a missing folder's error prints the exact command.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import difflib
 from typing import Callable
 
-from .config import TrainConfig
+from ..config import ConfigError
+from ..objective import OBJECTIVES
+from .config import BUILTIN, ModelArgs, TrainConfig
 
 FINEWEB = "data/fineweb-edu"
 COSMO = "data/cosmopedia-v2"
@@ -34,13 +41,13 @@ TOKENIZER = "HuggingFaceTB/SmolLM-135M"  # the 49152-token vocabulary the paper'
 MIX = {FINEWEB: 220.0, COSMO: 28.0}
 
 _TRIAL = TrainConfig(
-    name="table1-biglm", preset="biglm-124m", model={"hidden_dropout": 0.1, "attention_dropout": 0.1},
-    objective="biglm", tokenizer=TOKENIZER, data={FINEWEB: 1.0}, hub_sources=HUB, seq_len=2048,
+    name="table1-biglm", preset="biglm-124m", model=ModelArgs(hidden_dropout=0.1, attention_dropout=0.1),
+    objective=OBJECTIVES["biglm"], tokenizer=TOKENIZER, data={FINEWEB: 1.0}, hub_sources=HUB, seq_len=2048,
     global_batch=1024, micro_batch=16, steps=50_000, lr=3e-3, min_lr=3e-4, schedule="cosine", warmup_steps=2000,
     eval_every=1000, save_every=1000,
 )
 # BiGLM++ (Table 2): the deeper 136M shape, no dropout
-_PLUS = dataclasses.replace(_TRIAL, name="table2-biglm-plus", preset="biglm-136m", model={})
+_PLUS = dataclasses.replace(_TRIAL, name="table2-biglm-plus", preset="biglm-136m", model=ModelArgs())
 
 
 def _r(base: TrainConfig, name: str, **changes) -> TrainConfig:
@@ -53,23 +60,35 @@ def _final(preset: str, micro_batch: int) -> TrainConfig:
 
 
 _WSD = dict(schedule="wsd", min_lr=3e-4)
+_BIGLM = OBJECTIVES["biglm"]
+
+# the built-in demo: a small model that learns visibly in ~4 minutes on 2 CPU cores (see docs/LOG.md)
+_DEFAULT = TrainConfig(
+    name="default", preset="tiny",
+    model=ModelArgs(num_hidden_layers=4, hidden_size=192, num_attention_heads=6, num_key_value_heads=2,
+                    intermediate_size=512, max_position_embeddings=256),
+    objective=_BIGLM, data={BUILTIN: 1.0}, seq_len=128, global_batch=32, micro_batch=32, steps=600, lr=3e-3,
+    min_lr=3e-4, schedule="cosine", warmup_steps=40, log_every=20, eval_every=100, eval_windows=256, save_every=100,
+    keep_last=2,
+)
 
 RECIPES: dict[str, Callable[[], TrainConfig]] = {
+    "default": lambda: _DEFAULT,
     # Table 1
     "table1-biglm": lambda: _TRIAL,
-    "table1-no-attn": lambda: _r(_TRIAL, "table1-no-attn", objective="biglm-no-attn"),
-    "table1-mlm": lambda: _r(_TRIAL, "table1-mlm", objective="mlm"),
+    "table1-no-attn": lambda: _r(_TRIAL, "table1-no-attn", objective=OBJECTIVES["biglm-no-attn"]),
+    "table1-mlm": lambda: _r(_TRIAL, "table1-mlm", objective=OBJECTIVES["mlm"]),
     # Table 8
-    **{f"table8-alpha-{a}": (lambda a=a: _r(_TRIAL, f"table8-alpha-{a}", objective_args={"alpha": a}))
+    **{f"table8-alpha-{a}": (lambda a=a: _r(_TRIAL, f"table8-alpha-{a}", objective=_BIGLM.replace(alpha=a)))
        for a in (0.1, 0.3, 0.4)},
     **{f"table8-betax-{lo}-{hi}": (lambda lo=lo, hi=hi, lam=lam: _r(_TRIAL, f"table8-betax-{lo}-{hi}",
-                                                                   objective_args={"prefix_lambda": lam}))
+                                                                   objective=_BIGLM.replace(prefix_lambda=lam)))
        for (lo, hi), lam in {(0.1, 0.5): (0.5, 0.4), (0.3, 0.5): (0.5, 0.2), (0.2, 0.4): (0.4, 0.2)}.items()},
     **{f"table8-betay-{lo}-{hi}": (lambda lo=lo, hi=hi: _r(_TRIAL, f"table8-betay-{lo}-{hi}",
-                                                          objective_args={"suffix_ratio": (lo, hi)}))
+                                                          objective=_BIGLM.replace(suffix_ratio=(lo, hi))))
        for lo, hi in ((0.1, 0.9), (0.2, 0.8), (0.3, 0.7))},
     # Table 2
-    "table2-no-dropout": lambda: _r(_TRIAL, "table2-no-dropout", model={}),
+    "table2-no-dropout": lambda: _r(_TRIAL, "table2-no-dropout", model=ModelArgs()),
     "table2-biglm-plus": lambda: _PLUS,
     "table2-mixdata": lambda: _r(_PLUS, "table2-mixdata", data=dict(MIX)),
     "table2-wsd-no-anneal": lambda: _r(_PLUS, "table2-wsd-no-anneal", **_WSD, anneal_fraction=0.0),
@@ -85,19 +104,17 @@ RECIPES: dict[str, Callable[[], TrainConfig]] = {
 }
 
 # `--local`: the same recipe shrunk to a few minutes on a laptop (fewer steps, smaller batch, shorter windows)
-LOCAL = dict(steps=200, global_batch=8, micro_batch=8, seq_len=256, warmup_steps=20, eval_every=50, eval_batches=4,
+LOCAL = dict(steps=200, global_batch=8, micro_batch=8, seq_len=256, warmup_steps=20, eval_every=50, eval_windows=32,
              save_every=100, log_every=10)
 
 
 def get_recipe(name: str, *, local: bool = False) -> TrainConfig:
     """The named recipe (a fresh copy); ``local=True`` applies the `LOCAL` shrink."""
     if name not in RECIPES:
-        raise KeyError(f"unknown recipe {name!r}; see `biglm recipes` for the list")
-    cfg = dataclasses.replace(RECIPES[name]())
-    cfg.model, cfg.objective_args, cfg.data = dict(cfg.model), dict(cfg.objective_args), dict(cfg.data)
+        close = difflib.get_close_matches(name, list(RECIPES), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown recipe {name!r}{hint}; `biglm recipes` lists them, or give a .yaml file")
+    cfg = copy.deepcopy(RECIPES[name]())
     if local:
-        for k, v in LOCAL.items():
-            setattr(cfg, k, v)
-        if cfg.schedule == "wsd":
-            cfg.warmup_steps = 20
+        cfg = dataclasses.replace(cfg, **LOCAL)
     return cfg

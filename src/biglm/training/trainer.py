@@ -28,8 +28,10 @@ from typing import Any, Callable
 import torch
 
 from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters
-from ..objective import ObjectiveConfig, apply_masks, draw_masks, get_objective, make_generator, mask_batch, masked_lm_loss
-from .checkpoint import Checkpointer, CheckpointError, latest_checkpoint
+from ..objective import ObjectiveConfig, apply_masks, draw_masks, make_generator, masked_lm_loss
+from ..objective.masking import IGNORE_INDEX
+from ..checkpoint import CheckpointError, latest_checkpoint
+from .checkpoint import Checkpointer
 from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_sum, parallelize
 from .schedule import lr_at
@@ -48,7 +50,6 @@ class TrainResult:
     losses: list[tuple[int, float]] = field(default_factory=list)
     val_losses: list[tuple[int, float]] = field(default_factory=list)
     interrupted: bool = False
-    unigram_loss: float | None = None
 
 
 def _peak_flops(cfg: TrainConfig, device: torch.device) -> float | None:
@@ -122,16 +123,16 @@ class Trainer:
         model_args = dict(vocab_size=vocab, max_position_embeddings=max(cfg.seq_len, 128), attn_backend=backend,
                           pad_token_id=self.tokenizer.pad_token_id, mask_token_id=self.tokenizer.mask_token_id,
                           eos_token_id=self.tokenizer.eos_token_id, bos_token_id=self.tokenizer.bos_token_id)
-        model_args.update(cfg.model)
-        if "vocab_size" in cfg.model and cfg.model["vocab_size"] < vocab:
-            raise ValueError(f"--model.vocab_size {cfg.model['vocab_size']} is smaller than the tokenizer's {vocab}.")
+        model_args.update(cfg.model.overrides())
+        if model_args["vocab_size"] < vocab:
+            raise ValueError(f"--model.vocab_size {model_args['vocab_size']} is smaller than the tokenizer's {vocab}.")
         if cfg.seq_len > model_args["max_position_embeddings"]:
             raise ValueError(
                 f"seq_len={cfg.seq_len} is longer than the model's max_position_embeddings="
                 f"{model_args['max_position_embeddings']}: lower --seq_len or raise --model.max_position_embeddings."
             )
         self.model_config = BiGLMConfig.from_preset(cfg.preset, **model_args)
-        self.objective = get_objective(cfg.objective, **cfg.objective_args)
+        self.objective = cfg.objective
         self.mask_id = self.tokenizer.mask_token_id
 
         torch.manual_seed(cfg.seed)
@@ -155,9 +156,11 @@ class Trainer:
         # the loaded tokenizer's own fingerprint: shards built with any other tokenizer are refused, even one of equal size
         fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.train_sampler = open_train_sampler(cfg, info=self.info, vocab_size=vocab, fingerprint=fingerprint)
-        self.val_windows = []
+        self.val_windows: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._val_pattern = None
+        self.val_total = 0
         try:
-            self.val_windows = validation_windows(cfg, info=self.info, vocab_size=vocab, fingerprint=fingerprint)
+            self.val_windows, self.val_total = validation_windows(cfg, info=self.info, vocab_size=vocab, fingerprint=fingerprint)
         except FileNotFoundError as e:
             self.echo(f"[biglm] no validation loss: {e}")
         self.data_fingerprint = fingerprint
@@ -289,13 +292,16 @@ class Trainer:
         return all_reduce_sum(total), grad_norm
 
     def val_batches(self):
-        """The held-out windows with their fixed masks (seeded by index, so every evaluation sees the same)."""
+        """The held-out windows with their fixed masks: one pattern for all `eval_windows` windows, seeded
+        once and indexed by global window number, so every evaluation, batch layout and rank count sees the same."""
         dev = self.info.device
-        for i, windows in enumerate(self.val_windows):
+        if self._val_pattern is None:
+            gen = make_generator(seed=self.cfg.seed + 7919, step=0, rank=0, device=dev)
+            self._val_pattern = draw_masks(self.val_total, self.cfg.seq_len, self.objective, generator=gen, device=dev,
+                                           vocab_size=self.model_config.vocab_size)
+        for index, windows in self.val_windows:
             windows = windows.to(dev)
-            gen = make_generator(seed=self.cfg.seed + 7919, step=i, rank=self.info.rank, device=dev)
-            yield windows, mask_batch(windows, self.objective, mask_token_id=self.mask_id,
-                                      vocab_size=self.model_config.vocab_size, generator=gen)
+            yield windows, apply_masks(windows, self._val_pattern.rows(index.to(dev)), mask_token_id=self.mask_id)
 
     @torch.no_grad()
     def validate(self) -> float | None:
@@ -308,8 +314,8 @@ class Trainer:
         count = torch.zeros((), device=dev)
         for windows, batch in self.val_batches():
             with self._autocast():
-                out = self.raw_model(batch.input_ids, prefix_len=batch.prefix_len, labels=batch.labels,
-                                     doc_ids=self._doc_ids(windows))
+                out = self.raw_model(batch.input_ids, prefix_len=batch.prefix_len, doc_ids=self._doc_ids(windows),
+                                     logits_positions=batch.labels != IGNORE_INDEX)
             loss_sum += masked_lm_loss(out.logits, batch, normalizer=torch.ones((), device=dev))
             count += batch.normalizer
         self.model.train()

@@ -3,17 +3,23 @@ model.safetensors, tokenizer) that `AutoModelForMaskedLM.from_pretrained` loads 
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
+
+
+@dataclass
+class ExportArgs:
+    checkpoint: str
+    """a run directory (its newest checkpoint is used) or one checkpoint directory"""
+    out_dir: str
+    """where to write the Hugging Face model directory"""
 
 
 def main(argv: list[str]) -> int:
-    from .checkpoint import export_checkpoint
+    from ..config import parse_cli
+    from .export import export_checkpoint
 
-    parser = argparse.ArgumentParser(prog="biglm export", description=__doc__)
-    parser.add_argument("checkpoint", help="a run directory (its newest checkpoint is used) or one checkpoint directory")
-    parser.add_argument("out_dir", help="where to write the Hugging Face model directory")
-    args = parser.parse_args(argv)
+    args = parse_cli(ExportArgs, argv, prog="biglm export", doc=__doc__, positionals=("checkpoint", "out_dir"))
     try:
         out = export_checkpoint(args.checkpoint, args.out_dir)
     except FileNotFoundError as e:

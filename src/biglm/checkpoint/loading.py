@@ -1,0 +1,63 @@
+"""Load a BiGLM for inference from an exported Hugging Face directory or a training run/checkpoint."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..model import BiGLMConfig, BiGLMForMaskedLM
+from .layout import latest_checkpoint, run_dir_of
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+def load_inference_checkpoint(path: str | Path):
+    """``(model, tokenizer)`` from a run directory (its newest checkpoint) or one checkpoint directory.
+
+    Reads the model part of a torch.distributed.checkpoint (sharded or not) in one process, with no
+    process group: the optimizer state in the same files is skipped.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    ckpt = latest_checkpoint(path)
+    if ckpt is None:
+        raise FileNotFoundError(
+            f"{path} holds neither an exported model (config.json + model.safetensors) nor a training checkpoint "
+            "(checkpoints/step_*/meta.json): pass a `biglm export` directory or a `biglm pretrain` run directory."
+        )
+    run_dir = run_dir_of(ckpt)
+    config = BiGLMConfig.from_pretrained(run_dir)
+    model = BiGLMForMaskedLM(config)
+    state = {"model": get_model_state_dict(model, options=StateDictOptions())}
+    dcp.load(state, checkpoint_id=str(ckpt))
+    model.load_state_dict(state["model"])
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
+    return model.eval(), tokenizer
+
+
+def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+    """Return ``(model, tokenizer)`` in eval mode from ``path``.
+
+    ``path`` is either a Hugging Face directory (config.json + model.safetensors + tokenizer files, as
+    written by `biglm export` or `save_pretrained`) or a training run / checkpoint directory written by
+    `biglm pretrain` (the latest checkpoint of a run is used).
+    """
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no model at {path}: pass a directory written by `biglm export` or `biglm pretrain`.")
+    if (path / "config.json").exists() and any(path.glob("*.safetensors")):
+        model = BiGLMForMaskedLM.from_pretrained(path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    else:
+        model, tokenizer = load_inference_checkpoint(path)
+        if dtype is not None:
+            model = model.to(dtype)
+    model.model.validate_inputs = True
+    return model.to(device).eval(), tokenizer
