@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -30,3 +31,32 @@ def tiny_config():
     from biglm import BiGLMConfig
 
     return BiGLMConfig.from_preset("tiny", attn_backend="eager")
+
+
+def synthetic_corpus(n_docs: int = 400, seed: int = 0) -> list[str]:
+    """Deterministic English-like documents from a small grammar: no files, no Python-version dependence."""
+    rng = random.Random(seed)
+    subjects = ["the cat", "a dog", "the old man", "my sister", "the teacher", "a small bird", "the river", "our city"]
+    verbs = ["sees", "likes", "follows", "finds", "remembers", "paints", "crosses", "visits"]
+    objects = ["the garden", "a red house", "the long road", "a quiet lake", "the market", "an open window"]
+    tails = ["in the morning", "after the rain", "every day", "with great care", "before dinner", "at night"]
+    docs = []
+    for _ in range(n_docs):
+        sentences = [f"{rng.choice(subjects).capitalize()} {rng.choice(verbs)} {rng.choice(objects)} {rng.choice(tails)}."
+                     for _ in range(rng.randint(3, 9))]
+        docs.append(" ".join(sentences))
+    return docs
+
+
+@pytest.fixture(scope="session")
+def synthetic_data(tmp_path_factory):
+    """A 384-token tokenizer (ROOT/tok) and train/val shards (ROOT/shards) of `synthetic_corpus()`."""
+    from biglm.data import prepare, train_tokenizer
+
+    root = tmp_path_factory.mktemp("synthetic_data")
+    docs = synthetic_corpus()
+    (root / "corpus.txt").write_text("\n\n".join(docs))
+    train_tokenizer(texts=docs, vocab_size=384, out_dir=str(root / "tok"))
+    prepare(sources=[str(root / "corpus.txt")], tokenizer=str(root / "tok"), out_dir=root / "shards", val_docs=40,
+            workers=1, progress=False)
+    return root

@@ -260,9 +260,13 @@ def convert(value: Any, tp: Any, *, name: str, current: Any = None, choices: dic
 
 
 # ---------------------------------------------------------------------------------------- dict <-> config
-def _unknown(key: str, known: list[str], prefix: str) -> ConfigError:
+def _unknown(key: str, cls: type, prefix: str) -> ConfigError:
+    known = list(_fields(cls))
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    hint = f"; did you mean --{prefix}{close[0]}?" if close else f"; see --help for the {len(known)} options"
+    if close:
+        hint = f"; did you mean --{prefix}{close[0]} ({type_name(_hints(cls)[close[0]])})?"
+    else:
+        hint = f"; see --help for the {len(known)} options"
     return ConfigError(f"unknown option --{prefix}{key}{hint}")
 
 
@@ -279,7 +283,7 @@ def from_dict(cls: type[T], data: dict[str, Any], *, base: T | None = None, pref
     values: dict[str, Any] = {}
     for key, raw in data.items():
         if key not in fields:
-            raise _unknown(key, list(fields), prefix)
+            raise _unknown(key, cls, prefix)
         f = fields[key]
         current = getattr(base, key) if base is not None else _default(f)
         current = None if current is dataclasses.MISSING else current
@@ -399,6 +403,8 @@ def format_help(cls: type, *, prog: str, doc: str | None, positionals: tuple[str
                 default = value
             except AttributeError:
                 pass
+        if dataclasses.is_dataclass(tp) and not choices:
+            continue  # a plain nested group: its fields are listed as --name.field
         kind = type_name(tp) if not choices else "{" + "|".join(choices) + "}"
         if dataclasses.is_dataclass(default) and not isinstance(default, type):
             shown = getattr(default, "name", type(default).__name__)

@@ -28,32 +28,28 @@ from ..model.modeling import IGNORE_INDEX
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
-    """How a window of L tokens becomes a training example.
-
-    Attributes:
-        name: variant name (for logs).
-        decompose: split the window into prefix X = C[:p] and suffix Y = C[p:] (False = plain MLM).
-        prefix_attention: prefix queries cannot see suffix keys (the BiGLM mask); False = full attention.
-        alpha: p ~ U{round(αL), ..., round((1-α)L)}; α in (0, 0.5). Paper: 0.2 (ablations 0.1-0.4).
-        suffix_ratio: β_Y ~ U(lo, hi) (paper: (0, 1); ablations (.1,.9), (.2,.8), (.3,.7)).
-        prefix_lambda: (λ1, λ2) with β_X = λ1 - λ2·β_Y (paper: (0.3, 0.2); ablations (0.5,0.2), (0.5,0.4), (0.4,0.2)).
-        mlm_ratio: fixed masking ratio when decompose=False (the paper does not state it; 0.15 is BERT's).
-        corruption: (mask, random, keep) shares of masked positions, e.g. BERT's (0.8, 0.1, 0.1); only for `mlm`.
-            None = every masked position becomes the mask token (the BiGLM rule).
-        diffusion: LLaDA/MDLM masking: t ~ U(diffusion_eps, 1) per row, Bernoulli(t) per token, weight 1/t.
-        diffusion_eps: lower bound of t.
-    """
+    """How a window of L tokens becomes a training example (a named variant in `OBJECTIVES`)."""
 
     name: str = "biglm"
+    """variant name (biglm, biglm-no-attn, mlm, diffusion); selecting one sets every field below"""
     decompose: bool = True
+    """split the window into prefix X = C[:p] and suffix Y = C[p:] (false: plain MLM)"""
     prefix_attention: bool = True
+    """prefix queries cannot see suffix keys (the BiGLM mask); false: full attention"""
     alpha: float = 0.2
+    """p ~ U{round(αL) .. round((1-α)L)}, α in (0, 0.5); paper 0.2 (ablations 0.1-0.4)"""
     suffix_ratio: tuple[float, float] = (0.0, 1.0)
+    """β_Y ~ U(lo, hi); paper (0, 1), ablations (.1,.9) (.2,.8) (.3,.7)"""
     prefix_lambda: tuple[float, float] = (0.3, 0.2)
+    """(λ1, λ2) with β_X = λ1 - λ2·β_Y; paper (0.3, 0.2), ablations (0.5,0.2) (0.5,0.4) (0.4,0.2)"""
     mlm_ratio: float = 0.15
+    """fixed masking ratio without the split (the paper does not state it; 0.15 is BERT's)"""
     corruption: tuple[float, float, float] | None = None
+    """(mask, random, keep) shares of masked positions, e.g. BERT's 0.8,0.1,0.1; `mlm` only (unset: all <mask>)"""
     diffusion: bool = False
+    """LLaDA/MDLM masking: t ~ U(diffusion_eps, 1) per row, Bernoulli(t) per token, loss weight 1/t"""
     diffusion_eps: float = 1e-3
+    """lower bound of t"""
 
     def __post_init__(self) -> None:
         if self.diffusion:
