@@ -120,7 +120,7 @@ def test_cli_prepare_and_info(tmp_path: Path, corpus: tuple[list[str], object],
     tok.save_pretrained(str(tmp_path / "tok"))
     out = tmp_path / "shards"
     rc = data_cli.main(["prepare", *sources, "--tokenizer", str(tmp_path / "tok"), "--out", str(out),
-                        "--workers", "1", "--shard-tokens", "3000", "--val-docs", "2", "--no-progress"])
+                        "--workers", "1", "--shard-tokens", "3000", "--val-docs", "2", "--progress", "false"])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "train:" in printed and "val:" in printed and "tokens/s" in printed

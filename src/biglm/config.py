@@ -49,8 +49,8 @@ import yaml
 
 T = TypeVar("T")
 
-__all__ = ["ConfigError", "field_docs", "from_dict", "to_dict", "apply_overrides", "parse_cli", "load_yaml",
-           "format_help"]
+__all__ = ["ConfigError", "field_docs", "from_dict", "to_dict", "apply_overrides", "parse_cli", "parse_subcommand",
+           "load_yaml", "format_help", "fail"]
 
 
 class ConfigError(ValueError):
@@ -392,7 +392,7 @@ def format_help(cls: type, *, prog: str, doc: str | None, positionals: tuple[str
     pos = " ".join(p.upper() for p in positionals)
     lines = [f"usage: {prog} {pos + ' ' if pos else ''}[--OPTION VALUE ...] [--print_config] [--help]", ""]
     if doc:
-        lines += [textwrap.dedent(doc).strip(), ""]
+        lines += [inspect.cleandoc(doc), ""]
     lines.append("options (fields of " + cls.__name__ + "; --a.b sets field b of a):")
     for name, tp, default, text, choices in _flat_fields(cls):
         if base is not None:
@@ -429,9 +429,13 @@ def parse_cli(cls: type[T], argv: list[str], *, prog: str, doc: str | None = Non
     argv = [a for a in argv if a not in {"--print_config", "--print-config"}]
     try:
         pos, nested = _split_flags(argv, cls)
-        if len(pos) > len(positionals):
+        takes_rest = bool(positionals) and get_origin(_hints(cls)[positionals[-1]]) is list
+        if len(pos) > len(positionals) and not takes_rest:
             raise ConfigError(f"unexpected argument {pos[len(positionals)]!r}"
                               + (f" (takes {', '.join(p.upper() for p in positionals)})" if positionals else ""))
+        if pos and positionals and get_origin(_hints(cls)[positionals[-1]]) is list and len(pos) >= len(positionals):
+            k = len(positionals) - 1  # the last positional is a list: it takes the rest (e.g. SOURCE...)
+            pos = pos[:k] + [pos[k:]]
         for name, value in zip(positionals, pos):
             if name in nested:
                 raise ConfigError(f"{name.upper()} given twice: as an argument and as --{name}")
@@ -448,6 +452,23 @@ def parse_cli(cls: type[T], argv: list[str], *, prog: str, doc: str | None = Non
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         raise SystemExit(0)
     return cfg
+
+
+def parse_subcommand(argv: list[str], commands: dict[str, tuple[type, str, tuple[str, ...]]], *, prog: str
+                     ) -> tuple[str, Any]:
+    """``PROG SUB [args]`` with ``commands = {SUB: (config class, doc, positionals)}``: the chosen name and its
+    parsed config (see `parse_cli`)."""
+    names = " | ".join(commands)
+    if not argv or argv[0] in {"-h", "--help"}:
+        lines = [f"usage: {prog} {{{names}}} ...", ""]
+        lines += [f"  {n:<10} {textwrap.dedent(doc).strip().splitlines()[0]}" for n, (_, doc, _) in commands.items()]
+        print("\n".join(lines) + f"\n\nRun `{prog} COMMAND --help` for a command's options.")
+        raise SystemExit(0 if argv else 2)
+    if argv[0] not in commands:
+        close = difflib.get_close_matches(argv[0], list(commands), n=1)
+        fail(prog, f"unknown command {argv[0]!r}" + (f"; did you mean {close[0]!r}?" if close else f"; choose {names}"))
+    cls, doc, positionals = commands[argv[0]]
+    return argv[0], parse_cli(cls, argv[1:], prog=f"{prog} {argv[0]}", doc=doc, positionals=positionals)
 
 
 def fail(prog: str, message: str) -> typing.NoReturn:

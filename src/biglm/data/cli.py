@@ -2,46 +2,67 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..config import parse_subcommand
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="biglm data", description="Prepare and inspect pre-tokenised data.")
-    sub = p.add_subparsers(dest="command", required=True)
-    pr = sub.add_parser("prepare", help="tokenise text sources into binary token shards (resumable)",
-                        description="Tokenise text sources into train-*.bin / val-*.bin shards and a manifest.json. "
-                                    "Re-running the same command after an interruption continues where it stopped.")
-    pr.add_argument("sources", nargs="+", metavar="SOURCE",
-                    help="text sources: .txt/.jsonl/.parquet files, folders of them, 'builtin' or "
-                         "hf:OWNER/NAME[:CONFIG][@SPLIT]")
-    pr.add_argument("--tokenizer", required=True, metavar="PATH", help="Hugging Face tokenizer folder or hub name")
-    pr.add_argument("--out", required=True, metavar="DIR", help="output folder for shards and manifest.json")
-    pr.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                    help="tokenising processes (default: all cores; 1 = in this process)")
-    pr.add_argument("--shard-tokens", type=int, default=2**26, help="maximum tokens per shard (default 2**26)")
-    pr.add_argument("--val-docs", type=int, default=0,
-                    help="hold out the first N documents of each source as the val split (default 0)")
-    pr.add_argument("--text-field", default="text", help="field holding the text in .jsonl/.parquet/hub rows")
-    pr.add_argument("--txt-mode", choices=["paragraph", "document", "line"], default="paragraph",
-                    help="how .txt files split into documents: at blank lines (default), per file, per line")
-    pr.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    info = sub.add_parser("info", help="print the header of shards, verifying their checksums",
-                          description="Print each shard's header and verify its checksum.")
-    info.add_argument("paths", nargs="+", metavar="PATH", help="shard files or prepared folders")
-    return p
+@dataclass
+class PrepareArgs:
+    """Tokenise text sources into train-*.bin / val-*.bin shards and a manifest.json. Re-running the same
+    command after an interruption continues where it stopped."""
+
+    sources: list[str] = field(default_factory=list)
+    """text sources: .txt/.jsonl/.parquet files, folders of them, 'builtin' or hf:OWNER/NAME[:CONFIG][@SPLIT]"""
+    tokenizer: str = ""
+    """Hugging Face tokenizer folder or hub name (required)"""
+    out: str = ""
+    """output folder for shards and manifest.json (required)"""
+    workers: int = os.cpu_count() or 1
+    """tokenising processes (default: all cores; 1 = in this process)"""
+    shard_tokens: int = 2**26
+    """maximum tokens per shard"""
+    val_docs: int = 0
+    """hold out the first N documents of each source as the val split"""
+    text_field: str = "text"
+    """field holding the text in .jsonl/.parquet/hub rows"""
+    txt_mode: Literal["paragraph", "document", "line"] = "paragraph"
+    """how .txt files split into documents: at blank lines, per file, per line"""
+    progress: bool = True
+    """show a progress bar"""
+
+    def __post_init__(self) -> None:
+        for name in ("sources", "tokenizer", "out"):
+            if not getattr(self, name):
+                raise ValueError(f"missing --{name}" if name != "sources" else "missing SOURCES: give at least one source")
+        if self.workers < 1 or self.shard_tokens < 1 or self.val_docs < 0:
+            raise ValueError("--workers and --shard_tokens must be >= 1 and --val_docs >= 0")
 
 
-def _prepare(args: argparse.Namespace) -> int:
+@dataclass
+class InfoArgs:
+    """Print each shard's header and verify its checksum."""
+
+    paths: list[str] = field(default_factory=list)
+    """shard files or prepared folders"""
+
+    def __post_init__(self) -> None:
+        if not self.paths:
+            raise ValueError("missing PATHS: give shard files or prepared folders")
+
+
+def _prepare(args: PrepareArgs) -> int:
     from biglm.data.prepare import prepare
 
     t0 = time.perf_counter()
     manifest = prepare(sources=args.sources, tokenizer=args.tokenizer, out_dir=args.out,
                        shard_tokens=args.shard_tokens, workers=args.workers, val_docs=args.val_docs,
-                       text_field=args.text_field, txt_mode=args.txt_mode, progress=not args.no_progress)
+                       text_field=args.text_field, txt_mode=args.txt_mode, progress=args.progress)
     dt = time.perf_counter() - t0
     for split, p in manifest["progress"].items():
         if p["tokens"]:
@@ -52,7 +73,7 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _info(args: argparse.Namespace) -> int:
+def _info(args: InfoArgs) -> int:
     from pathlib import Path
 
     from biglm.data.shards import ShardReader
@@ -69,14 +90,15 @@ def _info(args: argparse.Namespace) -> int:
 
 def main(argv: list[str]) -> int:
     """Entry point for ``biglm data ...``; ``argv`` excludes the word "data"."""
-    args = _parser().parse_args(argv)
+    command, args = parse_subcommand(argv, {"prepare": (PrepareArgs, PrepareArgs.__doc__, ("sources",)),
+                                            "info": (InfoArgs, InfoArgs.__doc__, ("paths",))}, prog="biglm data")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from biglm.data.prepare import PrepareError
     from biglm.data.shards import ShardError
     from biglm.data.sources import SourceError
 
     try:
-        return _prepare(args) if args.command == "prepare" else _info(args)
+        return _prepare(args) if command == "prepare" else _info(args)
     except (PrepareError, ShardError, SourceError) as e:
         print(f"biglm data: {e}", file=sys.stderr)
         return 2

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..config import parse_subcommand
 
 
 def _limited(texts: Iterator[str], limit_bytes: int | None) -> Iterator[str]:
@@ -19,27 +22,37 @@ def _limited(texts: Iterator[str], limit_bytes: int | None) -> Iterator[str]:
             return
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="biglm tokenizer", description="Train and inspect BiGLM tokenizers.")
-    sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train a byte-level BPE tokenizer with <pad> <s> </s> <unk> <mask> as ids 0..4",
-                       description="Train a byte-level BPE tokenizer and save it as a Hugging Face tokenizer folder.")
-    t.add_argument("--input", nargs="+", required=True, metavar="PATH",
-                   help="text sources: .txt/.jsonl/.parquet files, folders of them, 'builtin' or hf:OWNER/NAME")
-    t.add_argument("--vocab-size", type=int, default=49152, help="vocabulary size incl. special tokens (default 49152)")
-    t.add_argument("--out", required=True, metavar="DIR", help="output folder (tokenizer.json + tokenizer_config.json)")
-    t.add_argument("--limit-bytes", type=int, default=None, metavar="N",
-                   help="train on the first N bytes of text only (default: all of it)")
-    t.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge (default 2)")
-    t.add_argument("--text-field", default="text", help="field holding the text in .jsonl/.parquet/hub rows")
-    t.add_argument("--txt-mode", choices=["paragraph", "document", "line"], default="paragraph",
-                   help="how .txt files split into documents: at blank lines (default), per file, per line")
-    return p
+@dataclass
+class TrainTokenizerArgs:
+    """Train a byte-level BPE tokenizer (<pad> <s> </s> <unk> <mask> as ids 0..4) and save it as a Hugging Face
+    tokenizer folder."""
+
+    input: list[str] = field(default_factory=list)
+    """text sources, comma-separated: .txt/.jsonl/.parquet files, folders of them, 'builtin' or hf:OWNER/NAME (required)"""
+    out: str = ""
+    """output folder (tokenizer.json + tokenizer_config.json) (required)"""
+    vocab_size: int = 49152
+    """vocabulary size including the special tokens"""
+    limit_bytes: int | None = None
+    """train on the first N bytes of text only (default: all of it)"""
+    min_frequency: int = 2
+    """minimum pair count for a merge"""
+    text_field: str = "text"
+    """field holding the text in .jsonl/.parquet/hub rows"""
+    txt_mode: Literal["paragraph", "document", "line"] = "paragraph"
+    """how .txt files split into documents: at blank lines, per file, per line"""
+
+    def __post_init__(self) -> None:
+        if not self.input or not self.out:
+            raise ValueError(f"missing --{'input' if not self.input else 'out'}")
+        if self.vocab_size < 6:
+            raise ValueError(f"--vocab_size {self.vocab_size} leaves no room beside the 5 special tokens")
 
 
 def main(argv: list[str]) -> int:
     """Entry point for ``biglm tokenizer ...``; ``argv`` excludes the word "tokenizer"."""
-    args = _parser().parse_args(argv)
+    _, args = parse_subcommand(argv, {"train": (TrainTokenizerArgs, TrainTokenizerArgs.__doc__, ())},
+                               prog="biglm tokenizer")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from biglm.data.sources import SourceError, iter_sources
     from biglm.data.tokenizer import train_tokenizer

@@ -130,7 +130,7 @@ def _shard_paths(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str
         else:
             paths = sorted(folder.glob(f"{split}-*.bin"))
         if not paths:
-            raise ShardError(f"{folder}: no {split!r} shards; run `biglm data prepare` (with --val-docs N "
+            raise ShardError(f"{folder}: no {split!r} shards; run `biglm data prepare` (with --val_docs N "
                              "for a val split) into this folder")
         return paths
     paths = [Path(p) for p in shards]

@@ -85,7 +85,7 @@ def _rows(loader: str, data_files: list[str], *, txt_mode: TxtMode, text_field: 
     for row in ds:
         if field not in row:
             raise SourceError(f"{data_files[0]}: rows have no field {field!r} (fields: {sorted(row)}); "
-                              "pass text_field= / --text-field with the right one")
+                              "pass text_field= / --text_field with the right one")
         text = row[field]
         if isinstance(text, str):
             yield text
@@ -99,7 +99,7 @@ def _iter_hub(spec: str, *, text_field: str) -> Iterator[str]:
     for row in ds:
         if text_field not in row:
             raise SourceError(f"{spec}: rows have no field {text_field!r} (fields: {sorted(row)}); "
-                              "pass text_field= / --text-field with the right one")
+                              "pass text_field= / --text_field with the right one")
         yield row[text_field]
 
 
@@ -155,7 +155,7 @@ def _stripped(spec: str, raw: Iterator[str]) -> Iterator[str]:
             yield text
     if n == 0:
         raise SourceError(f"{spec}: holds no text documents (all files empty or whitespace); "
-                          "check the path, or --text-field for .jsonl/.parquet files")
+                          "check the path, or --text_field for .jsonl/.parquet files")
 
 
 def iter_sources(specs: list[str], **kwargs: object) -> Iterator[str]:

@@ -24,7 +24,7 @@ def _missing(folder: str, hub_sources: dict[str, str]) -> FileNotFoundError:
     source = hub_sources.get(folder, "SOURCE...")
     return FileNotFoundError(
         f"training data {folder!r} not found or empty: build it with\n"
-        f"  biglm data prepare {source} --tokenizer TOKENIZER_DIR --out {folder} --val-docs 1000\n"
+        f"  biglm data prepare {source} --tokenizer TOKENIZER_DIR --out {folder} --val_docs 1000\n"
         f"or point the recipe at prepared folders with --data DIR[,DIR...]"
     )
 
@@ -88,7 +88,7 @@ def validation_windows(cfg: TrainConfig, *, info: DistInfo, vocab_size: int, fin
         n = min(per_source, ds.n_tokens // cfg.seq_len)
         if n == 0:
             raise ValueError(f"the validation split of {ds.name} has {ds.n_tokens} tokens, fewer than one window of "
-                             f"{cfg.seq_len}: prepare more --val-docs or lower --seq_len")
+                             f"{cfg.seq_len}: prepare more --val_docs or lower --seq_len")
         windows += [ds.read(k * cfg.seq_len, cfg.seq_len) for k in range(n)]
     mine = list(range(info.rank, len(windows), info.world_size))
     batches = []
