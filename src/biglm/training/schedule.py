@@ -30,8 +30,3 @@ def lr_at(step: int, *, schedule: str, lr: float, min_lr: float, total_steps: in
         progress = min(1.0, (step - anneal_start + 1) / anneal_steps)
         return lr + (min_lr - lr) * progress
     raise ValueError(f"unknown schedule {schedule!r}: choose cosine, wsd or constant.")
-
-
-def in_annealing(step: int, *, schedule: str, total_steps: int, anneal_steps: int) -> bool:
-    """True once the WSD decay phase has begun (where an annealing data mixture takes over)."""
-    return schedule == "wsd" and anneal_steps > 0 and step >= total_steps - anneal_steps
