@@ -1,7 +1,9 @@
-"""Generation by iterative unmasking: exact prefix cache, strategies' schedules, sampling, text API, CLI."""
+"""Generation by iterative unmasking: exact prefix cache, strategies' schedules, sampling, text API, CLI,
+and the one `DecodingConfig` that carries every option from each entry point to the decoder."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -11,11 +13,13 @@ import biglm  # noqa: F401  (registers the Auto classes)
 from biglm import BiGLMConfig, BiGLMForMaskedLM
 from biglm.generation import (
     AnswerDenoiser,
+    DecodingConfig,
     StepInfo,
     candidate_lengths,
     cut_at_stop,
     filter_logits,
     generate,
+    generate_from_ids,
     generate_ids,
     left_pad,
     mask_predict_count,
@@ -126,10 +130,10 @@ def test_mask_predict_remasks_lowest_probability_tokens(model):
     assert bool((prev != model.config.mask_token_id).all())
 
 
-def test_mask_predict_stops_when_nothing_changes(model):
+def test_early_stop_opt_in_ends_converged_rows(model):
     ids, mask = _batch()
     steps: list[StepInfo] = []
-    out = generate_ids(model, ids, mask, max_new_tokens=12, steps=30, on_step=_record(steps))
+    out = generate_ids(model, ids, mask, max_new_tokens=12, steps=30, early_stop=True, on_step=_record(steps))
     assert out.steps == len(steps) < 30  # greedy on a fixed model converges
     for prev, cur in zip(steps, steps[1:]):
         unchanged = ~(cur.output_ids != prev.output_ids).any(1)
@@ -137,8 +141,98 @@ def test_mask_predict_stops_when_nothing_changes(model):
         later = [s.num_masked for s in steps[steps.index(cur) + 1:]]
         for r in unchanged.nonzero().flatten().tolist():
             assert all(int(n[r]) == 0 for n in later)
-    full = generate_ids(model, ids, mask, max_new_tokens=12, steps=30, early_stop=False)
-    assert full.steps == 28  # no early stop: every iteration with n_t > 0 runs (n_t = 0 from t = 28 on)
+    full = generate_ids(model, ids, mask, max_new_tokens=12, steps=30)  # the default: no early stop
+    assert full.steps == 28  # every iteration with n_t > 0 runs (N < T: n_t = 0 from t = 28 on)
+
+
+def _count_calls(model):
+    """(list that grows by one per model forward, hook handle); `encode_prefix` is not a forward."""
+    calls: list[int] = []
+    return calls, model.register_forward_hook(lambda *_: calls.append(1))
+
+
+def _first_unchanged_step(steps: list[StepInfo]) -> int:
+    """1-based step after which no row's answer changed (the point where early stop would end a 1-row batch)."""
+    return next(cur.step for prev, cur in zip(steps, steps[1:]) if not bool((cur.output_ids != prev.output_ids).any()))
+
+
+def test_default_mask_predict_makes_exactly_T_model_calls(saved):
+    """The published algorithm: T iterations = T model calls, even once the predictions stop changing."""
+    _, model, tok = saved
+    N, T = 16, 10
+    calls, hook = _count_calls(model)
+    steps: list[StepInfo] = []
+    try:
+        generate(model, tok, ["a dog"], max_new_tokens=N, steps=T, on_step=_record(steps))
+    finally:
+        hook.remove()
+    assert _first_unchanged_step(steps) < T  # greedy converged early: an early stop would have ended here
+    assert len(calls) == len(steps) == T
+    assert [s.num_masked.tolist() for s in steps] == [[mask_predict_count(length=N, step=t, steps=T)] for t in range(T)]
+    assert DecodingConfig().early_stop is False and DecodingConfig().num_steps(N) == 10
+
+
+def test_early_stop_is_opt_in_and_makes_fewer_calls(saved):
+    _, model, tok = saved
+    N, T = 16, 10
+    full_steps: list[StepInfo] = []
+    full = generate(model, tok, ["a dog"], config=DecodingConfig(max_new_tokens=N, steps=T), on_step=_record(full_steps))
+    stop_at = _first_unchanged_step(full_steps)
+    calls, hook = _count_calls(model)
+    try:
+        config = DecodingConfig(max_new_tokens=N, steps=T, early_stop=True)
+        early = generate(model, tok, ["a dog"], config=config)
+        same = generate(model, tok, ["a dog"], max_new_tokens=N, steps=T, early_stop=True)  # keyword form
+    finally:
+        hook.remove()
+    # the row ends right after the first iteration that changed nothing: the same trajectory up to there
+    assert len(calls) == 2 * stop_at and stop_at < T
+    assert early == same and len(full) == len(early) == 1
+
+
+def test_decoding_config_validates_once_with_clear_messages():
+    c = DecodingConfig(temperature=1, stop="\n")  # an int temperature is a float; a lone stop string a list
+    assert c.temperature == 1.0 and isinstance(c.temperature, float) and c.stop == ["\n"]
+    assert DecodingConfig(strategy="confidence").num_steps(24) == 24 and DecodingConfig(steps=3).num_steps(24) == 3
+    bad = [
+        (dict(steps=0), "steps=0 must be >= 1"),
+        (dict(steps=-2), "steps=-2 must be >= 1"),
+        (dict(max_new_tokens=0), "max_new_tokens=0 must be >= 1"),
+        (dict(top_p=0.0), r"top_p=0.0 must lie in \(0, 1\]"),
+        (dict(top_p=1.5), r"top_p=1.5 must lie in \(0, 1\]"),
+        (dict(top_k=0), "top_k=0 must be >= 1"),
+        (dict(temperature=-0.5), "temperature=-0.5 must be"),
+        (dict(temperature=float("nan")), "temperature=nan must be a finite number"),
+        (dict(strategy="beam"), "strategy='beam': choose one of mask-predict, confidence, threshold"),
+        (dict(length_beam=0), "length_beam=0 must be >= 1"),
+        (dict(block_length=4), "block_length applies to the confidence/threshold strategies"),
+        (dict(strategy="confidence", block_length=0), "block_length=0 must be >= 1"),
+        (dict(threshold=1.5), r"threshold=1.5 must lie in \[0, 1\]"),
+        (dict(strategy="confidence", early_stop=True), "early_stop applies to mask-predict only"),
+        (dict(steps="5"), "steps='5' must be an integer"),
+        (dict(early_stop="yes"), "early_stop='yes' must be true or false"),
+        (dict(stop=[1]), r"stop=\[1\] must be a list of strings"),
+    ]
+    for kwargs, message in bad:
+        with pytest.raises(ValueError, match=message):
+            DecodingConfig(**kwargs)
+    with pytest.raises(ValueError, match="unknown decoding option.* num_beams: choose from max_new_tokens, steps"):
+        DecodingConfig().override(num_beams=4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.steps = 3  # validated once, then fixed
+    assert c.override(steps=3).steps == 3 and c.steps is None
+
+
+def test_generate_from_ids_strips_moved_whitespace_before_stop(saved):
+    _, model, tok = saved
+    config = DecodingConfig(max_new_tokens=8, steps=3)
+    ids = [tok("the cat sat on", add_special_tokens=False)["input_ids"]]
+    (plain,) = generate_from_ids(model, tok, ids, config=config)
+    lead = plain[:2]  # stands for whitespace a caller moved out of the prompt
+    (moved,) = generate_from_ids(model, tok, ids, config=config.override(stop=[lead]), moved_whitespace=[lead])
+    assert moved == cut_at_stop(plain[2:], [lead]) and moved != ""  # not cut to nothing at the moved text
+    (kept,) = generate_from_ids(model, tok, ids, config=config, moved_whitespace=["zebra"])
+    assert kept == plain  # an answer that does not start with the moved text is left as it is
 
 
 def test_length_beam_picks_most_likely_candidate(model):
@@ -350,7 +444,7 @@ def test_cli_end_to_end(saved, capsys):
     expected = generate(model, tok, ["the cat sat", "a dog"], max_new_tokens=6, steps=3)
     assert out.splitlines()[-3:] == [expected[0], "### prompt 2: a dog", expected[1]]
     rc = cli_main([str(path), "--prompt", "the cat", "--strategy", "confidence", "--max-new-tokens", "4",
-                   "--show-steps", "--no-cache"])
+                   "--show-steps", "--no-use-cache"])
     out = capsys.readouterr().out
     assert rc == 0 and "[step 4/4] prompt 1, 1 masked:" in out and "_" in out.splitlines()[0]
 
@@ -360,3 +454,59 @@ def test_cli_errors(tmp_path, saved, capsys):
     assert rc == 2 and "no checkpoint at" in capsys.readouterr().err
     rc = cli_main([str(saved[0]), "--prompt", "hi", "--steps", "0"])
     assert rc == 2 and "steps=0" in capsys.readouterr().err
+    # options are checked before the model is loaded: a bad value wins over a missing checkpoint
+    rc = cli_main([str(tmp_path / "nope"), "--prompt", "hi", "--strategy", "confidence", "--early-stop"])
+    assert rc == 2 and "early_stop applies to mask-predict only" in capsys.readouterr().err
+
+
+def _spy_decoder(monkeypatch) -> list[DecodingConfig]:
+    """Record the `DecodingConfig` that reaches `decoding.generate_ids` (through `api`), then decode as usual."""
+    import biglm.generation.api as api
+
+    seen: list[DecodingConfig] = []
+    real = api.generate_ids
+
+    def spy(*args, config, **kwargs):
+        seen.append(config)
+        return real(*args, config=config, **kwargs)
+
+    monkeypatch.setattr(api, "generate_ids", spy)
+    return seen
+
+
+def test_cli_early_stop_flag_reaches_decoder(saved, capsys, monkeypatch):
+    path, model, tok = saved
+    path = str(path)
+    trajectory: list[StepInfo] = []
+    generate(model, tok, ["a dog"], max_new_tokens=16, steps=10, on_step=_record(trajectory))
+    seen = _spy_decoder(monkeypatch)
+    argv = [path, "--prompt", "a dog", "--max-new-tokens", "16", "--steps", "10", "--show-steps"]
+    assert cli_main(argv) == 0
+    full = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[step ")]
+    assert cli_main(argv + ["--early-stop"]) == 0
+    early = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[step ")]
+    assert [c.early_stop for c in seen] == [False, True]
+    assert len(full) == 10 and full[-1].startswith("[step 10/10]")  # the published algorithm: T model calls
+    assert len(early) == _first_unchanged_step(trajectory) < 10  # the row stops once it converged
+
+
+def test_cli_options_are_the_decoding_config_fields(saved, capsys, monkeypatch):
+    """Every `DecodingConfig` field is a flag with its docstring as help, and each one reaches the decoder."""
+    from biglm.config import field_docs
+
+    assert cli_main(["--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    for f in dataclasses.fields(DecodingConfig):
+        assert f"--{f.name.replace('_', '-')}" in help_text, f.name
+        assert field_docs(DecodingConfig)[f.name][:40] in help_text, f.name
+    seen = _spy_decoder(monkeypatch)
+    expected = DecodingConfig(max_new_tokens=7, steps=3, strategy="confidence", temperature=0.5, top_k=4, top_p=0.9,
+                              seed=11, length_beam=2, block_length=4, threshold=0.3, stop=["x", "y"], use_cache=False)
+    argv = [str(saved[0]), "--prompt", "a dog", "--max-new-tokens", "7", "--steps", "3", "--strategy", "confidence",
+            "--temperature", "0.5", "--top-k", "4", "--top_p", "0.9", "--seed", "11", "--length-beam", "2",
+            "--block-length", "4", "--threshold", "0.3", "--stop", "x", "--stop", "y", "--no-use-cache"]
+    assert cli_main(argv) == 0
+    assert seen == [expected]
+    assert {f.name for f in dataclasses.fields(DecodingConfig)} == {
+        "max_new_tokens", "steps", "strategy", "temperature", "top_k", "top_p", "seed", "length_beam", "block_length",
+        "threshold", "stop", "use_cache", "early_stop"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -147,15 +148,120 @@ def test_missing_checkpoint_message(tmp_path, capsys):
         cli.run_suite(tmp_path / "nope", data_dir=tmp_path)
 
 
-def test_generate_until(checkpoint):
-    generation = pytest.importorskip("biglm.generation")
-    if not hasattr(generation, "generate"):
-        pytest.skip("biglm.generation.generate is not written yet")
+def _gen(requests):
     from lm_eval.api.instance import Instance
 
+    return [Instance("generate_until", {}, (ctx, kw), i) for i, (ctx, kw) in enumerate(requests)]
+
+
+@pytest.fixture(scope="module")
+def lm(checkpoint):
     from biglm.scoring.lm_eval_adapter import BiGLMLM
 
-    lm = BiGLMLM(pretrained=str(checkpoint), device="cpu")
-    reqs = [Instance("generate_until", {}, ("Once upon a time", {"until": ["\n"], "max_gen_toks": 6}), 0)]
+    return BiGLMLM(pretrained=str(checkpoint), device="cpu")
+
+
+def _spy_decoder(monkeypatch) -> list:
+    """Record (DecodingConfig, prompt ids per row) as they reach `decoding.generate_ids`, then decode as usual."""
+    import biglm.generation.api as api
+
+    seen = []
+    real = api.generate_ids
+
+    def spy(model, ids, mask, *, config, **kwargs):
+        seen.append((config, [row[m.bool()].tolist() for row, m in zip(ids, mask)]))
+        return real(model, ids, mask, config=config, **kwargs)
+
+    monkeypatch.setattr(api, "generate_ids", spy)
+    return seen
+
+
+def test_generate_until(lm):
+    reqs = _gen([("Once upon a time", {"until": ["\n"], "max_gen_toks": 6})])
     (text,) = lm.generate_until(reqs)
     assert isinstance(text, str) and "\n" not in text
+
+
+def test_generate_until_honours_gen_kwargs(lm, monkeypatch):
+    seen = _spy_decoder(monkeypatch)
+    calls = []
+    hook = lm.model.register_forward_hook(lambda *_: calls.append(1))  # one per answer pass (encode_prefix is not)
+    try:
+        lm.generate_until(_gen([("The king", {"until": ["\n"], "max_gen_toks": 6, "do_sample": True, "temperature": 0.7,
+                                              "top_k": 5, "top_p": 0.9, "steps": 3, "seed": 5})]))
+        sampled = seen[-1][0]
+        assert len(calls) == 3  # steps from gen_kwargs: 3 model calls, no more, no fewer
+        lm.generate_until(_gen([("The king", {"until": ".", "max_gen_toks": 8, "do_sample": False, "temperature": 0.7,
+                                              "steps": 4, "early_stop": True, "top_k": 0})]))
+        greedy = seen[-1][0]
+        lm.generate_until(_gen([("The king", {"max_gen_toks": 4, "do_sample": True, "strategy": "confidence",
+                                              "block_length": 2, "length_beam": 2})]))
+        default_t = seen[-1][0]
+    finally:
+        hook.remove()
+    assert (sampled.temperature, sampled.top_k, sampled.top_p, sampled.steps, sampled.seed) == (0.7, 5, 0.9, 3, 5)
+    assert (sampled.max_new_tokens, sampled.stop, sampled.early_stop) == (6, ["\n"], False)  # early stop is opt-in
+    assert sampled.strategy == "mask-predict"
+    # do_sample=False is greedy whatever the temperature; top_k=0 is "no top-k" (HF)
+    assert (greedy.temperature, greedy.early_stop, greedy.steps, greedy.stop, greedy.top_k) == (0.0, True, 4, ["."], None)
+    # do_sample=True without a temperature samples at HF's default 1.0
+    assert (default_t.temperature, default_t.strategy, default_t.block_length, default_t.length_beam) == (1.0, "confidence", 2, 2)
+
+
+def test_generate_until_refuses_unknown_and_contradictory_gen_kwargs(lm, monkeypatch):
+    seen = _spy_decoder(monkeypatch)
+    good = ("The king", {"until": ["\n"], "max_gen_toks": 4})
+    with pytest.raises(ValueError, match=r"unsupported gen_kwargs 'num_beams'; accepted: until, max_gen_toks, do_sample"):
+        lm.generate_until(_gen([good, ("The king", {"until": ["\n"], "num_beams": 4})]))
+    with pytest.raises(ValueError, match="do_sample=True with temperature=0 contradict"):
+        lm.generate_until(_gen([("The king", {"do_sample": True, "temperature": 0.0})]))
+    with pytest.raises(ValueError, match="steps=0 must be >= 1"):
+        lm.generate_until(_gen([("The king", {"steps": 0})]))
+    with pytest.raises(ValueError, match="early_stop applies to mask-predict only"):
+        lm.generate_until(_gen([("The king", {"strategy": "threshold", "early_stop": True})]))
+    assert seen == []  # every request is checked before the first one is generated
+
+
+def test_model_args_set_default_decoding(checkpoint, monkeypatch):
+    from biglm.scoring.lm_eval_adapter import BiGLMLM
+
+    lm = BiGLMLM.create_from_arg_string(f"pretrained={checkpoint},steps=4,early_stop=true,temperature=0.5,max_gen_toks=5,"
+                                        "seed=9", {"device": "cpu"})
+    assert (lm.decoding.steps, lm.decoding.early_stop, lm.decoding.temperature, lm.decoding.seed) == (4, True, 0.5, 9)
+    seen = _spy_decoder(monkeypatch)
+    lm.generate_until(_gen([("The king", {"until": ["\n"]}), ("The king", {"early_stop": False, "do_sample": True})]))
+    base, override = sorted((c for c, _ in seen), key=lambda c: c.early_stop, reverse=True)
+    assert (base.steps, base.early_stop, base.temperature, base.max_new_tokens, base.stop) == (4, True, 0.5, 5, ["\n"])
+    assert (override.early_stop, override.temperature, override.steps) == (False, 0.5, 4)  # do_sample keeps 0.5
+    with pytest.raises(ValueError, match="biglm model_args: top_p=2.0 must lie in"):
+        BiGLMLM(pretrained=str(checkpoint), device="cpu", top_p=2.0)
+
+
+@pytest.mark.parametrize("context", ["Question: where is the king?\nAnswer: ", "The queen said\n\n", "",
+                                     "To be or not to be, that is the question. " * 20])
+def test_generate_until_conditions_like_loglikelihood(checkpoint, monkeypatch, context):
+    """The ids the model is conditioned on are the same for generate_until and loglikelihood: the </s>
+    prefix, trailing whitespace moved out, the same left truncation to the window."""
+    from biglm.scoring.lm_eval_adapter import BiGLMLM
+
+    lm = BiGLMLM(pretrained=str(checkpoint), device="cpu", max_length=48, scorer="one-pass")
+    prefixes = []
+    real = lm.model.encode_prefix
+    monkeypatch.setattr(lm.model, "encode_prefix",
+                        lambda ids, attention_mask=None: prefixes.append(ids[0].tolist()) or real(ids, attention_mask))
+    continuation = " the crown is his and he shall wear it"
+    ctx_ids, cont_ids = lm._encode_pair(context, continuation)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the long context is truncated, with a warning, on both paths
+        lm.loglikelihood(_instances([(context, continuation)]))
+        scored = prefixes[-1]
+        seen = _spy_decoder(monkeypatch)
+        lm.generate_until(_gen([(context, {"until": ["\n"], "max_gen_toks": len(cont_ids), "steps": 2})]))
+    (_, (prompt,)), = seen
+    assert prompt == scored  # exactly what loglikelihood scores the continuation against
+    assert prefixes[-1] == prompt  # and what the model's prefix cache was built from
+    if len(ctx_ids) + len(cont_ids) <= 48:
+        assert prompt == ctx_ids and prompt[0] == lm.tokenizer.eos_token_id
+        assert lm.tokenizer.decode(prompt[1:]) == context.rstrip()
+    else:
+        assert len(prompt) == 48 - len(cont_ids) and prompt == ctx_ids[-len(prompt):]  # cut from the left

@@ -4,11 +4,14 @@ Layers, each built on the one before (litgpt style):
 ``sampling.sample`` (logits -> token, confidence) -> ``decoding.AnswerDenoiser`` (one model call over
 the answer slots, with the exact prefix cache) -> the loops in ``decoding`` (Mask-Predict,
 confidence-ordered commit, threshold rule) -> ``generate`` (text in, text out) -> ``cli.main``.
+Every decoding option lives in one `DecodingConfig`, validated once where it is built and passed
+down unchanged. The default is the published Mask-Predict (T iterations = T model calls);
+``early_stop`` is opt-in.
 """
 
-from .api import cut_at_stop, encode_prompts, generate
+from .api import cut_at_stop, encode_prompts, generate, generate_from_ids
+from .config import STRATEGIES, DecodingConfig
 from .decoding import (
-    STRATEGIES,
     AnswerDenoiser,
     GenerationOutput,
     StepInfo,
@@ -20,6 +23,7 @@ from .decoding import (
 from .sampling import filter_logits, sample
 
 __all__ = [
-    "STRATEGIES", "AnswerDenoiser", "GenerationOutput", "StepInfo", "candidate_lengths", "cut_at_stop",
-    "encode_prompts", "filter_logits", "generate", "generate_ids", "left_pad", "mask_predict_count", "sample",
+    "STRATEGIES", "AnswerDenoiser", "DecodingConfig", "GenerationOutput", "StepInfo", "candidate_lengths",
+    "cut_at_stop", "encode_prompts", "filter_logits", "generate", "generate_from_ids", "generate_ids", "left_pad",
+    "mask_predict_count", "sample",
 ]

@@ -1,5 +1,11 @@
 """Text in, text out: `generate` tokenises prompts, runs `decoding.generate_ids`, and cleans answers.
 
+Options travel as one `DecodingConfig` (built, and so validated, once at the entry point);
+keyword arguments to `generate` are a convenience that builds that object. The default is the
+published Mask-Predict, T model calls; ``early_stop=True`` is the opt-in speed option.
+`generate_from_ids` is the same for prompts already encoded by the caller (the lm-eval adapter
+conditions on its own encoding, the one its likelihood scoring uses).
+
 Prompts are encoded without special tokens: BiGLM pre-training windows are raw document text
 (each document followed by EOS, no BOS), so a prompt should look like the start of a window.
 Answers are cut at the first EOS, decoded without special tokens, then cut at the first stop
@@ -10,10 +16,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from .decoding import StepCallback, candidate_lengths, generate_ids, left_pad
+from .config import DecodingConfig
+from .decoding import StepCallback, generate_ids, left_pad
 
 
 def encode_prompts(tokenizer, prompts: Sequence[str], *, max_prompt_tokens: int) -> list[list[int]]:
@@ -42,19 +50,9 @@ def generate(
     tokenizer,
     prompts: list[str],
     *,
-    max_new_tokens: int = 64,
-    steps: int | None = None,
-    strategy: str = "mask-predict",
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int = 0,
-    length_beam: int = 1,
-    block_length: int | None = None,
-    threshold: float = 0.9,
-    stop: str | Sequence[str] | None = None,
-    use_cache: bool = True,
+    config: DecodingConfig | None = None,
     on_step: StepCallback | None = None,
+    **overrides: Any,
 ) -> list[str]:
     """Continue each prompt with an answer of up to ``max_new_tokens`` tokens written by iterative unmasking.
 
@@ -62,16 +60,12 @@ def generate(
         model: a `BiGLMForMaskedLM` in eval mode (e.g. from `biglm.checkpoint.load_model`).
         tokenizer: its tokenizer (a transformers tokenizer).
         prompts: the texts to continue; different lengths are batched with left padding.
-        max_new_tokens: answer slots N; the answer is cut at the first EOS, so it may be shorter.
-        steps: model calls T (default: 10 for mask-predict, N for confidence/threshold).
-        strategy: "mask-predict", "confidence" (LLaDA low-confidence remasking) or "threshold" (Fast-dLLM).
-        temperature, top_k, top_p, seed: sampling; temperature 0 is greedy, and a seed fixes the draw.
-        length_beam: decode this many candidate lengths in [ceil(N/2), N] and keep the most likely.
-        block_length: semi-autoregressive blocks for confidence/threshold (None = one block).
-        threshold: τ of the threshold rule.
-        stop: string(s) at which the decoded answer is cut.
-        use_cache: exact prefix cache (the prompt is encoded once); False recomputes it every step.
+        config: the decoding options (`DecodingConfig`: strategy, steps, sampling, length beam,
+            stop strings, ``early_stop``...); default: its defaults, the published Mask-Predict
+            with T = 10 model calls.
         on_step: called with a `decoding.StepInfo` after every model call.
+        **overrides: `DecodingConfig` fields set on top of ``config``, e.g.
+            ``generate(model, tok, prompts, steps=8, early_stop=True)``; validated with it, once.
 
     Returns:
         One answer string per prompt (the continuation only, not the prompt).
@@ -80,31 +74,55 @@ def generate(
         raise TypeError("prompts must be a list of strings (wrap a single prompt in a list).")
     if len(prompts) == 0:
         raise ValueError("prompts is empty: pass at least one prompt.")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1.")
-    if steps is not None and steps < 1:
-        raise ValueError(f"steps={steps} must be >= 1.")
-    config = model.config
-    if getattr(config, "mask_token_id", None) is None:
+    cfg = (config or DecodingConfig()).override(**overrides)
+    room = _check_model(model, cfg)
+    encoded = encode_prompts(tokenizer, prompts, max_prompt_tokens=room)
+    return generate_from_ids(model, tokenizer, encoded, config=cfg, on_step=on_step)
+
+
+def generate_from_ids(
+    model: torch.nn.Module,
+    tokenizer,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    config: DecodingConfig,
+    moved_whitespace: Sequence[str] | None = None,
+    on_step: StepCallback | None = None,
+) -> list[str]:
+    """`generate` for prompts the caller has encoded (and fitted to the window) itself.
+
+    ``moved_whitespace[i]``, when given, is whitespace the caller cut from the end of prompt i's
+    text before encoding it (HFLM's convention: a word's leading space belongs to the word). An
+    answer that starts with it has it removed, so the answer continues the prompt *as written*;
+    stop strings apply after that, so a prompt ending in ``"\n"`` with ``stop=["\n"]`` is not cut
+    to nothing.
+    """
+    if len(prompt_ids) == 0:
+        raise ValueError("prompts is empty: pass at least one prompt.")
+    if moved_whitespace is not None and len(moved_whitespace) != len(prompt_ids):
+        raise ValueError(f"moved_whitespace has {len(moved_whitespace)} entries for {len(prompt_ids)} prompts.")
+    _check_model(model, config)
+    model_cfg = model.config
+    pad_id = model_cfg.pad_token_id if model_cfg.pad_token_id is not None else 0
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompt_ids, pad_id=pad_id, device=device)
+    # ids past the tokenizer's vocabulary (a model vocab padded for speed) cannot be decoded
+    extra = list(range(len(tokenizer), model_cfg.vocab_size))
+    out = generate_ids(model, ids, mask, config=config, suppress_ids=extra, on_step=on_step)
+    texts = tokenizer.batch_decode(out.token_lists(), skip_special_tokens=True)
+    if moved_whitespace is not None:
+        texts = [t[len(w):] if w and t.startswith(w) else t for t, w in zip(texts, moved_whitespace)]
+    return [cut_at_stop(t, config.stop) for t in texts] if config.stop else texts
+
+
+def _check_model(model: torch.nn.Module, config: DecodingConfig) -> int:
+    """Refuse a model that cannot decode with ``config``; return the prompt tokens that fit beside the answer."""
+    model_cfg = model.config
+    if getattr(model_cfg, "mask_token_id", None) is None:
         raise ValueError("the model has no mask_token_id: set model.config.mask_token_id = tokenizer.mask_token_id "
                          "(iterative unmasking starts from an all-mask answer).")
-    room = config.max_position_embeddings - max_new_tokens
+    room = model_cfg.max_position_embeddings - config.max_new_tokens
     if room < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens} exceeds the model's max_position_embeddings="
-                         f"{config.max_position_embeddings}.")
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
-
-    encoded = encode_prompts(tokenizer, prompts, max_prompt_tokens=room)
-    pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-    device = next(model.parameters()).device
-    ids, mask = left_pad(encoded, pad_id=pad_id, device=device)
-    # ids past the tokenizer's vocabulary (a model vocab padded for speed) cannot be decoded
-    extra = list(range(len(tokenizer), config.vocab_size))
-    out = generate_ids(
-        model, ids, mask, max_new_tokens=max_new_tokens, steps=steps, strategy=strategy, temperature=temperature,
-        top_k=top_k, top_p=top_p, seed=seed,
-        lengths=candidate_lengths(max_new_tokens=max_new_tokens, length_beam=length_beam),
-        block_length=block_length, threshold=threshold, use_cache=use_cache, suppress_ids=extra, on_step=on_step,
-    )
-    texts = tokenizer.batch_decode(out.token_lists(), skip_special_tokens=True)
-    return [cut_at_stop(t, stops) if stops else t for t in texts]
+        raise ValueError(f"max_new_tokens={config.max_new_tokens} exceeds the model's max_position_embeddings="
+                         f"{model_cfg.max_position_embeddings}.")
+    return room

@@ -4,19 +4,58 @@ Prints one block per prompt: a ``### prompt i: ...`` header line, then the answe
 ``--show-steps`` every model call is printed first, with masked slots shown as ``_``, so one
 can watch the answer unmask (Mask-Predict prints the re-masked input and the new prediction).
 Exit codes: 0 ok, 2 bad arguments or missing checkpoint.
+
+The options are the checkpoint, ``--prompt``, ``--device``/``--dtype``/``--show-steps`` and one
+flag per `DecodingConfig` field (help = the field's docstring; booleans as ``--early-stop`` /
+``--no-early-stop``). `_decoding_config` is the one place the flags become a `DecodingConfig`,
+validated before the model is loaded. The default is the published Mask-Predict (T model calls);
+``--early-stop`` opts in to ending a row once an iteration changes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+import types
+import typing
 from pathlib import Path
+from typing import Literal, get_args, get_origin
 
 import torch
 
-from .decoding import STRATEGIES, StepInfo
+from ..config import field_docs
+from .config import FIELDS, DecodingConfig
+from .decoding import StepInfo
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _add_decoding_options(p: argparse.ArgumentParser) -> None:
+    """One flag per `DecodingConfig` field, typed by the field and documented by its docstring."""
+    group = p.add_argument_group("decoding options (DecodingConfig)")
+    hints = typing.get_type_hints(DecodingConfig)
+    docs = field_docs(DecodingConfig)
+    for f in dataclasses.fields(DecodingConfig):
+        tp = hints[f.name]
+        if get_origin(tp) in (typing.Union, types.UnionType):  # `X | None`: the flag takes an X
+            tp = next(a for a in get_args(tp) if a is not type(None))
+        flags = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
+        default = f.default if f.default is not dataclasses.MISSING else None  # list fields: None -> []
+        help_text = docs.get(f.name, "").replace("%", "%%")
+        if default is not None and not isinstance(default, bool):
+            help_text += " (default: %(default)s)"
+        if tp is bool:
+            group.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                               help=f"{help_text} (default: {'on' if default else 'off'})")
+        elif get_origin(tp) is Literal:
+            group.add_argument(*flags, dest=f.name, choices=get_args(tp), default=default, help=help_text)
+        elif get_origin(tp) is list:
+            group.add_argument(*flags, dest=f.name, action="append", default=None, metavar="TEXT",
+                               help=f"{help_text}; repeatable")
+        else:
+            group.add_argument(*flags, dest=f.name, type=tp, default=default, metavar=tp.__name__.upper(),
+                               help=help_text)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,23 +66,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("checkpoint", help="exported Hugging Face directory or training checkpoint directory")
     p.add_argument("--prompt", action="append", required=True, help="text to continue; repeat for a batch")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="answer slots N (answers stop at EOS)")
-    p.add_argument("--steps", type=int, default=None,
-                   help="model calls T (default: 10 for mask-predict, N for confidence/threshold)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="mask-predict")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--length-beam", type=int, default=1, help="candidate answer lengths to try (keeps the most likely)")
-    p.add_argument("--block-length", type=int, default=None, help="semi-autoregressive blocks (confidence/threshold)")
-    p.add_argument("--threshold", type=float, default=0.9, help="τ of the threshold strategy")
-    p.add_argument("--stop", action="append", default=None, help="cut the answer at this string; repeatable")
-    p.add_argument("--no-cache", action="store_true", help="recompute the prompt every step (for checking)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="default: the checkpoint's dtype")
     p.add_argument("--show-steps", action="store_true", help="print the answer after every model call")
+    _add_decoding_options(p)
     return p
+
+
+def _decoding_config(args: argparse.Namespace) -> DecodingConfig:
+    """The one place where parsed flags become the decoding options (validated here, once)."""
+    return DecodingConfig(**{name: getattr(args, name) for name in FIELDS})
 
 
 def _render(tokenizer, ids: list[int], mask_id: int) -> str:
@@ -76,6 +108,11 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse exits on --help (0) and bad flags (2); callers want a return code
         return int(e.code or 0)
+    try:
+        config = _decoding_config(args)
+    except ValueError as e:
+        print(f"biglm generate: {e}", file=sys.stderr)
+        return 2
     path = Path(args.checkpoint)
     if not path.exists():
         print(f"biglm generate: no checkpoint at {path}: pass a directory written by `biglm export` "
@@ -92,12 +129,7 @@ def main(argv: list[str]) -> int:
     mask_id = model.config.mask_token_id
     on_step = _step_printer(tokenizer, mask_id) if args.show_steps and mask_id is not None else None
     try:
-        answers = generate(
-            model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens, steps=args.steps,
-            strategy=args.strategy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            seed=args.seed, length_beam=args.length_beam, block_length=args.block_length,
-            threshold=args.threshold, stop=args.stop, use_cache=not args.no_cache, on_step=on_step,
-        )
+        answers = generate(model, tokenizer, args.prompt, config=config, on_step=on_step)
     except (ValueError, TypeError) as e:
         print(f"biglm generate: {e}", file=sys.stderr)
         return 2

@@ -7,7 +7,9 @@ Notable features
     every slot; iteration t >= 1 re-masks the n_t = floor(N·(T-t)/T) lowest-probability tokens
     and predicts only those again (the others keep their earlier probabilities). This is the
     paper's own numbering (t = 0 is the all-mask pass, so n_0 = N and T iterations are T model
-    calls); a row stops early once an iteration changes none of its tokens.
+    calls). By default all T run, as published; ``early_stop`` (opt-in) ends a row once an
+    iteration changes none of its tokens. Only when N < T do late iterations have n_t = 0: they
+    would predict nothing and are skipped (same answer, fewer calls).
   * ``confidence`` (LLaDA's low-confidence remasking): each step predicts the masked slots and
     commits the k most confident ones; a committed token is never re-masked. k follows LLaDA's
     schedule (remaining masks spread evenly over the remaining steps). Optional
@@ -26,6 +28,8 @@ Notable features
   candidates are right-padded and masked out as keys); the candidate with the highest average
   log-probability wins, as in CMLM.
 - ``on_step`` receives a `StepInfo` after every model call, so a CLI can show the answer unmask.
+- Options arrive as one validated `config.DecodingConfig`; `generate_ids` takes no loose option
+  keywords except as overrides that build that object once at its entry.
 """
 
 from __future__ import annotations
@@ -33,13 +37,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from .sampling import check_sampling_args, sample
-
-STRATEGIES: tuple[str, ...] = ("mask-predict", "confidence", "threshold")
-DEFAULT_MASK_PREDICT_STEPS = 10  # Ghazvininejad et al. 2019 report T = 10 as their main setting
+from .config import DEFAULT_MASK_PREDICT_STEPS, STRATEGIES, DecodingConfig  # noqa: F401  (re-exported)
+from .sampling import sample
 
 
 @dataclass
@@ -199,101 +202,74 @@ def generate_ids(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor | None = None,
     *,
-    max_new_tokens: int = 64,
-    steps: int | None = None,
-    strategy: str = "mask-predict",
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int = 0,
-    generator: torch.Generator | None = None,
+    config: DecodingConfig | None = None,
     lengths: Sequence[int] | None = None,
-    block_length: int | None = None,
-    threshold: float = 0.9,
-    use_cache: bool = True,
-    early_stop: bool = True,
+    generator: torch.Generator | None = None,
     suppress_ids: Sequence[int] = (),
     on_step: StepCallback | None = None,
+    **overrides: Any,
 ) -> GenerationOutput:
     """Generate answers for left-padded prompts ``prompt_ids`` (B, P) by iterative unmasking.
 
     Args:
         model: a `BiGLMForMaskedLM` (or anything with its ``encode_prefix`` / forward API).
         prompt_ids, prompt_mask: (B, P) left-padded prompts and their 1/0 mask (None = no padding).
-        max_new_tokens: answer slots N (the longest candidate when ``lengths`` is given).
-        steps: model calls T. Default: 10 for mask-predict, N for confidence/threshold (one token
-            per step, which the threshold rule then speeds up).
-        strategy: "mask-predict", "confidence" or "threshold" (see the module docstring).
-        temperature, top_k, top_p: sampling (`sampling.sample`); temperature 0 is greedy.
-        seed, generator: the sampler's random stream (``generator`` wins when given).
-        lengths: candidate answer lengths (a length beam); default ``[max_new_tokens]``.
-        block_length: semi-autoregressive block size for confidence/threshold (None = one block).
-        threshold: τ of the threshold rule.
-        use_cache: encode the prompt once and run only the answer slots (exact).
-        early_stop: Mask-Predict ends a row once an iteration changes none of its tokens; False runs
-            all T iterations (the original algorithm; fixed cost, as a benchmark wants).
+        config: the decoding options (`DecodingConfig`; default: its defaults, i.e. Mask-Predict with
+            T = 10 model calls). ``config.stop`` is a text-level option, applied by `api.generate`.
+        lengths: candidate answer lengths, for a model with its own length head; default: the length
+            beam of ``config`` (``[max_new_tokens]`` without one).
+        generator: the sampler's random stream (default: seeded with ``config.seed``).
         suppress_ids: token ids never generated (the mask token and, when it is not EOS, the pad
             token are always suppressed).
         on_step: called with a `StepInfo` after every model call.
+        **overrides: `DecodingConfig` fields changed on top of ``config`` (validated together, once).
     """
-    config = model.config
-    mask_id = getattr(config, "mask_token_id", None)
+    cfg = (config or DecodingConfig()).override(**overrides)
+    model_cfg = model.config
+    mask_id = getattr(model_cfg, "mask_token_id", None)
     if mask_id is None:
         raise ValueError("the model has no mask_token_id: set config.mask_token_id to the tokenizer's mask token id "
                          "(iterative unmasking starts from an all-mask answer).")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r}: choose one of {', '.join(STRATEGIES)}.")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1.")
-    lengths = [max_new_tokens] if lengths is None else [int(n) for n in lengths]
+    if lengths is None:
+        lengths = candidate_lengths(max_new_tokens=cfg.max_new_tokens, length_beam=cfg.length_beam)
+    lengths = [int(n) for n in lengths]
     if not lengths or min(lengths) < 1:
         raise ValueError(f"candidate lengths {lengths} must be a non-empty list of integers >= 1.")
     N = max(lengths)
-    if steps is None:
-        steps = DEFAULT_MASK_PREDICT_STEPS if strategy == "mask-predict" else N
-    if steps < 1:
-        raise ValueError(f"steps={steps} must be >= 1.")
-    if block_length is not None:
-        if strategy == "mask-predict":
-            raise ValueError("block_length applies to the confidence/threshold strategies; Mask-Predict re-masks "
-                             "over the whole answer.")
-        if block_length < 1:
-            raise ValueError(f"block_length={block_length} must be >= 1.")
-    if strategy == "threshold" and not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"threshold={threshold} must lie in [0, 1].")
-    check_sampling_args(temperature=temperature, top_k=top_k, top_p=top_p)
+    steps = cfg.num_steps(N)
+    strategy = cfg.strategy
     if prompt_ids.ndim != 2 or prompt_ids.shape[0] == 0:
         raise ValueError(f"prompt_ids must be a non-empty (batch, length) tensor, got shape {tuple(prompt_ids.shape)}.")
     B, P = prompt_ids.shape
-    if P + N > config.max_position_embeddings:
+    if P + N > model_cfg.max_position_embeddings:
         raise ValueError(f"prompt ({P}) + answer ({N}) tokens exceed max_position_embeddings="
-                         f"{config.max_position_embeddings}: shorten the prompt or max_new_tokens.")
+                         f"{model_cfg.max_position_embeddings}: shorten the prompt or max_new_tokens.")
 
-    if prompt_ids.numel() and (int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= config.vocab_size):
-        raise ValueError(f"prompt token ids must lie in [0, vocab_size={config.vocab_size}): was the prompt encoded "
+    if prompt_ids.numel() and (int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= model_cfg.vocab_size):
+        raise ValueError(f"prompt token ids must lie in [0, vocab_size={model_cfg.vocab_size}): was the prompt encoded "
                          "with this model's tokenizer?")
     device = prompt_ids.device
     if prompt_mask is None:
         prompt_mask = torch.ones_like(prompt_ids)
     if generator is None:
-        generator = torch.Generator(device=device).manual_seed(seed)
+        generator = torch.Generator(device=device).manual_seed(cfg.seed)
     K = len(lengths)
     rows = torch.arange(B, device=device).repeat_interleave(K)  # row r = prompt r // K, candidate r % K
     cand_len = torch.tensor(lengths, device=device).repeat(B)  # (R,)
     valid = torch.arange(N, device=device)[None, :] < cand_len[:, None]  # (R, N)
     denoise = AnswerDenoiser(model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, rows=rows, valid=valid,
-                             use_cache=use_cache)
+                             use_cache=cfg.use_cache)
 
-    eos_id, pad_id = config.eos_token_id, config.pad_token_id
+    eos_id, pad_id = model_cfg.eos_token_id, model_cfg.pad_token_id
     banned = {mask_id, *suppress_ids}
     if pad_id is not None and pad_id != eos_id:
         banned.add(pad_id)  # a pad in the middle of an answer is never what a user wants
-    banned_t = torch.tensor(sorted(i for i in banned if 0 <= i < config.vocab_size), dtype=torch.long, device=device)
+    banned_t = torch.tensor(sorted(i for i in banned if 0 <= i < model_cfg.vocab_size), dtype=torch.long, device=device)
 
     def predict(answer: torch.Tensor, where: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = denoise(answer, where)
         logits = logits.index_fill(-1, banned_t, float("-inf"))
-        return sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        return sample(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, generator=generator)
 
     info = dict(strategy=strategy, valid=valid, prompt_index=rows, candidate_length=cand_len)
     # the answer ids are written by this loop, not by a user: the model's host-side input checks (a
@@ -305,11 +281,11 @@ def generate_ids(
     try:
         if strategy == "mask-predict":
             answer, probs, calls = _mask_predict(predict, valid=valid, mask_id=mask_id, steps=steps,
-                                                 early_stop=early_stop, on_step=on_step, info=info)
+                                                 early_stop=cfg.early_stop, on_step=on_step, info=info)
         else:
             answer, probs, calls = _commit_by_confidence(
-                predict, valid=valid, mask_id=mask_id, steps=steps, block_length=block_length or N,
-                threshold=threshold if strategy == "threshold" else None, on_step=on_step, info=info)
+                predict, valid=valid, mask_id=mask_id, steps=steps, block_length=cfg.block_length or N,
+                threshold=cfg.threshold if strategy == "threshold" else None, on_step=on_step, info=info)
     finally:
         if checks is not None:
             inner.validate_inputs = checks

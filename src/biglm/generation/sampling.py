@@ -6,21 +6,12 @@ token, softmax(logits) at temperature 1 and before any top-k/top-p filtering, as
 Mask-Predict and LLaDA's low-confidence remasking. Filtering only decides which token is drawn;
 measuring confidence on the filtered distribution would make every top-k=1 token certain
 (p = 1) and destroy the ranking that decides what gets re-masked or committed.
+The settings are checked once, by `config.DecodingConfig`, not here.
 """
 
 from __future__ import annotations
 
 import torch
-
-
-def check_sampling_args(*, temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Refuse sampling settings that have no meaning, naming the argument and the valid range."""
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy).")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k} must be >= 1 (or None for no top-k filtering).")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p={top_p} must lie in (0, 1] (or None for no nucleus filtering).")
 
 
 def filter_logits(logits: torch.Tensor, *, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:

@@ -11,6 +11,14 @@ Notable features
 - Every context starts with a document-boundary token (``prefix_token=eos`` by default): the
   pre-training shards end each document with ``</s>``, so a new document follows ``</s>``. It also
   gives an empty context something to attend to.
+- ``generate_until`` conditions on exactly the ids ``loglikelihood`` scores against
+  (`BiGLMLM._encode_context`: the prefix token, trailing whitespace moved out of the context,
+  truncation from the left by the same `fit_window` rule); the moved whitespace is taken off the
+  front of the answer, so the answer continues the context as written.
+- Decoding options are one `DecodingConfig`: model_args may set defaults (``steps``, ``strategy``,
+  ``early_stop``, ``temperature``... and ``max_gen_toks``), each request's gen_kwargs override them
+  (`decoding_from_gen_kwargs`); an unknown gen_kwarg is refused, naming the accepted ones. The default
+  is the published Mask-Predict (T model calls); ``early_stop=true`` is opt-in.
 - Data parallel: under ``torchrun`` / ``accelerate launch`` (WORLD_SIZE > 1) each process evaluates
   its shard of the documents (lm-eval splits them by ``rank``/``world_size``) and the gathers go
   through torch.distributed (gloo on CPU, nccl on CUDA), as HFLM does through accelerate.
@@ -21,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -29,7 +36,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from .estimators import ESTIMATORS, score_requests, score_rolling
+from ..generation import DecodingConfig, generate_from_ids
+from ..generation.config import FIELDS as DECODING_FIELDS
+from .estimators import ESTIMATORS, fit_window, score_requests, score_rolling
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +46,54 @@ DEFAULT_SCORER = "chain"
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
+
+
+# decoding defaults that model_args may set (max_gen_toks is lm-eval's name for max_new_tokens, seed is
+# shared with the mc estimator; stop strings come per request, as ``until``)
+MODEL_ARG_DECODING = tuple(f for f in DECODING_FIELDS if f not in ("max_new_tokens", "seed", "stop"))
+# lm-eval's generation keys (HFLM's names) and biglm's own decoding options
+GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p", "steps", "strategy",
+              "early_stop", "block_length", "length_beam", "threshold", "seed", "use_cache")
+
+
+def decoding_from_gen_kwargs(base: DecodingConfig, gen_kwargs: dict[str, Any]) -> DecodingConfig:
+    """``base`` (the model_args defaults) with one request's lm-eval gen_kwargs applied, validated.
+
+    - ``until`` -> ``stop``; ``max_gen_toks`` -> ``max_new_tokens``.
+    - ``do_sample=False`` is greedy whatever the temperature (HF semantics). ``do_sample=True`` without a
+      temperature samples at the base temperature, or at 1.0 (HF's default) when that is greedy;
+      ``do_sample=True`` with ``temperature=0`` is refused, as HF refuses it: the two contradict.
+    - ``top_k`` 0 or -1 means no top-k filter (HF's and vLLM's spelling of "off").
+    - Any other key is refused with a ValueError naming it and the accepted keys.
+    """
+    kw = dict(gen_kwargs)
+    unknown = sorted(set(kw) - set(GEN_KWARGS))
+    if unknown:
+        raise ValueError(f"biglm generate_until: unsupported gen_kwargs {', '.join(map(repr, unknown))}; "
+                         f"accepted: {', '.join(GEN_KWARGS)}.")
+    changes: dict[str, Any] = {}
+    if "until" in kw:
+        until = kw.pop("until")
+        changes["stop"] = [until] if isinstance(until, str) else list(until or [])
+    if "max_gen_toks" in kw:
+        changes["max_new_tokens"] = kw.pop("max_gen_toks")
+    do_sample = kw.pop("do_sample", None)
+    if do_sample is not None and not isinstance(do_sample, bool):
+        raise ValueError(f"biglm generate_until: do_sample={do_sample!r} must be true or false.")
+    if kw.get("top_k") in (0, -1):
+        kw["top_k"] = None
+    if do_sample is False:
+        kw["temperature"] = 0.0
+    elif do_sample is True:
+        if "temperature" not in kw:
+            kw["temperature"] = base.temperature if base.temperature > 0 else 1.0
+        elif kw["temperature"] == 0:
+            raise ValueError("biglm generate_until: do_sample=True with temperature=0 contradict each other: set "
+                             "temperature > 0 to sample (HF's default is 1.0) or do_sample=False for greedy decoding.")
+    try:
+        return base.override(**changes, **kw)
+    except ValueError as e:
+        raise ValueError(f"biglm generate_until: gen_kwargs {gen_kwargs}: {e}") from None
 
 
 def _as_int(value: Any, default: int) -> int:
@@ -64,6 +121,9 @@ class BiGLMLM(LM):
         rolling_chunk: tokens predicted per window by ``loglikelihood_rolling``.
         prefix_token: ``eos`` | ``bos`` | ``none``: the token put before every context.
         max_gen_toks: default generation length for ``generate_until``.
+        steps, strategy, temperature, top_k, top_p, length_beam, block_length, threshold, early_stop,
+            use_cache: default decoding for ``generate_until`` (`DecodingConfig` fields; a request's
+            gen_kwargs override them). ``seed`` also seeds the sampler.
     """
 
     def __init__(
@@ -84,8 +144,14 @@ class BiGLMLM(LM):
         **kwargs: Any,
     ) -> None:
         super().__init__()
+        decoding = {k: kwargs.pop(k) for k in MODEL_ARG_DECODING if k in kwargs}
         if kwargs:
             log.warning("biglm: ignoring unknown model_args %s", sorted(kwargs))
+        # checked now, before the model loads and before any request runs
+        try:
+            self.decoding = DecodingConfig(max_new_tokens=int(max_gen_toks), seed=int(seed), **decoding)
+        except ValueError as e:
+            raise ValueError(f"biglm model_args: {e}") from None
         if scorer not in ESTIMATORS:
             raise ValueError(f"scorer={scorer!r}: choose one of {', '.join(ESTIMATORS)}.")
         if dtype is not None and str(dtype) not in _DTYPES:
@@ -102,7 +168,6 @@ class BiGLMLM(LM):
         self.mc_samples = int(mc_samples)
         self.seed = int(seed)
         self.rolling_chunk = int(rolling_chunk)
-        self.max_gen_toks = int(max_gen_toks)
         self._max_length = int(max_length or self.model.config.max_position_embeddings)
         if self._max_length > self.model.config.max_position_embeddings:
             raise ValueError(f"max_length={self._max_length} exceeds the model's max_position_embeddings="
@@ -164,6 +229,10 @@ class BiGLMLM(LM):
         return self._max_length
 
     @property
+    def max_gen_toks(self) -> int:
+        return self.decoding.max_new_tokens
+
+    @property
     def tokenizer_name(self) -> str:
         return getattr(self.tokenizer, "name_or_path", "biglm").replace("/", "__")
 
@@ -172,19 +241,37 @@ class BiGLMLM(LM):
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def _encode_context(self, context: str) -> tuple[list[int], str]:
+        """``(ids, moved)``: the context's ids as both ``loglikelihood`` and ``generate_until`` condition on
+        them (the prefix token, then the context without its trailing whitespace), and that whitespace.
+
+        As HFLM: in "Question: x? Answer:" + " yes" the space belongs to the continuation, so it is
+        moved out of the context here; a scored continuation gets it in front, a generated answer is
+        expected to produce it.
+        """
+        text = context.rstrip()
+        return self.prefix_ids + self._encode(text), context[len(text):]
+
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        # as HFLM: "Question: x? Answer:" + " yes" — the space belongs to the continuation
-        n_spaces = len(context) - len(context.rstrip())
-        if n_spaces:
-            continuation = context[-n_spaces:] + continuation
-            context = context[:-n_spaces]
+        ids, moved = self._encode_context(context)
+        context, continuation = context[:len(context) - len(moved)], moved + continuation
+        ctx = ids[len(self.prefix_ids):]
         whole = self._encode(context + continuation)
-        ctx = self._encode(context)
         cont = whole[len(ctx):]
         if not cont or whole[:len(ctx)] != ctx:
             # the merge crossed the boundary: encode separately so the continuation is still scored whole
             cont = self._encode(continuation)
-        return self.prefix_ids + ctx, cont
+        return ids, cont
+
+    def _generation_prompt(self, context: str, max_new_tokens: int) -> tuple[list[int], str, bool]:
+        """``(ids, moved, truncated)``: `_encode_context`, cut from the left to leave room for the answer by the
+        rule that fits a scored continuation (`fit_window`)."""
+        if max_new_tokens > self._max_length:
+            raise ValueError(f"biglm generate_until: max_gen_toks={max_new_tokens} does not fit the {self._max_length}"
+                             "-token window (max_length): lower max_gen_toks.")
+        ids, moved = self._encode_context(context)
+        ids, dropped = fit_window(ids, range(max_new_tokens), max_length=self._max_length)
+        return ids, moved, dropped > 0
 
     # ---- lm-eval requests ------------------------------------------------------------------------------
 
@@ -236,37 +323,26 @@ class BiGLMLM(LM):
         return out
 
     def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
-        from ..generation import generate  # written alongside; imported lazily so scoring works without it
-
         out: list[str | None] = [None] * len(requests)
         groups: dict[str, list[int]] = {}
         for i, req in enumerate(requests):
             groups.setdefault(repr(sorted(req.args[1].items())), []).append(i)
-        for idx in groups.values():
-            kw = dict(requests[idx[0]].args[1])
-            until = kw.pop("until", None) or []
-            until = [until] if isinstance(until, str) else list(until)
-            max_new = int(kw.pop("max_gen_toks", self.max_gen_toks))
+        # every request's options are checked before the first one is generated
+        configs = {key: decoding_from_gen_kwargs(self.decoding, requests[idx[0]].args[1]) for key, idx in groups.items()}
+        truncated = 0
+        for key, idx in groups.items():
+            config = configs[key]
             for b0 in tqdm(range(0, len(idx), self.batch_size), disable=disable_tqdm or self.rank != 0,
                            desc="biglm generate"):
                 chunk = idx[b0:b0 + self.batch_size]
-                prompts = [requests[i].args[0] for i in chunk]
-                texts = generate(self.model, self.tokenizer, prompts, max_new_tokens=max_new, stop=until)
-                for i, text in zip(chunk, _as_texts(texts)):
-                    out[i] = _cut(text, until)
-                    self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
+                prompts = [self._generation_prompt(requests[i].args[0], config.max_new_tokens) for i in chunk]
+                truncated += sum(t for _, _, t in prompts)
+                texts = generate_from_ids(self.model, self.tokenizer, [p for p, _, _ in prompts], config=config,
+                                          moved_whitespace=[m for _, m, _ in prompts])
+                for i, text in zip(chunk, texts):
+                    out[i] = text
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        if truncated:
+            warnings.warn(f"{truncated} of {len(requests)} generate_until prompts exceed the {self._max_length}-token "
+                          "window beside their answer: truncated from the left.", stacklevel=2)
         return out  # type: ignore[return-value]
-
-
-def _as_texts(result: Any) -> list[str]:
-    """`generate` returns a list of strings (or objects with ``.text``); accept both."""
-    items = result if isinstance(result, list) else list(result)
-    return [x if isinstance(x, str) else getattr(x, "text") for x in items]
-
-
-def _cut(text: str, stops: Iterable[str]) -> str:
-    """Cut at the first stop sequence (in case the decoder overshoots one)."""
-    for s in stops:
-        if s and s in text:
-            text = text[:text.index(s)]
-    return text

@@ -1,0 +1,150 @@
+"""`DecodingConfig`: every decoding option in one object, validated once (as HF's ``GenerationConfig``).
+
+The same object flows from each entry point (Python `generate`, `biglm generate`, the lm-eval
+adapter's ``generate_until``, a server) through `api` to the loops in `decoding`; nothing re-passes
+a bundle of keyword arguments. A bad value fails when the object is built, with one message naming
+the field and the fix, before any model call.
+
+Fields carry attribute docstrings (the string under each field): they are the CLI's help text.
+Field types stay simple (int, float, str, bool, ``X | None``, ``list[str]``, ``Literal``) so a
+typed parser can build the object from flags or a YAML mapping.
+
+The default is the published Mask-Predict (Ghazvininejad et al. 2019, DESIGN §4): T iterations
+are T model calls. ``early_stop`` (end a row once an iteration changes none of its tokens) is an
+opt-in speed option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_origin
+
+Strategy = Literal["mask-predict", "confidence", "threshold"]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+DEFAULT_MASK_PREDICT_STEPS = 10  # Ghazvininejad et al. 2019 report T = 10 as their main setting
+
+
+@dataclass(frozen=True)
+class DecodingConfig:
+    """How `generate` writes an answer by iterative unmasking (DESIGN §4)."""
+
+    max_new_tokens: int = 64
+    """answer slots N (the answer is cut at the first EOS, so it may be shorter)"""
+    steps: int | None = None
+    """model calls T (unset: 10 for mask-predict, N for confidence/threshold)"""
+    strategy: Strategy = "mask-predict"
+    """mask-predict (re-mask the least confident), confidence (LLaDA: commit the most confident) or
+    threshold (Fast-dLLM)"""
+    temperature: float = 0.0
+    """sampling temperature; 0 = greedy"""
+    top_k: int | None = None
+    """sample among the k most likely tokens only (unset: no top-k filter)"""
+    top_p: float | None = None
+    """sample from the smallest set of tokens whose probability reaches p, in (0, 1] (unset: no nucleus filter)"""
+    seed: int = 0
+    """seed of the sampler's random stream (a run is reproducible)"""
+    length_beam: int = 1
+    """candidate answer lengths in [ceil(N/2), N] decoded side by side; the most likely one is kept"""
+    block_length: int | None = None
+    """semi-autoregressive blocks of this many slots, filled left to right (confidence/threshold only)"""
+    threshold: float = 0.9
+    """τ of the threshold strategy: commit every prediction above it (at least one per step)"""
+    stop: list[str] = field(default_factory=list)
+    """cut the answer at the first of these strings (the string itself is dropped)"""
+    use_cache: bool = True
+    """exact prefix cache: encode the prompt once (false recomputes it every step, for checking)"""
+    early_stop: bool = False
+    """mask-predict only: end a row once an iteration changes none of its tokens (fewer than T calls;
+    off = the published algorithm)"""
+
+    def __post_init__(self) -> None:
+        hints = _hints()
+        for f in dataclasses.fields(self):
+            value = _check_type(f.name, getattr(self, f.name), hints[f.name])
+            object.__setattr__(self, f.name, value)  # normalised: int -> float, str/tuple -> list
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1.")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps={self.steps} must be >= 1 (or unset for the strategy's default).")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be a finite number >= 0 (0 = greedy).")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k={self.top_k} must be >= 1 (or unset for no top-k filtering).")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p} must lie in (0, 1] (or unset for no nucleus filtering).")
+        if self.length_beam < 1:
+            raise ValueError(f"length_beam={self.length_beam} must be >= 1.")
+        if self.block_length is not None:
+            if self.strategy == "mask-predict":
+                raise ValueError("block_length applies to the confidence/threshold strategies; Mask-Predict re-masks "
+                                 "over the whole answer: unset block_length or choose strategy='confidence'.")
+            if self.block_length < 1:
+                raise ValueError(f"block_length={self.block_length} must be >= 1 (or unset for one block).")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold={self.threshold} must lie in [0, 1].")
+        if self.early_stop and self.strategy != "mask-predict":
+            raise ValueError(f"early_stop applies to mask-predict only; strategy={self.strategy!r} never re-masks a "
+                             "token, so there is nothing to stop: set early_stop=False.")
+
+    def override(self, **changes: Any) -> DecodingConfig:
+        """A copy with ``changes`` applied and validated again; an unknown name is refused, naming the valid ones."""
+        unknown = sorted(set(changes) - set(FIELDS))
+        if unknown:
+            raise ValueError(f"unknown decoding option(s) {', '.join(unknown)}: choose from {', '.join(FIELDS)}.")
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def num_steps(self, answer_length: int) -> int:
+        """Model calls T for an answer of ``answer_length`` slots (the strategy's default when unset)."""
+        if self.steps is not None:
+            return self.steps
+        return DEFAULT_MASK_PREDICT_STEPS if self.strategy == "mask-predict" else answer_length
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DecodingConfig))
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(DecodingConfig)
+
+
+def _check_type(name: str, value: Any, tp: Any) -> Any:
+    """``value`` as field type ``tp`` (ints are floats too; a lone string is a one-item list), or a ValueError."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _check_type(name, value, inner)
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{name}={value!r}: choose one of {', '.join(map(str, args))}.")
+        return value
+    if origin is list:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise ValueError(f"{name}={value!r} must be a list of strings.")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} must be true or false.")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name}={value!r} must be an integer.")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name}={value!r} must be a number.")
+        return float(value)
+    if tp is str and not isinstance(value, str):
+        raise ValueError(f"{name}={value!r} must be a string.")
+    return value
