@@ -211,6 +211,15 @@ def test_parameter_count_formula_matches_module():
         assert count_parameters(cfg)["total"] == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.parametrize("name", ["biglm-124m", "biglm-136m", "biglm-360m", "biglm-1.3b", "biglm-3.5b"])
+def test_preset_has_the_size_of_its_name(name):
+    """At SmolLM's vocabulary (49152) with tied embeddings, each preset is within 5% of the size in its name."""
+    size = name.split("-")[1]
+    target = float(size[:-1]) * {"m": 1e6, "b": 1e9}[size[-1]]
+    total = count_parameters(BiGLMConfig.from_preset(name, vocab_size=49152, tie_word_embeddings=True))["total"]
+    assert abs(total - target) <= 0.05 * target, f"{name}: {total / 1e9:.3f}B"
+
+
 def test_fill_mask_pipeline(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, pipeline

@@ -1,7 +1,7 @@
 """The single-device BiGLM network: config, attention backends, modeling classes."""
 
 from .attention import BACKENDS, AttentionMask
-from .config import PRESETS, BiGLMConfig, count_parameters
+from .config import PRESETS, BiGLMConfig, count_parameters, resolve_attn_backend
 from .modeling import (
     IGNORE_INDEX,
     BiGLMForMaskedLM,
@@ -12,5 +12,5 @@ from .modeling import (
 
 __all__ = [
     "BACKENDS", "AttentionMask", "PRESETS", "BiGLMConfig", "count_parameters", "IGNORE_INDEX",
-    "BiGLMForMaskedLM", "BiGLMModel", "BiGLMPreTrainedModel", "PrefixCache",
+    "BiGLMForMaskedLM", "BiGLMModel", "BiGLMPreTrainedModel", "PrefixCache", "resolve_attn_backend",
 ]

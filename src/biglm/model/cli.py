@@ -20,4 +20,7 @@ def main(argv: list[str]) -> int:
         print(f"{name:<12} {c.num_hidden_layers:>6} {c.hidden_size:>6} {c.num_attention_heads:>5} {c.num_key_value_heads:>3} "
               f"{c.intermediate_size:>5} {c.initializer_range:>6} {n['non_embedding'] / 1e6:>9.1f}M {n['total'] / 1e6:>9.1f}M")
     print(f"\ncounts for vocab_size={args.vocab_size}, tied input/output embeddings")
+    print("mlp: not given by the paper; SmolLM/Llama conventions (136m: 1536, 360m: 2560, else 8/3·hidden rounded up\n"
+          "to a multiple of 256), except biglm-3.5b: 11264 so that it has the 3.5B parameters of its name (8/3·hidden\n"
+          "= 6912 would give 2.50B)")
     return 0

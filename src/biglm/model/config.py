@@ -2,7 +2,9 @@
 
 Presets follow paper Table 7 (and §2.2 for the 124M trial model). The paper does not give the
 MLP width: SmolLM/Llama conventions are used (136M: 1536, 360M: 2560, otherwise 8/3·hidden
-rounded up to a multiple of 256). Parameter counts use SmolLM's vocabulary of 49152.
+rounded up to a multiple of 256), except for 3.5B, where 8/3·hidden (6912) would give only 2.50B
+parameters: its width 11264 (4.4·hidden, a multiple of 256) is chosen so the preset has the 3.5B
+(3.51B) its name promises. Parameter counts use SmolLM's vocabulary of 49152, tied embeddings.
 """
 
 from __future__ import annotations
@@ -31,9 +33,29 @@ PRESETS: dict[str, dict[str, Any]] = {
                        intermediate_size=2560, initializer_range=0.02),
     "biglm-1.3b": dict(num_hidden_layers=24, hidden_size=2048, num_attention_heads=32, num_key_value_heads=32,
                        intermediate_size=_mlp_width(2048), initializer_range=0.013),
+    # the paper gives only 30/2560/20; 8/3·hidden (6912) builds 2.50B, so the MLP width is chosen for 3.51B
     "biglm-3.5b": dict(num_hidden_layers=30, hidden_size=2560, num_attention_heads=20, num_key_value_heads=20,
-                       intermediate_size=_mlp_width(2560), initializer_range=0.013),
+                       intermediate_size=11264, initializer_range=0.013),
 }
+
+
+def resolve_attn_backend(requested: str, *, device_type: str, attention_dropout: float) -> str:
+    """The attention backend a training run uses: ``requested`` ("auto", "eager", "sdpa", "flex") on ``device_type``.
+
+    "auto" gives FlexAttention on CUDA when attention dropout is off (it skips masked blocks but has no
+    dropout), and SDPA otherwise (its boolean-mask path applies dropout on every device). Asking for "flex"
+    with dropout is refused here, before any work starts, instead of on the first training step.
+    """
+    if requested == "auto":
+        return "flex" if device_type == "cuda" and attention_dropout == 0.0 else "sdpa"
+    if requested not in ATTENTION_BACKENDS:
+        raise ValueError(f"attn_backend={requested!r}: choose auto or one of {ATTENTION_BACKENDS}.")
+    if requested == "flex" and attention_dropout > 0.0:
+        raise ValueError(
+            f"attn_backend='flex' has no attention dropout, but attention_dropout={attention_dropout}: use "
+            "attn_backend 'sdpa' (or 'auto', which picks it), or set attention_dropout=0."
+        )
+    return requested
 
 
 class BiGLMConfig(PreTrainedConfig):
@@ -52,7 +74,8 @@ class BiGLMConfig(PreTrainedConfig):
         initializer_range: std of the normal init of every weight matrix.
         attention_dropout / hidden_dropout: dropout probabilities, off by default (paper Table 2).
         tie_word_embeddings: share the input embedding with the MLM output projection.
-        attn_implementation_biglm: "eager" (reference), "sdpa" (CPU training) or "flex" (GPU).
+        attn_backend: "eager" (reference), "sdpa" (CPU training, and GPU training with attention dropout)
+            or "flex" (GPU, no attention dropout); `resolve_attn_backend` picks one for a training run.
         sparse_prediction: compute MLM logits only at labelled positions when labels are given.
     """
 

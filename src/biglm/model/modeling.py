@@ -206,7 +206,9 @@ class BiGLMModel(BiGLMPreTrainedModel):
         self.norm = BiGLMRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = BiGLMRotaryEmbedding(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
-        self.validate_inputs = True  # host-side input checks; the trainer turns them off after step 1
+        # host-side input checks (one device sync per call) for users and inference; the trainer checks only its
+        # first micro-batch (its shards were checked against the tokenizer when opened) and then turns them off
+        self.validate_inputs = True
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -222,18 +224,24 @@ class BiGLMModel(BiGLMPreTrainedModel):
                 f"sequence length {L} exceeds max_position_embeddings={self.config.max_position_embeddings}: "
                 "use shorter windows or build the model with a larger max_position_embeddings."
             )
+        if prefix_len is not None and prefix_len.shape != (input_ids.shape[0],):
+            raise ValueError(f"prefix_len must have shape (batch,) = ({input_ids.shape[0]},), got {tuple(prefix_len.shape)}.")
+        stats = [input_ids.min(), input_ids.max()] if input_ids.numel() else []
+        if prefix_len is not None and prefix_len.numel():
+            stats += [prefix_len.min().to(input_ids.dtype), prefix_len.max().to(input_ids.dtype)]
+        if not stats:
+            return
+        values = torch.stack(stats).tolist()  # one host sync for every range check
         if input_ids.numel():
-            lo, hi = int(input_ids.min()), int(input_ids.max())
+            lo, hi = values[:2]
+            values = values[2:]
             if lo < 0 or hi >= self.config.vocab_size:
                 raise ValueError(
                     f"token ids must lie in [0, vocab_size={self.config.vocab_size}), got [{lo}, {hi}]: the data was "
                     "tokenised with a different tokenizer, or the model's vocab_size is too small."
                 )
-        if prefix_len is not None:
-            if prefix_len.shape != (input_ids.shape[0],):
-                raise ValueError(f"prefix_len must have shape (batch,) = ({input_ids.shape[0]},), got {tuple(prefix_len.shape)}.")
-            if int(prefix_len.min()) < 0 or int(prefix_len.max()) > L:
-                raise ValueError(f"prefix_len must lie in [0, L={L}], got [{int(prefix_len.min())}, {int(prefix_len.max())}].")
+        if values and (values[0] < 0 or values[1] > L):
+            raise ValueError(f"prefix_len must lie in [0, L={L}], got [{values[0]}, {values[1]}].")
 
     def forward(
         self,
@@ -351,7 +359,10 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         positions. The loss is the mean cross-entropy over labelled tokens, or the sum divided by
         ``num_items_in_batch`` (a device tensor, e.g. the global masked-token count under gradient
         accumulation) when given. ``logits_positions`` (B, L) bool restricts logits the same way
-        without a loss (used by decoding to score only masked answer slots).
+        without a loss: decoding scores only masked answer slots with it, and the trainer selects the
+        masked positions with it and computes its one loss with `biglm.objective.masked_lm_loss`
+        (passing ``labels`` there would compute a second, discarded fp32 loss kept alive through backward).
+        Selecting positions by a boolean mask costs one host sync (the number of selected rows).
         """
         hidden = self.model(input_ids, prefix_len=prefix_len, attention_mask=attention_mask, doc_ids=doc_ids,
                             position_ids=position_ids, prefix_cache=prefix_cache, **kwargs).last_hidden_state

@@ -74,15 +74,20 @@ def parallelize(model: nn.Module, *, info: DistInfo, mode: str = "auto", compile
     Args:
         mode: "ddp", "fsdp" or "auto" (FSDP2 on GPU with several ranks, DDP otherwise).
         compile: torch.compile each transformer block (regional compilation keeps compile time flat in depth).
-        activation_checkpointing: recompute each block in the backward pass (saves activation memory).
+        activation_checkpointing: recompute each block in the backward pass (saves activation memory); with
+            dropout the RNG state is replayed, so the recomputed dropout masks (and the gradients) are exact.
         param_dtype: FSDP2 mixed precision compute dtype (e.g. bf16; gradients reduced in fp32).
     """
     blocks = model.model.layers
     if activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+        # with dropout, the recomputation must draw the forward's dropout masks again, or the gradients are
+        # wrong: replay the RNG state then (without dropout nothing random runs, so skip the state copies)
+        config = getattr(model, "config", None)
+        dropout = config is None or config.hidden_dropout > 0 or config.attention_dropout > 0
         for i, block in enumerate(blocks):
-            blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+            blocks[i] = checkpoint_wrapper(block, preserve_rng_state=dropout)
     if compile:
         for block in blocks:
             block.compile()  # in place: parameter names (and so checkpoints) are unchanged

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters
+from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters, resolve_attn_backend
 from ..objective import ObjectiveConfig, apply_masks, draw_masks, make_generator, masked_lm_loss
 from ..objective.masking import IGNORE_INDEX
 from ..checkpoint import CheckpointError, latest_checkpoint
@@ -117,9 +117,9 @@ class Trainer:
             raise ValueError("no tokenizer: give --tokenizer DIR (the one used by `biglm data prepare`).")
         self.tokenizer = load_tokenizer(tok_path)
         vocab = len(self.tokenizer)
-        backend = cfg.attn_backend
-        if backend == "auto":
-            backend = "flex" if dev.type == "cuda" else "sdpa"
+        # flex has no attention dropout: auto picks sdpa then, and an explicit flex is refused here
+        backend = resolve_attn_backend(cfg.attn_backend, device_type=dev.type,
+                                       attention_dropout=cfg.model.attention_dropout or 0.0)
         model_args = dict(vocab_size=vocab, max_position_embeddings=max(cfg.seq_len, 128), attn_backend=backend,
                           pad_token_id=self.tokenizer.pad_token_id, mask_token_id=self.tokenizer.mask_token_id,
                           eos_token_id=self.tokenizer.eos_token_id, bos_token_id=self.tokenizer.bos_token_id)
@@ -238,7 +238,11 @@ class Trainer:
         return torch.cumsum((windows == eos).long(), dim=1) - (windows == eos).long()
 
     def forward_backward(self, batch, windows: torch.Tensor, normalizer: torch.Tensor, *, sync: bool) -> torch.Tensor:
-        """One micro-batch: forward, loss summed over its masked tokens / global count, backward."""
+        """One micro-batch: forward, loss summed over its masked tokens / global count, backward.
+
+        The model returns logits at the masked positions only and computes no loss of its own (no ``labels``):
+        `masked_lm_loss` is the one loss. The model range-checks its inputs on the first micro-batch only.
+        """
         ctx = contextlib.nullcontext()
         if not sync and hasattr(self.model, "no_sync"):
             ctx = self.model.no_sync()  # DDP: all-reduce gradients only on the last micro-batch
@@ -246,11 +250,13 @@ class Trainer:
             self.model.set_requires_gradient_sync(sync)
         with ctx:
             with self._autocast():
-                out = self.model(batch.input_ids, prefix_len=batch.prefix_len, labels=batch.labels,
-                                 doc_ids=self._doc_ids(windows))
+                out = self.model(batch.input_ids, prefix_len=batch.prefix_len, doc_ids=self._doc_ids(windows),
+                                 logits_positions=batch.labels != IGNORE_INDEX)
                 # DDP/FSDP average gradients over ranks; the normaliser is already global, so undo that
                 loss = masked_lm_loss(out.logits, batch, normalizer=normalizer) * self.info.world_size
             loss.backward()
+        # later micro-batches come from the same vocabulary-checked shards and masking code: no host syncs for checks
+        self.raw_model.model.validate_inputs = False
         return loss.detach() / self.info.world_size
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
