@@ -22,6 +22,8 @@ Notable features
   nested dict with ``name`` starts from that preset too.
 - ``--help`` lists every field (nested ones flattened) with type, default and docstring;
   ``--print_config`` prints the resolved configuration as YAML, which a later run reads back.
+- A list field marked ``metadata={"repeatable": True}`` takes one item per flag (``--prompt A --prompt B``),
+  never split at commas; other list fields also accept ``a,b``.
 - Hyphens and underscores in flag names are the same (``--max-new-tokens`` = ``--max_new_tokens``);
   help shows the field names, so there is one spelling across commands.
 
@@ -287,6 +289,8 @@ def from_dict(cls: type[T], data: dict[str, Any], *, base: T | None = None, pref
         f = fields[key]
         current = getattr(base, key) if base is not None else _default(f)
         current = None if current is dataclasses.MISSING else current
+        if f.metadata.get("repeatable") and isinstance(raw, str):  # one item per flag, commas kept
+            raw = [raw]
         values[key] = convert(raw, hints[key], name=prefix + key, current=current, choices=f.metadata.get("choices"))
     missing = [n for n, f in fields.items() if n not in values and _default(f) is dataclasses.MISSING and base is None]
     if missing:
@@ -351,9 +355,18 @@ def _split_flags(argv: list[str], cls: type) -> tuple[list[str], dict[str, Any]]
         last = parts[-1]
         if isinstance(node.get(last), dict) and isinstance(raw, str):  # `--objective.alpha x --objective mlm`
             node[last]["name"] = raw
+        elif last in node:  # a repeated flag: every value is kept (a list field takes them all)
+            node[last] = (node[last] if isinstance(node[last], _Repeated) else _Repeated([node[last]])) + [raw]
         else:
             node[last] = raw
     return positionals, nested
+
+
+class _Repeated(list):
+    """The values of a flag given several times."""
+
+    def __add__(self, other: list) -> "_Repeated":
+        return _Repeated(list(self) + list(other))
 
 
 def _is_bool(cls: type, key: str) -> bool:

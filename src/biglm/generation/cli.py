@@ -5,76 +5,55 @@ Prints one block per prompt: a ``### prompt i: ...`` header line, then the answe
 can watch the answer unmask (Mask-Predict prints the re-masked input and the new prediction).
 Exit codes: 0 ok, 2 bad arguments or missing checkpoint.
 
-The options are the checkpoint, ``--prompt``, ``--device``/``--dtype``/``--show-steps`` and one
-flag per `DecodingConfig` field (help = the field's docstring; booleans as ``--early-stop`` /
-``--no-early-stop``). `_decoding_config` is the one place the flags become a `DecodingConfig`,
-validated before the model is loaded. The default is the published Mask-Predict (T model calls);
+The options are the fields of `GenerateArgs`: the checkpoint, ``--prompt`` (repeatable),
+``--device``/``--dtype``/``--show_steps`` and every `DecodingConfig` field (help = the field's
+docstring; booleans as ``--early_stop`` or ``--early_stop false``), parsed by `biglm.config` like
+every command and validated before the model is loaded. The default is the published Mask-Predict (T model calls);
 ``--early-stop`` opts in to ending a row once an iteration changes nothing.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import sys
-import types
-import typing
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args, get_origin
+from typing import Literal
 
 import torch
 
-from ..config import field_docs
+from ..config import ConfigError, parse_cli
 from .config import FIELDS, DecodingConfig
 from .decoding import StepInfo
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _add_decoding_options(p: argparse.ArgumentParser) -> None:
-    """One flag per `DecodingConfig` field, typed by the field and documented by its docstring."""
-    group = p.add_argument_group("decoding options (DecodingConfig)")
-    hints = typing.get_type_hints(DecodingConfig)
-    docs = field_docs(DecodingConfig)
-    for f in dataclasses.fields(DecodingConfig):
-        tp = hints[f.name]
-        if get_origin(tp) in (typing.Union, types.UnionType):  # `X | None`: the flag takes an X
-            tp = next(a for a in get_args(tp) if a is not type(None))
-        flags = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
-        default = f.default if f.default is not dataclasses.MISSING else None  # list fields: None -> []
-        help_text = docs.get(f.name, "").replace("%", "%%")
-        if default is not None and not isinstance(default, bool):
-            help_text += " (default: %(default)s)"
-        if tp is bool:
-            group.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
-                               help=f"{help_text} (default: {'on' if default else 'off'})")
-        elif get_origin(tp) is Literal:
-            group.add_argument(*flags, dest=f.name, choices=get_args(tp), default=default, help=help_text)
-        elif get_origin(tp) is list:
-            group.add_argument(*flags, dest=f.name, action="append", default=None, metavar="TEXT",
-                               help=f"{help_text}; repeatable")
-        else:
-            group.add_argument(*flags, dest=f.name, type=tp, default=default, metavar=tp.__name__.upper(),
-                               help=help_text)
+@dataclass(frozen=True)
+class GenerateArgs(DecodingConfig):
+    """Generate text with a BiGLM by iterative unmasking (Mask-Predict, confidence-ordered commit or the
+    threshold rule), using the exact prefix cache."""
+
+    checkpoint: str = ""
+    """exported Hugging Face directory, training run or checkpoint directory"""
+    prompt: list[str] = field(default_factory=list, metadata={"repeatable": True})
+    """text to continue; repeat the flag for a batch"""
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    """where the model runs"""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """weights' dtype (unset: the checkpoint's)"""
+    show_steps: bool = False
+    """print the answer after every model call, masked slots as _"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.checkpoint:
+            raise ConfigError("missing CHECKPOINT: a directory written by `biglm export` or `biglm pretrain`")
+        if not self.prompt:
+            raise ConfigError("missing --prompt TEXT (repeat it for a batch)")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="biglm generate",
-        description="Generate text with a BiGLM by iterative unmasking (Mask-Predict, confidence-ordered "
-                    "commit or the threshold rule), using the exact prefix cache.",
-    )
-    p.add_argument("checkpoint", help="exported Hugging Face directory or training checkpoint directory")
-    p.add_argument("--prompt", action="append", required=True, help="text to continue; repeat for a batch")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="default: the checkpoint's dtype")
-    p.add_argument("--show-steps", action="store_true", help="print the answer after every model call")
-    _add_decoding_options(p)
-    return p
-
-
-def _decoding_config(args: argparse.Namespace) -> DecodingConfig:
-    """The one place where parsed flags become the decoding options (validated here, once)."""
+def _decoding_config(args: GenerateArgs) -> DecodingConfig:
+    """The one place where the parsed flags become the decoding options (already validated)."""
     return DecodingConfig(**{name: getattr(args, name) for name in FIELDS})
 
 
@@ -105,14 +84,10 @@ def _step_printer(tokenizer, mask_id: int):
 def main(argv: list[str]) -> int:
     """Entry point of `biglm generate`; ``argv`` excludes the word "generate"."""
     try:
-        args = _parser().parse_args(argv)
-    except SystemExit as e:  # argparse exits on --help (0) and bad flags (2); callers want a return code
+        args = parse_cli(GenerateArgs, argv, prog="biglm generate", doc=__doc__, positionals=("checkpoint",))
+    except SystemExit as e:  # --help (0) or a bad option (2, message printed): callers want a return code
         return int(e.code or 0)
-    try:
-        config = _decoding_config(args)
-    except ValueError as e:
-        print(f"biglm generate: {e}", file=sys.stderr)
-        return 2
+    config = _decoding_config(args)
     path = Path(args.checkpoint)
     if not path.exists():
         print(f"biglm generate: no checkpoint at {path}: pass a directory written by `biglm export` "

@@ -54,7 +54,7 @@ class DecodingConfig:
     """semi-autoregressive blocks of this many slots, filled left to right (confidence/threshold only)"""
     threshold: float = 0.9
     """τ of the threshold strategy: commit every prediction above it (at least one per step)"""
-    stop: list[str] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list, metadata={"repeatable": True})
     """cut the answer at the first of these strings (the string itself is dropped)"""
     use_cache: bool = True
     """exact prefix cache: encode the prompt once (false recomputes it every step, for checking)"""
@@ -64,7 +64,7 @@ class DecodingConfig:
 
     def __post_init__(self) -> None:
         hints = _hints()
-        for f in dataclasses.fields(self):
+        for f in dataclasses.fields(DecodingConfig):  # (subclasses such as the CLI's add fields of their own)
             value = _check_type(f.name, getattr(self, f.name), hints[f.name])
             object.__setattr__(self, f.name, value)  # normalised: int -> float, str/tuple -> list
         if self.max_new_tokens < 1:
