@@ -302,3 +302,42 @@ def test_generate_and_load_from_a_run_directory(prepared, tmp_path, capsys):
     capsys.readouterr()
     assert generate_main([str(tmp_path), "--prompt", "KING HENRY:", "--max-new-tokens", "6", "--steps", "2"]) == 0
     assert "### prompt 1" in capsys.readouterr().out
+
+
+def test_forward_backward_makes_no_host_sync(synthetic_data, tmp_path):
+    """Hot path (issue 7): after the step's masks are drawn (where syncs stall nothing), a micro-batch's forward,
+    loss and backward select masked positions by index: no boolean indexing, nonzero or .item()."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    syncing = {"aten.nonzero.default", "aten._local_scalar_dense.default", "aten.masked_select.default"}
+
+    class SyncLog(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.bad = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            bool_index = name == "aten.index.Tensor" and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else []) if i is not None)
+            if name in syncing or bool_index:
+                self.bad.append(name)
+            return func(*args, **(kwargs or {}))
+
+    cfg = TrainConfig(name="t", out_dir=str(tmp_path), preset="tiny", model=ModelArgs(max_position_embeddings=64),
+                      data={str(synthetic_data / "shards"): 1.0}, tokenizer=str(synthetic_data / "tok"), seq_len=32,
+                      micro_batch=4, global_batch=8, steps=3, warmup_steps=1, eval_windows=8)
+    trainer = Trainer(cfg, info=SINGLE, echo=lambda s: None)
+    trainer.raw_model.model.validate_inputs = False  # the first micro-batch's input check is the one allowed sync
+    original = trainer.forward_backward
+    logs = []
+
+    def watched(*args, **kwargs):
+        with SyncLog() as log:
+            out = original(*args, **kwargs)
+        logs.append(log.bad)
+        return out
+
+    trainer.forward_backward = watched
+    trainer.train_step()
+    assert len(logs) == 2 and logs == [[], []], logs

@@ -358,11 +358,13 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         at labelled positions and returned flattened as (M, V) in row-major order of the labelled
         positions. The loss is the mean cross-entropy over labelled tokens, or the sum divided by
         ``num_items_in_batch`` (a device tensor, e.g. the global masked-token count under gradient
-        accumulation) when given. ``logits_positions`` (B, L) bool restricts logits the same way
-        without a loss: decoding scores only masked answer slots with it, and the trainer selects the
-        masked positions with it and computes its one loss with `biglm.objective.masked_lm_loss`
-        (passing ``labels`` there would compute a second, discarded fp32 loss kept alive through backward).
-        Selecting positions by a boolean mask costs one host sync (the number of selected rows).
+        accumulation) when given. ``logits_positions`` restricts logits the same way without a loss: a
+        (B, L) bool mask, or the (M,) long indices of the selected positions in the flattened (B·L) batch.
+        Decoding scores only masked answer slots with it, and the trainer passes the masked positions'
+        indices and computes its one loss with `biglm.objective.masked_lm_loss` (passing ``labels`` here
+        would compute a second, discarded fp32 loss kept alive through backward). A bool mask costs one
+        host sync (the number of selected rows); indices cost none (the trainer finds them before it
+        queues any forward, where a sync stalls nothing).
         """
         hidden = self.model(input_ids, prefix_len=prefix_len, attention_mask=attention_mask, doc_ids=doc_ids,
                             position_ids=position_ids, prefix_cache=prefix_cache, **kwargs).last_hidden_state
@@ -371,7 +373,9 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
             select = labels != IGNORE_INDEX
         elif logits_positions is not None:
             select = logits_positions
-        if select is not None:
+        if select is not None and select.dtype != torch.bool:
+            hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, select)  # (M, h), no host sync
+        elif select is not None:
             hidden = hidden[select]  # (M, h)
         logits = self.lm_head(hidden)
         loss = None

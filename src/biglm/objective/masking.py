@@ -113,7 +113,8 @@ class MaskedBatch:
     input_ids: (B, L) with masked positions replaced; labels: (B, L), original id at masked positions
     else -100; prefix_len: (B,) for the BiGLM mask, None for full attention; split: (B,) the drawn p
     (also for the no-attn variant), None without a split; loss_weight: (B, L) or None; normalizer:
-    scalar tensor dividing the summed loss; ratios: (B, 2) the drawn (β_X, β_Y) or (t, t), for logs/tests.
+    scalar tensor dividing the summed loss; ratios: (B, 2) the drawn (β_X, β_Y) or (t, t), for logs/tests;
+    positions: (M,) flat indices of the masked positions once `find_positions` has run, else None.
     """
 
     input_ids: torch.Tensor
@@ -123,6 +124,14 @@ class MaskedBatch:
     loss_weight: torch.Tensor | None
     normalizer: torch.Tensor
     ratios: torch.Tensor
+    positions: torch.Tensor | None = None
+
+    def find_positions(self) -> "MaskedBatch":
+        """Set ``positions``: the (M,) indices of the labelled positions in the flattened (B·L) batch, row-major.
+        One host sync; a trainer does it before queuing any forward, so the model and the loss select the
+        masked positions by index, with no sync in the middle of the step."""
+        self.positions = (self.labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
+        return self
 
 
 def make_generator(*, seed: int, step: int, rank: int, device: torch.device | str) -> torch.Generator:
@@ -287,12 +296,17 @@ def masked_lm_loss(
     (what `BiGLMForMaskedLM` returns with labels). ``normalizer`` overrides ``batch.normalizer``, e.g. with
     the global count over gradient-accumulation micro-batches and ranks.
     """
-    select = batch.labels != IGNORE_INDEX
-    targets = batch.labels[select]
-    if logits.dim() == 3:
-        logits = logits[select]
+    if batch.positions is not None and logits.dim() == 2:  # sparse logits selected by index: no host sync
+        targets = batch.labels.reshape(-1).index_select(0, batch.positions)
+        weight = None if batch.loss_weight is None else batch.loss_weight.reshape(-1).index_select(0, batch.positions)
+    else:
+        select = batch.labels != IGNORE_INDEX
+        targets = batch.labels[select]
+        if logits.dim() == 3:
+            logits = logits[select]
+        weight = None if batch.loss_weight is None else batch.loss_weight[select]
     ce = F.cross_entropy(logits.float(), targets, reduction="none")
-    if batch.loss_weight is not None:
-        ce = ce * batch.loss_weight[select]
+    if weight is not None:
+        ce = ce * weight
     denom = batch.normalizer if normalizer is None else normalizer
     return ce.sum() / denom.clamp(min=1)

@@ -29,7 +29,6 @@ import torch
 
 from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters, resolve_attn_backend
 from ..objective import ObjectiveConfig, apply_masks, draw_masks, make_generator, masked_lm_loss
-from ..objective.masking import IGNORE_INDEX
 from ..checkpoint import CheckpointError, latest_checkpoint
 from .checkpoint import Checkpointer
 from .config import TrainConfig
@@ -251,7 +250,7 @@ class Trainer:
         with ctx:
             with self._autocast():
                 out = self.model(batch.input_ids, prefix_len=batch.prefix_len, doc_ids=self._doc_ids(windows),
-                                 logits_positions=batch.labels != IGNORE_INDEX)
+                                 logits_positions=batch.positions)
                 # DDP/FSDP average gradients over ranks; the normaliser is already global, so undo that
                 loss = masked_lm_loss(out.logits, batch, normalizer=normalizer) * self.info.world_size
             loss.backward()
@@ -277,7 +276,8 @@ class Trainer:
         for i in range(self.accum):
             windows = self.train_sampler.next_batch(mb, step=self.step).to(dev, non_blocking=True)
             rows = i * mb * W + torch.arange(mb, device=dev) * W + r  # global window index of each row
-            micro.append((windows, apply_masks(windows, pattern.rows(rows), mask_token_id=self.mask_id)))
+            batch = apply_masks(windows, pattern.rows(rows), mask_token_id=self.mask_id)
+            micro.append((windows, batch.find_positions()))  # the step's syncs happen here, before any forward
         total = torch.zeros((), device=dev)
         for i, (windows, batch) in enumerate(micro):
             total += self.forward_backward(batch, windows, normalizer, sync=i == self.accum - 1)
@@ -319,9 +319,10 @@ class Trainer:
         loss_sum = torch.zeros((), device=dev)
         count = torch.zeros((), device=dev)
         for windows, batch in self.val_batches():
+            batch.find_positions()
             with self._autocast():
                 out = self.raw_model(batch.input_ids, prefix_len=batch.prefix_len, doc_ids=self._doc_ids(windows),
-                                     logits_positions=batch.labels != IGNORE_INDEX)
+                                     logits_positions=batch.positions)
             loss_sum += masked_lm_loss(out.logits, batch, normalizer=torch.ones((), device=dev))
             count += batch.normalizer
         self.model.train()
