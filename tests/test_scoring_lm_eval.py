@@ -235,6 +235,8 @@ def test_model_args_set_default_decoding(checkpoint, monkeypatch):
     assert (override.early_stop, override.temperature, override.steps) == (False, 0.5, 4)  # do_sample keeps 0.5
     with pytest.raises(ValueError, match="biglm model_args: top_p=2.0 must lie in"):
         BiGLMLM(pretrained=str(checkpoint), device="cpu", top_p=2.0)
+    with pytest.raises(ValueError, match=r"unknown model_args early_stopp \(did you mean early_stop\?\)"):
+        BiGLMLM.create_from_arg_string(f"pretrained={checkpoint},early_stopp=true", {"device": "cpu"})
 
 
 @pytest.mark.parametrize("context", ["Question: where is the king?\nAnswer: ", "The queen said\n\n", "",

@@ -11,7 +11,7 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "presets": ("biglm.model.cli", "list the architecture presets with their parameter counts"),
+    "presets": ("biglm.cli_presets", "list the architecture presets with their parameter counts"),
     "tokenizer": ("biglm.data.cli_tokenizer", "train a byte-level BPE tokenizer (tokenizer train ...)"),
     "data": ("biglm.data.cli", "tokenise text sources into binary token shards (data prepare ...)"),
     "pretrain": ("biglm.training.cli", "pre-train a BiGLM from a recipe (no argument: the built-in default)"),

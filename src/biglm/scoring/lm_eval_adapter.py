@@ -145,8 +145,15 @@ class BiGLMLM(LM):
     ) -> None:
         super().__init__()
         decoding = {k: kwargs.pop(k) for k in MODEL_ARG_DECODING if k in kwargs}
-        if kwargs:
-            log.warning("biglm: ignoring unknown model_args %s", sorted(kwargs))
+        if kwargs:  # every model_arg takes effect or is refused: a typo must not be ignored
+            import difflib
+            import inspect
+
+            known = [n for n in inspect.signature(type(self).__init__).parameters if n not in {"self", "kwargs"}]
+            known += list(MODEL_ARG_DECODING)
+            hints = [f"{k} (did you mean {c[0]}?)" if (c := difflib.get_close_matches(k, known, n=1)) else k
+                     for k in sorted(kwargs)]
+            raise ValueError(f"biglm: unknown model_args {', '.join(hints)}; accepted: {', '.join(known)}")
         # checked now, before the model loads and before any request runs
         try:
             self.decoding = DecodingConfig(max_new_tokens=int(max_gen_toks), seed=int(seed), **decoding)

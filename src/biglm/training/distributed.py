@@ -109,8 +109,3 @@ def parallelize(model: nn.Module, *, info: DistInfo, mode: str = "auto", compile
         ids = [info.device.index] if info.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
     raise ValueError(f"parallel={mode!r}: choose ddp, fsdp or auto.")
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The BiGLMForMaskedLM under a DDP wrapper (FSDP2 modifies modules in place)."""
-    return model.module if hasattr(model, "module") else model

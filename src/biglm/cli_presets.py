@@ -1,16 +1,24 @@
-"""`biglm presets`: the architecture presets with their parameter counts."""
+"""`biglm presets`: the architecture presets (paper Table 7) with their parameter counts.
+
+(It lives beside the dispatcher, not in `model/`, because `model/` imports nothing else from biglm and
+every command parses its options with `biglm.config`.)"""
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
-from .config import PRESETS, BiGLMConfig, count_parameters
+from .config import parse_cli
+from .model.config import PRESETS, BiGLMConfig, count_parameters
+
+
+@dataclass
+class PresetsArgs:
+    vocab_size: int = 49152
+    """vocabulary used for the counts (SmolLM's: 49152)"""
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="biglm presets", description=__doc__)
-    parser.add_argument("--vocab-size", type=int, default=49152, help="vocabulary used for the counts (SmolLM's: 49152)")
-    args = parser.parse_args(argv)
+    args = parse_cli(PresetsArgs, argv, prog="biglm presets", doc=__doc__)
     header = f"{'preset':<12} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'mlp':>5} {'init':>6} {'non-emb':>10} {'total':>10}"
     print(header)
     print("-" * len(header))
