@@ -1,0 +1,119 @@
+"""lm-evaluation-harness on a BiGLM through lm-eval's Python API.
+
+    results = evaluate(model_args={"pretrained": "runs/x-hf", "scorer": "chain"}, tasks=["piqa"], limit=100)
+    results = run_suite("runs/x-hf", data_dir="../shared/data/eval", limit=200)   # the paper's suite
+
+Notable features
+- Calls ``lm_eval.simple_evaluate`` with ``model="biglm"`` (registered by importing the adapter: lm-eval
+  has no plugin discovery) and a ``TaskManager(include_path=...)`` for task YAMLs outside lm-eval. No
+  argv is built and ``sys.argv`` is never touched.
+- With ``output_path`` the results are written by lm-eval's own ``EvaluationTracker``, exactly as
+  ``lm-eval run --output_path`` writes them: ``<output_path>/<pretrained path, "/" as "__">/results_<date>.json``
+  (or ``<stem>_<date>.json`` beside a path ending in ``.json``), plus ``samples_<task>_<date>.jsonl``
+  per task with ``log_samples``.
+- `run_suite` writes the suite's override YAMLs (`biglm.scoring.suite`) into a temporary folder, runs
+  them, and adds the paper table to the results dict as ``results["biglm_suite"]``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .suite import LOCAL_SUFFIX, default_data_dir, select_tasks, suite_table, write_suite_yamls
+
+__all__ = ["evaluate", "run_suite", "model_args_string"]
+
+
+def model_args_string(model_args: str | dict[str, Any]) -> str:
+    """``key=value,...`` as lm-eval's ``--model_args``: lm-eval then converts "16" to 16 and "true" to
+    True itself (a dict would reach the adapter as strings)."""
+    if isinstance(model_args, str):
+        return model_args
+    return ",".join(f"{k}={v}" for k, v in model_args.items() if v is not None)
+
+
+def evaluate(
+    *,
+    model_args: str | dict[str, Any],
+    tasks: list[str] | tuple[str, ...],
+    include_path: str | os.PathLike[str] | None = None,
+    limit: float | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int | str | None = None,
+    device: str | None = None,
+    output_path: str | os.PathLike[str] | None = None,
+    log_samples: bool = False,
+) -> dict[str, Any]:
+    """Evaluate the ``biglm`` model on lm-eval ``tasks`` and return lm-eval's results dict.
+
+    ``model_args`` are the adapter's options (``pretrained`` is required); ``batch_size`` None keeps
+    the adapter's default. ``log_samples`` keeps the per-document records in ``results["samples"]``
+    (and writes them when ``output_path`` is given).
+    """
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+
+    from . import lm_eval_adapter  # noqa: F401  registers "biglm"
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as lm-eval's CLI does
+    tracker = EvaluationTracker(output_path=str(output_path)) if output_path is not None else None
+    results = lm_eval.simple_evaluate(
+        model="biglm", model_args=model_args_string(model_args), tasks=list(tasks),
+        task_manager=TaskManager(include_path=str(include_path) if include_path is not None else None),
+        num_fewshot=num_fewshot, batch_size=batch_size, device=device, limit=limit,
+        log_samples=log_samples, evaluation_tracker=tracker)
+    if results is None:  # a non-zero rank under torchrun: rank 0 holds the results
+        return {}
+    samples = results.pop("samples", None)
+    if tracker is not None:
+        tracker.save_results_aggregated(results=results, samples=samples)
+        for name in results.get("configs", {}) if samples else ():
+            tracker.save_results_samples(task_name=name, samples=samples[name])
+    if samples is not None:
+        results["samples"] = samples
+    return results
+
+
+def run_suite(
+    pretrained: str | os.PathLike[str],
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    scorer: str | None = None,
+    limit: float | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int | str | None = None,
+    device: str | None = None,
+    output_path: str | os.PathLike[str] | None = None,
+    log_samples: bool = False,
+    model_args: dict[str, Any] | None = None,
+    suite: str = "paper",
+    only: str | list[str] | tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """Run the paper's zero-shot suite on the local data in ``data_dir`` (default `default_data_dir`)
+    and return lm-eval's results dict, plus ``results["biglm_suite"]``: the paper table's ``header``
+    and ``row`` and the ``missing`` columns (column -> the data file looked for).
+
+    ``model_args`` adds further adapter options (e.g. ``{"mc_samples": 16}``); ``scorer`` None keeps the
+    adapter's default; ``only`` restricts the suite to some columns (e.g. ``["PIQA", "ARC-E"]``).
+    Columns without data are skipped with a line on stderr naming the file.
+    """
+    if not Path(pretrained).exists():
+        raise FileNotFoundError(f"no model at {pretrained}: pass a directory written by `biglm export` or save_pretrained.")
+    args = {"pretrained": str(pretrained), **({"scorer": scorer} if scorer else {}), **(model_args or {})}
+    data = Path(data_dir) if data_dir is not None else default_data_dir()
+    with tempfile.TemporaryDirectory(prefix="biglm-suite-") as tmp:
+        tasks, missing = write_suite_yamls(data_dir=data, out_dir=tmp, suite=suite, only=only)
+        for column, path in missing.items():
+            print(f"biglm eval: skipping {column}: data file not found: {path}", file=sys.stderr)
+        results = evaluate(model_args=args, tasks=[t.task + LOCAL_SUFFIX for t in tasks], include_path=tmp,
+                           limit=limit, num_fewshot=num_fewshot, batch_size=batch_size, device=device,
+                           output_path=output_path, log_samples=log_samples)
+    if results:
+        header, row = suite_table(results, tasks=select_tasks(only))
+        results["biglm_suite"] = {"header": header, "row": row, "missing": missing}
+    return results
