@@ -167,10 +167,6 @@ def test_score_rolling_sums_windows(model):
                                                                       max_length=16)), abs=1e-4)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="known fault: score_requests left-pads a batch's contexts to the longest (P) and its rows to "
-                          "the longest suffix (S); P + S can exceed the window although every request fits alone "
-                          "(seen on RACE, LogiQA and LAMBADA with a 256-token window). batch_size=1 avoids it.")
 def test_mixed_lengths_that_each_fit_score_in_one_batch(model):
     window = model.config.max_position_embeddings
     reqs = [([5] * (window - 2), [6, 7]), ([8, 9], [10] * (window - 4))]  # each fits the window exactly

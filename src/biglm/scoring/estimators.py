@@ -160,8 +160,7 @@ def score_requests(
 
     loglik = np.zeros(len(requests), dtype=np.float64)
     greedy = np.ones(len(requests), dtype=bool)
-    for c0 in range(0, len(contexts), batch_size):
-        ctx_batch = contexts[c0:c0 + batch_size]
+    for ctx_batch in _context_batches(contexts, groups, fitted, batch_size=batch_size, window=window):
         P = max(1, max(len(c) for c in ctx_batch))  # >= 1 so an all-empty batch still has a (padded) prefix
         ctx_ids = torch.full((len(ctx_batch), P), pad_id, dtype=torch.long)
         ctx_mask = torch.zeros((len(ctx_batch), P), dtype=torch.long)
@@ -183,6 +182,27 @@ def score_requests(
             _run_rows(model, chunk, cache=cache, ctx_ids=ctx_ids, ctx_mask=ctx_mask, pad_id=pad_id,
                       loglik=loglik, greedy=greedy)
     return [(float(ll), bool(g)) for ll, g in zip(loglik, greedy)]
+
+
+def _context_batches(contexts: list[tuple[int, ...]], groups: dict[tuple[int, ...], list[int]],
+                     fitted: list[tuple[tuple[int, ...], tuple[int, ...]]], *, batch_size: int, window: int
+                     ) -> list[list[tuple[int, ...]]]:
+    """Up to ``batch_size`` contexts per batch, such that the left-padded prefix (the batch's longest context)
+    plus its longest continuation still fits the window: every request fits alone, and so does every batch."""
+    longest = {c: max(len(fitted[r][1]) for r in groups[c]) for c in contexts}
+    batches: list[list[tuple[int, ...]]] = []
+    current: list[tuple[int, ...]] = []
+    P = S = 0
+    for c in contexts:
+        p, s = max(P, len(c), 1), max(S, longest[c])
+        if current and (len(current) >= batch_size or p + s > window):
+            batches.append(current)
+            current, p, s = [], max(len(c), 1), longest[c]
+        current.append(c)
+        P, S = p, s
+    if current:
+        batches.append(current)
+    return batches
 
 
 def _run_rows(model: BiGLMForMaskedLM, chunk: list[tuple[int, _Variant]], *, cache: PrefixCache | None,
