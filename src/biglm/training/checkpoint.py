@@ -23,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from ..checkpoint.layout import CheckpointError, checkpoint_dirs, latest_checkpoint
+from ..checkpoint.layout import CheckpointError, checkpoint_dirs
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 

@@ -16,8 +16,6 @@ Notable features
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import signal
 import time
@@ -33,14 +31,13 @@ from ..checkpoint import CheckpointError, latest_checkpoint
 from .checkpoint import Checkpointer
 from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_sum, parallelize
+from .parts import (MetricsWriter, NonFiniteLossError, autocast,  # noqa: F401 - NonFiniteLossError re-exported
+                    autocast_dtype, build_optimizer, clip_and_step,
+                    fmt_time, install_stop_signals, restore_signals)
 from .schedule import lr_at
 
 # dense bf16 peak per device, for MFU
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "4090": 165.0}
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss or gradient became NaN/inf; the run stopped before updating the weights."""
 
 
 @dataclass
@@ -138,20 +135,13 @@ class Trainer:
         model = BiGLMForMaskedLM(self.model_config).to(dev)
         self.raw_model = model
         self.n_params = count_parameters(self.model_config)
-        self.autocast_dtype = None
-        if cfg.dtype == "bf16" or (cfg.dtype == "auto" and dev.type == "cuda"):
-            self.autocast_dtype = torch.bfloat16
+        self.autocast_dtype = autocast_dtype(cfg.dtype, dev)
         use_compile = cfg.compile == "yes" or (cfg.compile == "auto" and dev.type == "cuda")
         self.model = parallelize(model, info=self.info, mode=cfg.parallel, compile=use_compile,
                                  activation_checkpointing=cfg.activation_checkpointing,
                                  param_dtype=self.autocast_dtype)
         self.fsdp = self.model is model and self.info.distributed
-        decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=tuple(cfg.betas), fused=True,
-        )
+        self.optimizer = build_optimizer(model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         # the loaded tokenizer's own fingerprint: shards built with any other tokenizer are refused, even one of equal size
         fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.train_sampler = open_train_sampler(cfg, info=self.info, vocab_size=vocab, fingerprint=fingerprint)
@@ -225,9 +215,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
     def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.info.device.type, dtype=self.autocast_dtype)
+        return autocast(self.info.device, self.autocast_dtype)
 
     def _doc_ids(self, windows: torch.Tensor) -> torch.Tensor | None:
         if not self.cfg.doc_mask:
@@ -281,18 +269,8 @@ class Trainer:
         total = torch.zeros((), device=dev)
         for i, (windows, batch) in enumerate(micro):
             total += self.forward_backward(batch, windows, normalizer, sync=i == self.accum - 1)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.grad_clip)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        if not bool(torch.isfinite(grad_norm)):  # one scalar sync per step, before the weights change
-            loss_now = float(all_reduce_sum(total.clone()))
-            raise NonFiniteLossError(
-                f"non-finite {'loss' if not math.isfinite(loss_now) else 'gradient'} at step {self.step} "
-                f"(loss {loss_now}): the run stopped before the optimizer step, so the weights and every checkpoint "
-                f"are untouched. Lower --lr, check the data, or resume from the last checkpoint in {self.out}/checkpoints."
-            )
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = clip_and_step(self.raw_model, self.optimizer, grad_clip=cfg.grad_clip, step=self.step,
+                                  loss=total, run_dir=self.out)
         self.step += 1
         self.tokens_seen += cfg.global_batch * cfg.seq_len
         return all_reduce_sum(total), grad_norm
@@ -330,21 +308,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def _install_signals(self) -> dict:
-        def handler(signum, frame):
+        def stop(signum: int) -> None:
             self._stop_signal = signum
             self.echo(f"\n[biglm] received {signal.Signals(signum).name}: saving a checkpoint after this step")
 
-        old = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(ValueError):  # not the main thread
-                old[sig] = signal.signal(sig, handler)
-        return old
+        return install_stop_signals(stop)
 
     def train(self) -> TrainResult:
         cfg = self.cfg
         self.maybe_resume()
         result = TrainResult(step=self.step)
-        metrics = _MetricsWriter(self.out, enabled=self.info.is_main, tensorboard=cfg.tensorboard)
+        metrics = MetricsWriter(self.out, enabled=self.info.is_main, tensorboard=cfg.tensorboard)
         old_handlers = self._install_signals()
         self.model.train()
         fault_step = int(os.environ.get("BIGLM_FAULT_AFTER_STEP", "0"))  # tests: simulate a crash (os._exit)
@@ -383,7 +357,7 @@ class Trainer:
                     metrics.write(record, kind="log")
                     mfu_s = f" | mfu {100 * mfu:.1f}%" if mfu is not None else ""
                     self.echo(f"step {self.step:>6}/{cfg.steps} | loss {record['loss']:.4f} | lr {lr:.2e} | "
-                              f"{tok_s:,.0f} tok/s{mfu_s} | eta {_fmt_time(eta)}")
+                              f"{tok_s:,.0f} tok/s{mfu_s} | eta {fmt_time(eta)}")
                 if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:
                     val = self.validate()
                     if val is not None:
@@ -397,47 +371,7 @@ class Trainer:
                     self.echo(f"[biglm] stopped at step {self.step}; run the same command to resume.")
                     break
         finally:
-            for sig, h in old_handlers.items():
-                signal.signal(sig, h)
+            restore_signals(old_handlers)
             metrics.close()
         result.step = self.step
         return result
-
-
-class _MetricsWriter:
-    """JSONL metrics (one record per line: train losses, logs, validation) and optional TensorBoard."""
-
-    def __init__(self, out: Path, *, enabled: bool, tensorboard: bool) -> None:
-        self.enabled = enabled
-        self.tb = None
-        if not enabled:
-            return
-        out.mkdir(parents=True, exist_ok=True)
-        self.file = open(out / "metrics.jsonl", "a")
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as e:
-                raise ImportError("--tensorboard needs the tensorboard package: pip install 'biglm[tensorboard]'") from e
-            self.tb = SummaryWriter(str(out / "tensorboard"))
-
-    def write(self, record: dict[str, Any], kind: str = "train") -> None:
-        if not self.enabled:
-            return
-        self.file.write(json.dumps({"kind": kind, **record}) + "\n")
-        self.file.flush()
-        if self.tb is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    self.tb.add_scalar(f"{kind}/{k}", v, record["step"])
-
-    def close(self) -> None:
-        if self.enabled:
-            self.file.close()
-            if self.tb is not None:
-                self.tb.close()
-
-
-def _fmt_time(s: float) -> str:
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

@@ -1,0 +1,118 @@
+"""The parts every training loop of biglm is built from (pre-training in `trainer`, fine-tuning in
+`biglm.finetune.loop`): the optimiser, mixed precision, the clipped and checked optimiser step, stop
+signals, and the metrics writer. A new loop composes these; it never re-implements them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import signal
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .distributed import all_reduce_sum
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient became NaN/inf; the run stopped before updating the weights."""
+
+
+def build_optimizer(model: torch.nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float
+                    ) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not norms or biases), fused kernels."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=tuple(betas), fused=True)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of a ``dtype`` setting: bf16 for "bf16" (and "auto" on GPU), None (fp32) otherwise."""
+    return torch.bfloat16 if dtype == "bf16" or (dtype == "auto" and device.type == "cuda") else None
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """The autocast context for ``dtype`` (a no-op for fp32)."""
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, grad_clip: float, step: int,
+                  loss: torch.Tensor, run_dir: Path) -> torch.Tensor:
+    """Clip the global gradient norm, refuse a non-finite one before the weights change (one scalar sync per
+    step), take the optimiser step and clear the gradients. Returns the (pre-clip) gradient norm."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if hasattr(grad_norm, "full_tensor"):
+        grad_norm = grad_norm.full_tensor()
+    if not bool(torch.isfinite(grad_norm)):
+        loss_now = float(all_reduce_sum(loss.detach().clone()))
+        raise NonFiniteLossError(
+            f"non-finite {'loss' if not math.isfinite(loss_now) else 'gradient'} at step {step} "
+            f"(loss {loss_now}): the run stopped before the optimizer step, so the weights and every checkpoint "
+            f"are untouched. Lower --lr, check the data, or resume from the last checkpoint in {run_dir}/checkpoints."
+        )
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def install_stop_signals(on_stop: Callable[[int], None]) -> dict:
+    """Route SIGINT/SIGTERM to ``on_stop(signum)`` (the loop then saves a checkpoint after the current step);
+    returns the previous handlers for `restore_signals`."""
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError):  # not the main thread
+            old[sig] = signal.signal(sig, lambda signum, frame: on_stop(signum))
+    return old
+
+
+def restore_signals(old: dict) -> None:
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+
+
+class MetricsWriter:
+    """JSONL metrics (one record per line: train losses, logs, validation) and optional TensorBoard."""
+
+    def __init__(self, out: Path, *, enabled: bool, tensorboard: bool) -> None:
+        self.enabled = enabled
+        self.tb = None
+        if not enabled:
+            return
+        out.mkdir(parents=True, exist_ok=True)
+        self.file = open(out / "metrics.jsonl", "a")
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise ImportError("--tensorboard needs the tensorboard package: pip install 'biglm[tensorboard]'") from e
+            self.tb = SummaryWriter(str(out / "tensorboard"))
+
+    def write(self, record: dict[str, Any], kind: str = "train") -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps({"kind": kind, **record}) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.tb.add_scalar(f"{kind}/{k}", v, record["step"])
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+            if self.tb is not None:
+                self.tb.close()
+
+
+def fmt_time(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
