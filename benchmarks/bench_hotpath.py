@@ -111,6 +111,8 @@ def worker(args: argparse.Namespace) -> dict:
         pattern = draw_masks(B, L, objective, generator=gen, device=dev, vocab_size=config.vocab_size)
         normalizer = pattern.count().float().clamp(min=1)
         batch = apply_masks(windows, pattern, mask_token_id=4)
+        if hasattr(batch, "find_positions"):  # as Trainer.train_step does, before the forward is queued
+            batch.find_positions()
         Trainer.forward_backward(stub, batch, windows, normalizer, sync=True)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -230,6 +230,8 @@ class Trainer:
         The model returns logits at the masked positions only and computes no loss of its own (no ``labels``):
         `masked_lm_loss` is the one loss. The model range-checks its inputs on the first micro-batch only.
         """
+        if batch.positions is None:  # train_step finds them before queuing any forward; a direct caller gets them here
+            batch.find_positions()
         ctx = contextlib.nullcontext()
         if not sync and hasattr(self.model, "no_sync"):
             ctx = self.model.no_sync()  # DDP: all-reduce gradients only on the last micro-batch
