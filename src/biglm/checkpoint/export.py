@@ -1,9 +1,11 @@
 """`biglm export RUN_OR_CHECKPOINT OUT_DIR`: write a Hugging Face directory (config.json,
-model.safetensors, tokenizer) that `AutoModelForMaskedLM.from_pretrained` loads (after `import biglm`)."""
+model.safetensors, tokenizer) that `AutoModelForMaskedLM.from_pretrained` loads (after `import biglm`).
+For a `biglm finetune` run it is the best epoch's model: the task's HF class, tokenizer and template."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from .loading import load_inference_checkpoint
@@ -15,15 +17,28 @@ def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
     Every file gets the mode a plain ``open()`` gives (0644 under the usual umask 022), so the directory can
     be shared as it is: safetensors writes its file through a private temporary file (mode 0600).
     """
+    path, out = Path(path), Path(out_dir)
+    if (path / "task.json").is_file():  # a `biglm finetune` run: its best epoch, with the task's class and template
+        best = path / "best"
+        if not (best / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is a fine-tuning run without a finished epoch yet ({best} is missing): "
+                                    "let it finish an epoch, or resume it with the same `biglm finetune` command")
+        shutil.copytree(best, out, dirs_exist_ok=True)
+        share_files(out)
+        return out
     model, tokenizer = load_inference_checkpoint(path)
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    mode = 0o666 & ~_umask()
-    for f in out.glob("*.safetensors*"):  # the weights (and a shard index); the other files come from open()
-        f.chmod(mode)
+    share_files(out)
     return out
+
+
+def share_files(out: Path) -> None:
+    """Give the weights the mode a plain ``open()`` gives (safetensors writes through a private 0600 file)."""
+    mode = 0o666 & ~_umask()
+    for f in Path(out).glob("*.safetensors*"):  # the weights (and a shard index); the other files come from open()
+        f.chmod(mode)
 
 
 def _umask() -> int:

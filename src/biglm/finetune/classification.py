@@ -1,0 +1,158 @@
+"""Classification by prompt (paper §4.1 MNLI; DESIGN §9): the label is a word predicted at an answer slot.
+
+An example becomes ``prompt + <mask>``: under the BiGLM mask the prompt is the prefix and the slot the
+suffix, the same shape as generation. Training is cross-entropy over the label words at the slot (the
+MLM head restricted to the C label-word ids); prediction is the most probable label word. No new
+parameters: the pre-trained MLM head is the classifier, which is why a BiGLM can do this zero-shot too.
+
+Notable features
+- Any GLUE/SuperGLUE-style set runs with no code change: data through `datasets` (local file or
+  ``hf:OWNER/NAME[:CONFIG][@SPLIT]``) and a template (built-in ``mnli``, a YAML spec, a FLAN pattern).
+- Prompts are left-padded so every slot sits in the last column: one ``prefix_len`` and one logits
+  position per row, no host sync to find them. Prompts longer than ``max_length - 1`` lose their *start*
+  (the question and "Answer:" at the end are what the slot continues), counted and reported.
+- Label words must be single tokens here (checked against the tokenizer before any work); multi-token
+  words (chain-rule scoring) are refused with that message rather than silently truncated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .data import load_classification
+from .metrics import accuracy
+from .templates import MNLI_TEMPLATE, PromptTemplate, TemplateError, load_template
+
+BUILTIN_TEMPLATES = {"mnli": MNLI_TEMPLATE}
+TEMPLATE_FILE = "biglm_task.json"  # written beside an exported model: the task and its template
+
+
+@dataclass
+class ClassificationSettings:
+    """A classification-by-prompt task: data, template, lengths."""
+
+    train: str = ""
+    """training split: a local .jsonl/.json/.csv/.parquet file or hf:OWNER/NAME[:CONFIG][@SPLIT]"""
+    validation: str = ""
+    """validation split (the metric that picks the best epoch), same forms"""
+    template: str = "mnli"
+    """built-in template name (mnli) or a YAML template spec file"""
+    label_field: str = "label"
+    """the column holding the class index"""
+    max_length: int = 256
+    """tokens per example, prompt and slot together"""
+    max_train_examples: int | None = None
+    """use only the first N training rows (a quick CPU run)"""
+    max_eval_examples: int | None = None
+    """use only the first N validation rows"""
+    validation_name: str = "validation"
+    """how results name the validation split (e.g. MNLI-m)"""
+    notes: list[str] = field(default_factory=list)
+    """printed with the results (e.g. that a split is not available)"""
+
+
+class ClassificationTask:
+    """`FinetuneTask` for classification by prompt."""
+
+    metric = "accuracy"
+    higher_is_better = True
+
+    def __init__(self, settings: ClassificationSettings, *, name: str = "classification") -> None:
+        if not settings.train or not settings.validation:
+            raise TemplateError(f"task {name}: give --task.train and --task.validation (files or hf: specs)")
+        if settings.max_length < 8:
+            raise TemplateError(f"--task.max_length {settings.max_length} is too short for a prompt and its slot")
+        self.settings, self.name = settings, name
+        t = settings.template
+        self.template: PromptTemplate = BUILTIN_TEMPLATES[t] if t in BUILTIN_TEMPLATES else load_template(t)
+        self.truncated = 0
+
+    # ------------------------------------------------------------------ data
+    def prepare(self, tokenizer: Any) -> None:
+        s, t = self.settings, self.template
+        if t.multi_token:
+            raise TemplateError(f"template {t.name!r} has multi-token label words: fine-tuning supports single-token "
+                                "label words only so far; choose words that are one token each")
+        self.label_ids = torch.tensor([ids[0] for ids in t.label_token_ids(tokenizer)])  # (C,)
+        self.tokenizer = tokenizer
+        self.train_data = load_classification(s.train, split="train", template=t, label_field=s.label_field)
+        self.val_data = load_classification(s.validation, split="validation", template=t, label_field=s.label_field)
+        self._train = self._encode(self.train_data.dataset, s.max_train_examples)
+        self._val = self._encode(self.val_data.dataset, s.max_eval_examples)
+        if not self._train or not self._val:
+            raise TemplateError(f"task {self.name}: {'training' if not self._train else 'validation'} split is empty")
+
+    def _encode(self, dataset, limit: int | None) -> list[dict[str, Any]]:
+        rows = dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
+        room = self.settings.max_length - 1
+        out = []
+        for row in rows:
+            ids = self.tokenizer(self.template.prompt(row), add_special_tokens=False)["input_ids"]
+            if len(ids) > room:
+                self.truncated += 1
+                ids = ids[len(ids) - room:]
+            out.append({"prompt_ids": list(ids), "label": int(row["label"])})
+        return out
+
+    def train_features(self) -> Sequence[dict[str, Any]]:
+        return self._train
+
+    # ------------------------------------------------------------------ model
+    def build_model(self, base: torch.nn.Module, tokenizer: Any) -> torch.nn.Module:
+        return base  # the MLM head at the slot is the classifier
+
+    def collate(self, features: Sequence[dict[str, Any]], *, device: torch.device) -> dict[str, Any]:
+        pad, mask_id = self.tokenizer.pad_token_id, self.tokenizer.mask_token_id
+        L = max(len(f["prompt_ids"]) for f in features) + 1
+        ids = torch.full((len(features), L), pad, dtype=torch.long)
+        attn = torch.zeros((len(features), L), dtype=torch.long)
+        for i, f in enumerate(features):  # left padding: every slot in the last column
+            p = f["prompt_ids"]
+            ids[i, L - 1 - len(p):L - 1] = torch.tensor(p, dtype=torch.long)
+            attn[i, L - 1 - len(p):] = 1
+        ids[:, -1] = mask_id
+        labels = torch.tensor([f["label"] for f in features], dtype=torch.long)
+        return {"input_ids": ids.to(device), "attention_mask": attn.to(device), "labels": labels.to(device),
+                "num_items": len(features)}
+
+    def label_scores(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        """(B, C) logits of the label words at the slot (prompt = prefix, slot = suffix)."""
+        ids = batch["input_ids"]
+        B, L = ids.shape
+        slot = torch.arange(B, device=ids.device) * L + (L - 1)  # flat index of each row's slot
+        out = model(ids, prefix_len=L - 1, attention_mask=batch["attention_mask"], logits_positions=slot)
+        return out.logits.float()[:, self.label_ids.to(ids.device)]
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        return F.cross_entropy(self.label_scores(model, batch), batch["labels"], reduction="sum")
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, *, batch_size: int, device: torch.device) -> dict[str, float]:
+        scores, labels = [], []
+        for i in range(0, len(self._val), batch_size):
+            batch = self.collate(self._val[i:i + batch_size], device=device)
+            scores.append(self.label_scores(model, batch).cpu())
+            labels.append(batch["labels"].cpu())
+        s, y = torch.cat(scores).numpy(), torch.cat(labels).numpy()
+        return {"accuracy": 100.0 * accuracy(s, y), "examples": float(len(y)),
+                "chance": 100.0 * float(np.bincount(y).max() / len(y))}
+
+    # ------------------------------------------------------------------ output
+    def export(self, model: torch.nn.Module, tokenizer: Any, out_dir: Path) -> None:
+        out_dir = Path(out_dir)
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+        (out_dir / TEMPLATE_FILE).write_text(json.dumps(self.describe(), indent=2))
+
+    def describe(self) -> dict[str, Any]:
+        from ..config import to_dict
+
+        return {"task": self.name, "kind": "classification", "settings": to_dict(self.settings),
+                "template": self.template.to_dict(), "truncated_prompts": self.truncated}

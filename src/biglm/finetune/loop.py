@@ -1,0 +1,246 @@
+"""The one fine-tuning loop: epochs over a task's training items, validation after each epoch, the best
+epoch kept. Built from the pre-training loop's parts (`biglm.training.parts`, `parallelize`,
+`Checkpointer`, `lr_at`), with the task (`biglm.finetune.task.FinetuneTask`) injected.
+
+Notable features
+- Data order is a pure function of (seed, epoch): epoch e visits ``perm(seed, e)`` in global batches,
+  rank r taking every world_size-th item, so a killed run resumes exactly (tested) and the curve does not
+  depend on the number of ranks beyond float rounding.
+- The loss is the task's summed loss divided by the number of items in the *global* batch, counted
+  before any forward (an all-reduce of one integer per step under torchrun): micro-batching and ranks
+  do not change it.
+- After every epoch: the task's metric on the validation split, logged to metrics.jsonl; a better one
+  exports the model to ``OUT/best`` (written to a temporary folder and renamed, so a kill never leaves a
+  half-written best), and the epoch-end checkpoint records it, so a resumed run keeps the right best.
+- A partial last global batch of an epoch is dropped (fixed step count per epoch, equal work per rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..checkpoint import latest_checkpoint, load_model
+from ..checkpoint.export import share_files
+from ..config import ConfigError, to_dict
+from ..model import resolve_attn_backend
+from ..training.checkpoint import Checkpointer
+from ..training.distributed import DistInfo, all_reduce_sum, parallelize
+from ..training.parts import (MetricsWriter, autocast, autocast_dtype, build_optimizer, clip_and_step, fmt_time,
+                              install_stop_signals, restore_signals, set_lr)
+from ..training.schedule import lr_at
+from .config import FinetuneConfig
+from .task import FinetuneTask
+
+_SALT_ORDER = 0xF17E
+
+
+@dataclass
+class FinetuneResult:
+    step: int
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    evals: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (epoch, metrics)
+    best_epoch: int | None = None
+    best: float | None = None
+    interrupted: bool = False
+
+
+class FineTuner:
+    """Builds the run from a task and a `FinetuneConfig` and runs it. ``after_step(tuner, step)`` is a test hook."""
+
+    def __init__(self, task: FinetuneTask, cfg: FinetuneConfig, *, info: DistInfo,
+                 echo: Callable[[str], None] | None = None,
+                 after_step: Callable[["FineTuner", int], None] | None = None) -> None:
+        cfg.validate(world_size=info.world_size)
+        self.task, self.cfg, self.info = task, cfg, info
+        self.echo = echo or (print if info.is_main else (lambda s: None))
+        self.after_step = after_step
+        self.out = cfg.output_dir(task.name)
+        self._stop_signal: int | None = None
+        self._build()
+
+    def _build(self) -> None:
+        cfg, dev = self.cfg, self.info.device
+        base, self.tokenizer = load_model(cfg.model)
+        if len(self.tokenizer) > base.config.vocab_size:
+            raise ConfigError(f"{cfg.model}: its tokenizer has {len(self.tokenizer)} tokens but the model's vocabulary "
+                              f"only {base.config.vocab_size}: the checkpoint and tokenizer do not belong together")
+        self.task.prepare(self.tokenizer)  # data and templates checked before any model work
+        torch.manual_seed(cfg.seed)  # new heads
+        model = self.task.build_model(base, self.tokenizer)
+        dropout = float(getattr(model.config, "attention_dropout", 0.0) or 0.0)
+        model.config.attn_backend = resolve_attn_backend(cfg.attn_backend, device_type=dev.type, attention_dropout=dropout)
+        model.to(dev).train()
+        self.raw_model = model
+        self.autocast_dtype = autocast_dtype(cfg.dtype, dev)
+        use_compile = cfg.compile == "yes" or (cfg.compile == "auto" and dev.type == "cuda")
+        self.model = parallelize(model, info=self.info, mode="ddp" if cfg.parallel == "auto" else cfg.parallel,
+                                 compile=use_compile, param_dtype=self.autocast_dtype)
+        self.optimizer = build_optimizer(model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.features = self.task.train_features()
+        n = len(self.features)
+        if n < cfg.global_batch:
+            raise ConfigError(f"the training set has {n} items, fewer than --global_batch {cfg.global_batch}: "
+                              "lower --global_batch (and --micro_batch)")
+        self.steps_per_epoch = n // cfg.global_batch
+        self.total_steps = self.steps_per_epoch * cfg.epochs
+        self.warmup_steps = int(round(cfg.warmup_ratio * self.total_steps))
+        self.checkpointer = Checkpointer(self.out, keep_last=cfg.keep_last)
+        self.step = 0
+        self.best: float | None = None
+        self.best_epoch: int | None = None
+
+    # ------------------------------------------------------------------ state
+    def _write_run_files(self) -> None:
+        if not self.info.is_main:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "finetune_config.json").write_text(json.dumps(to_dict(self.cfg), indent=2))
+        (self.out / "task.json").write_text(json.dumps(self.task.describe(), indent=2))
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"step": self.step, "best": self.best, "best_epoch": self.best_epoch, "rng_cpu": torch.get_rng_state(),
+                **({"rng_cuda": torch.cuda.get_rng_state(self.info.device)} if self.info.device.type == "cuda" else {})}
+
+    def save(self) -> Path:
+        path = self.checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, extra=self._extra_state())
+        self.echo(f"[biglm] saved checkpoint {path}")
+        return path
+
+    def maybe_resume(self) -> bool:
+        self._write_run_files()
+        self.checkpointer.clean_partial()
+        ckpt = latest_checkpoint(self.out) if (self.out / "checkpoints").is_dir() else None
+        if ckpt is None:
+            return False
+        extra = self.checkpointer.load(ckpt, model=self.model, optimizer=self.optimizer)
+        self.step, self.best, self.best_epoch = extra["step"], extra["best"], extra["best_epoch"]
+        torch.set_rng_state(extra["rng_cpu"])
+        if "rng_cuda" in extra and self.info.device.type == "cuda":
+            torch.cuda.set_rng_state(extra["rng_cuda"], self.info.device)
+        self.echo(f"[biglm] resumed from {ckpt} (step {self.step})")
+        return True
+
+    # ------------------------------------------------------------------ steps
+    def order(self, epoch: int) -> np.ndarray:
+        """The visiting order of epoch ``epoch`` (0-based): a pure function of (seed, epoch)."""
+        return np.random.default_rng([self.cfg.seed, _SALT_ORDER, epoch]).permutation(len(self.features))
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg, dev, W, r = self.cfg, self.info.device, self.info.world_size, self.info.rank
+        set_lr(self.optimizer, lr_at(self.step, schedule=cfg.schedule, lr=cfg.lr, min_lr=cfg.min_lr,
+                                     total_steps=self.total_steps, warmup_steps=self.warmup_steps))
+        epoch, pos = divmod(self.step, self.steps_per_epoch)
+        items = self.order(epoch)[pos * cfg.global_batch:(pos + 1) * cfg.global_batch][r::W]
+        micro = [self.task.collate([self.features[i] for i in items[k:k + cfg.micro_batch]], device=dev)
+                 for k in range(0, len(items), cfg.micro_batch)]
+        # items in the global batch, counted before any forward is queued
+        count = all_reduce_sum(torch.tensor(float(sum(b["num_items"] for b in micro)), device=dev)).clamp(min=1)
+        total = torch.zeros((), device=dev)
+        for i, batch in enumerate(micro):
+            last = i == len(micro) - 1
+            ctx = self.model.no_sync() if (not last and hasattr(self.model, "no_sync")) else contextlib.nullcontext()
+            with ctx:
+                with autocast(dev, self.autocast_dtype):
+                    # DDP averages gradients over ranks; the count is already global, so undo that
+                    loss = self.task.loss(self.model, batch) / count * W
+                loss.backward()
+            total += loss.detach() / W
+        grad_norm = clip_and_step(self.raw_model, self.optimizer, grad_clip=cfg.grad_clip, step=self.step, loss=total,
+                                  run_dir=self.out)
+        self.step += 1
+        return all_reduce_sum(total), grad_norm
+
+    def evaluate(self) -> dict[str, float]:
+        self.raw_model.eval()
+        with autocast(self.info.device, self.autocast_dtype):
+            metrics = self.task.evaluate(self.raw_model, batch_size=self.cfg.eval_batch_size, device=self.info.device)
+        self.raw_model.train()
+        return metrics
+
+    def _better(self, value: float) -> bool:
+        if self.best is None:
+            return True
+        return value > self.best if self.task.higher_is_better else value < self.best
+
+    def _export_best(self) -> None:
+        tmp, final = self.out / ".tmp-best", self.out / "best"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.task.export(self.raw_model, self.tokenizer, tmp)
+        share_files(tmp)
+        old = self.out / ".old-best"
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> FinetuneResult:
+        cfg = self.cfg
+        self.maybe_resume()
+        result = FinetuneResult(step=self.step, best_epoch=self.best_epoch, best=self.best)
+        metrics = MetricsWriter(self.out, enabled=self.info.is_main, tensorboard=cfg.tensorboard)
+
+        def stop(signum: int) -> None:
+            self._stop_signal = signum
+            self.echo("\n[biglm] stop requested: saving a checkpoint after this step")
+
+        old_handlers = install_stop_signals(stop)
+        self.echo(f"[biglm] fine-tuning {self.task.name}: {len(self.features)} items, {cfg.epochs} epochs x "
+                  f"{self.steps_per_epoch} steps of {cfg.global_batch}, lr {cfg.lr:g} {cfg.schedule}, device "
+                  f"{self.info.device}; best epoch by {self.task.metric}")
+        t0, step0 = time.perf_counter(), self.step
+        try:
+            while self.step < self.total_steps:
+                loss, gnorm = self.train_step()
+                if self.after_step is not None:
+                    self.after_step(self, self.step)
+                epoch_end = self.step % self.steps_per_epoch == 0
+                if self.step % cfg.log_every == 0 or epoch_end or self._stop_signal:
+                    value = float(loss)
+                    result.losses.append((self.step, value))
+                    eta = (time.perf_counter() - t0) / max(self.step - step0, 1) * (self.total_steps - self.step)
+                    metrics.write({"step": self.step, "loss": value, "lr": self.optimizer.param_groups[0]["lr"],
+                                   "grad_norm": float(gnorm), "epoch": self.step / self.steps_per_epoch}, kind="train")
+                    self.echo(f"step {self.step:>6}/{self.total_steps} | epoch {self.step / self.steps_per_epoch:.2f} | "
+                              f"loss {value:.4f} | eta {fmt_time(eta)}")
+                if epoch_end:
+                    epoch = self.step // self.steps_per_epoch
+                    scores = self.evaluate()
+                    value = scores[self.task.metric]
+                    result.evals.append((epoch, scores))
+                    metrics.write({"step": self.step, "epoch": epoch, **scores}, kind="eval")
+                    improved = self._better(value)
+                    if improved:
+                        self.best, self.best_epoch = value, epoch
+                        if self.info.is_main:
+                            self._export_best()
+                    self.echo(f"epoch {epoch} | {', '.join(f'{k} {v:.4g}' for k, v in scores.items())}"
+                              f"{' | best so far -> ' + str(self.out / 'best') if improved else ''}")
+                if epoch_end or (cfg.save_every and self.step % cfg.save_every == 0) or self._stop_signal:
+                    self.save()
+                if self._stop_signal:
+                    result.interrupted = True
+                    self.echo(f"[biglm] stopped at step {self.step}; run the same command to resume.")
+                    break
+        finally:
+            restore_signals(old_handlers)
+            metrics.close()
+        result.step, result.best_epoch, result.best = self.step, self.best_epoch, self.best
+        if self.info.is_main and not result.interrupted and self.best is not None:
+            self.echo(f"[biglm] best epoch {self.best_epoch}: {self.task.metric} {self.best:.4g}; model in "
+                      f"{self.out / 'best'}")
+        return result
+
+
+__all__ = ["FineTuner", "FinetuneResult"]

@@ -1,0 +1,174 @@
+"""The fine-tuning loop with classification by prompt: it learns, the metric can tell, the best epoch is
+kept, a killed run resumes exactly, bad input is refused before training, and the CLI runs end to end."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from biglm.cli import main as biglm_main
+from biglm.config import ConfigError
+from biglm.finetune.classification import ClassificationSettings, ClassificationTask
+from biglm.finetune.config import FinetuneConfig
+from biglm.finetune.loop import FineTuner
+from biglm.training.distributed import DistInfo
+
+SINGLE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+COLOURS = ["red", "blue", "green"]  # hypothesis word -> label 0 / 1 / 2
+
+
+def _rows(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    things = ["The house", "A small car", "The old door", "My coat", "The garden wall", "Her bicycle", "The boat"]
+    rows = []
+    for i in range(n):
+        label = i % 3
+        rows.append({"premise": f"{rng.choice(things)} stands by the road.", "hypothesis": f"It is {COLOURS[label]}.",
+                     "label": label, "idx": i})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A random tiny BiGLM saved as a Hugging Face directory, with a tokenizer that knows the label words."""
+    from biglm import BiGLMConfig, BiGLMForMaskedLM
+    from biglm.data import train_tokenizer
+
+    root = tmp_path_factory.mktemp("ft")
+    texts = [f"{r['premise']} Question: {r['hypothesis']} True, False or Neither? Answer: {w}"
+             for r in _rows(300, 1) for w in ("True", "False", "Neither")]
+    tok = train_tokenizer(texts=texts, vocab_size=300, out_dir=str(root / "tok"))
+    torch.manual_seed(0)
+    config = BiGLMConfig.from_preset("tiny", vocab_size=len(tok), max_position_embeddings=128, pad_token_id=tok.pad_token_id,
+                                     mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
+                                     bos_token_id=tok.bos_token_id)
+    model = BiGLMForMaskedLM(config)
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    for name, n, seed in (("train", 96, 2), ("valid", 48, 3)):
+        (root / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in _rows(n, seed)) + "\n")
+    return root
+
+
+def _task(root: Path, **kw) -> ClassificationTask:
+    kw.setdefault("template", "mnli")
+    s = ClassificationSettings(train=str(root / "train.jsonl"), validation=str(root / kw.pop("validation", "valid.jsonl")),
+                               max_length=64, **kw)
+    return ClassificationTask(s, name="toy")
+
+
+def _cfg(root: Path, out: Path, **kw) -> FinetuneConfig:
+    base = dict(model=str(root / "model"), out_dir=str(out), epochs=6, lr=3e-3, global_batch=16, micro_batch=8,
+                warmup_ratio=0.1, log_every=1, eval_batch_size=16)
+    base.update(kw)
+    return FinetuneConfig(**base)
+
+
+def test_classification_learns_while_a_random_model_is_at_chance(pretrained, tmp_path):
+    tuner = FineTuner(_task(pretrained), _cfg(pretrained, tmp_path), info=SINGLE, echo=lambda s: None)
+    before = tuner.evaluate()["accuracy"]
+    result = tuner.train()
+    assert before < 60  # three balanced classes: a random model is near 33%
+    assert result.best >= 95, result.evals  # the colour word decides the label: learnable
+    assert (tmp_path / "best" / "config.json").is_file() and (tmp_path / "best" / "biglm_task.json").is_file()
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows if r["kind"] == "eval"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_prompt_classification_equals_scoring_label_words_by_hand(pretrained, tmp_path):
+    from biglm.checkpoint import load_model
+
+    task = _task(pretrained)
+    model, tok = load_model(pretrained / "model")
+    task.prepare(tok)
+    batch = task.collate(task._val[:5], device=torch.device("cpu"))
+    with torch.no_grad():
+        got = task.label_scores(model, batch)
+    words = [tok(" " + w, add_special_tokens=False)["input_ids"][0] for w in ("True", "Neither", "False")]
+    for i, row in enumerate(_rows(48, 3)[:5]):
+        prompt = f"{row['premise']} Question: {row['hypothesis']} True, False or Neither? Answer:"
+        ids = tok(prompt, add_special_tokens=False)["input_ids"] + [tok.mask_token_id]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids]), prefix_len=len(ids) - 1).logits[0, -1]
+        torch.testing.assert_close(got[i], logits[words], rtol=1e-4, atol=1e-4)
+
+
+def test_best_epoch_is_the_one_with_the_best_metric(pretrained, tmp_path):
+    scripted = iter([40.0, 70.0, 55.0])
+    snapshots = {}
+
+    class Scripted(ClassificationTask):
+        def evaluate(self, model, *, batch_size, device):
+            return {"accuracy": next(scripted)}
+
+    tuner = FineTuner(Scripted(_task(pretrained).settings, name="toy"), _cfg(pretrained, tmp_path, epochs=3),
+                      info=SINGLE, echo=lambda s: None,
+                      after_step=lambda t, step: snapshots.__setitem__(step, {k: v.clone() for k, v in
+                                                                              t.raw_model.state_dict().items()}))
+    result = tuner.train()
+    assert (result.best_epoch, result.best) == (2, 70.0)
+    from transformers import AutoModelForMaskedLM
+
+    best = AutoModelForMaskedLM.from_pretrained(tmp_path / "best")
+    at_epoch_2 = snapshots[2 * tuner.steps_per_epoch]
+    for k, v in best.state_dict().items():
+        torch.testing.assert_close(v, at_epoch_2[k])
+    assert not torch.equal(at_epoch_2["model.embed_tokens.weight"], snapshots[3 * tuner.steps_per_epoch]["model.embed_tokens.weight"])
+
+
+def test_a_killed_run_resumes_exactly(pretrained, tmp_path):
+    whole = FineTuner(_task(pretrained), _cfg(pretrained, tmp_path / "whole", epochs=2), info=SINGLE,
+                      echo=lambda s: None).train()
+
+    class Killed(Exception):
+        pass
+
+    def kill(tuner, step):
+        if step == 9:  # mid epoch 2; the step-8 checkpoint (save_every 4) is on disk
+            raise Killed
+
+    with pytest.raises(Killed):
+        FineTuner(_task(pretrained), _cfg(pretrained, tmp_path / "run", epochs=2, save_every=4), info=SINGLE,
+                  echo=lambda s: None, after_step=kill).train()
+    resumed = FineTuner(_task(pretrained), _cfg(pretrained, tmp_path / "run", epochs=2, save_every=4), info=SINGLE,
+                        echo=lambda s: None).train()
+    assert resumed.losses == [(s, l) for s, l in whole.losses if s > 8]
+    assert resumed.evals[-1] == whole.evals[-1] and resumed.best_epoch == whole.best_epoch
+
+
+def test_bad_input_is_refused_before_training(pretrained, tmp_path):
+    from biglm.finetune.templates import TemplateError
+
+    (tmp_path / "nohyp.jsonl").write_text(json.dumps({"premise": "x", "label": 0}) + "\n")
+    with pytest.raises(TemplateError, match="hypothesis"):
+        FineTuner(_task(pretrained, validation=str(tmp_path / "nohyp.jsonl")), _cfg(pretrained, tmp_path / "a"),
+                  info=SINGLE, echo=lambda s: None)
+    spec = tmp_path / "collide.yaml"
+    spec.write_text("template: '{premise} {hypothesis} Answer: {answer}'\nlabel_words: [True, True, False]\n")
+    with pytest.raises(TemplateError):
+        FineTuner(_task(pretrained, template=str(spec)), _cfg(pretrained, tmp_path / "b"), info=SINGLE, echo=lambda s: None)
+    with pytest.raises(ConfigError, match="fewer than --global_batch"):
+        FineTuner(_task(pretrained, max_train_examples=10), _cfg(pretrained, tmp_path / "c"), info=SINGLE,
+                  echo=lambda s: None)
+    assert not (tmp_path / "a" / "checkpoints").exists()
+
+
+def test_cli_finetune_tasks_and_export(pretrained, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["finetune", "classification", "--model", str(pretrained / "model"), "--task.train",
+            str(pretrained / "train.jsonl"), "--task.validation", str(pretrained / "valid.jsonl"), "--epochs", "1",
+            "--global_batch", "16", "--micro_batch", "8", "--lr", "1e-3", "--out_dir", str(out)]
+    assert biglm_main(args) == 0
+    assert "epoch 1 | accuracy" in capsys.readouterr().out
+    assert biglm_main(["export", str(out), str(tmp_path / "hf")]) == 0
+    assert json.loads((tmp_path / "hf" / "biglm_task.json").read_text())["template"]["label_words"]
+    assert (tmp_path / "hf" / "model.safetensors").stat().st_mode & 0o044  # shareable
+    assert biglm_main(["tasks"]) == 0 and "mnli" in capsys.readouterr().out
+    assert biglm_main(["finetune", "classification", "--model", str(pretrained / "model"), "--task.trian", "x"]) == 2
+    assert "did you mean --train" in capsys.readouterr().err
+    assert biglm_main(["finetune", "mnlii", "--model", "x"]) == 2
+    assert "did you mean 'mnli'?" in capsys.readouterr().err
