@@ -80,8 +80,10 @@ def main() -> None:
         if args.compile:
             for blk in model.model.layers:
                 blk.compile()
+        batch.find_positions()  # as Trainer.train_step: masked positions by index, one loss (masked_lm_loss)
         t = timeit(make_step(model, lambda m: masked_lm_loss(
-            m(batch.input_ids, prefix_len=batch.prefix_len, labels=batch.labels).logits, batch)), device=dev, iters=args.iters)
+            m(batch.input_ids, prefix_len=batch.prefix_len, logits_positions=batch.positions).logits, batch)),
+            device=dev, iters=args.iters)
         dense_f, sparse_f = flops_per_token(c, obj, L)
         row = {"preset": name, "B": B, "L": L, "biglm_s_per_step": t, "biglm_tokens_per_s": B * L / t,
                "flops_per_token": dense_f, "flops_per_token_unmasked_blocks": sparse_f}
