@@ -9,8 +9,10 @@ from .modeling import (
     BiGLMPreTrainedModel,
     PrefixCache,
 )
+from .qa import BiGLMForQuestionAnswering
 
 __all__ = [
     "BACKENDS", "AttentionMask", "PRESETS", "BiGLMConfig", "count_parameters", "IGNORE_INDEX",
-    "BiGLMForMaskedLM", "BiGLMModel", "BiGLMPreTrainedModel", "PrefixCache", "resolve_attn_backend",
+    "BiGLMForMaskedLM", "BiGLMForQuestionAnswering", "BiGLMModel", "BiGLMPreTrainedModel", "PrefixCache",
+    "resolve_attn_backend",
 ]
