@@ -169,6 +169,6 @@ def test_cli_finetune_tasks_and_export(pretrained, tmp_path, capsys):
     assert (tmp_path / "hf" / "model.safetensors").stat().st_mode & 0o044  # shareable
     assert biglm_main(["tasks"]) == 0 and "mnli" in capsys.readouterr().out
     assert biglm_main(["finetune", "classification", "--model", str(pretrained / "model"), "--task.trian", "x"]) == 2
-    assert "did you mean --train" in capsys.readouterr().err
+    assert "did you mean --task.train" in capsys.readouterr().err
     assert biglm_main(["finetune", "mnlii", "--model", "x"]) == 2
     assert "did you mean 'mnli'?" in capsys.readouterr().err

@@ -52,7 +52,10 @@ def resolve(argv: list[str]):
         settings = recipe.settings()
     loop = {**recipe.loop, **loop}
     task_flags, rest = _split_task_flags(flags)
-    settings = apply_overrides(settings, task_flags) if task_flags else settings
+    try:
+        settings = apply_overrides(settings, task_flags) if task_flags else settings
+    except ConfigError as e:  # name the flags as the user wrote them
+        raise ConfigError(str(e).replace("--", "--task.")) from None
     from ..config import from_dict
 
     cfg = apply_overrides(from_dict(FinetuneConfig, loop), rest)
@@ -103,7 +106,7 @@ def main(argv: list[str]) -> int:
         cfg.validate(world_size=info.world_size)
         tuner = FineTuner(task, cfg, info=info)
         tuner.train()
-        for note in getattr(settings, "notes", []) or []:
+        for note in [*(getattr(settings, "notes", []) or []), *task.describe().get("notes", [])]:
             print(f"[biglm] note: {note}")
         return 0
     except NonFiniteLossError as e:
