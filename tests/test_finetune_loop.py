@@ -163,7 +163,7 @@ def test_cli_finetune_tasks_and_export(pretrained, tmp_path, capsys):
             str(pretrained / "train.jsonl"), "--task.validation", str(pretrained / "valid.jsonl"), "--epochs", "1",
             "--global_batch", "16", "--micro_batch", "8", "--lr", "1e-3", "--out_dir", str(out)]
     assert biglm_main(args) == 0
-    assert "epoch 1 | accuracy" in capsys.readouterr().out
+    assert "epoch 1 | validation: accuracy" in capsys.readouterr().out  # the split named by --task.validation_name
     assert biglm_main(["export", str(out), str(tmp_path / "hf")]) == 0
     assert json.loads((tmp_path / "hf" / "biglm_task.json").read_text())["template"]["label_words"]
     assert (tmp_path / "hf" / "model.safetensors").stat().st_mode & 0o044  # shareable

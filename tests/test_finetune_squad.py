@@ -274,7 +274,7 @@ def test_cli_finetunes_squad_split_by_article_and_exports_a_pipeline_model(squad
             "1e-3", "--out_dir", str(out)]
     assert biglm_main(args) == 0
     printed = capsys.readouterr().out
-    assert "epoch 1 | exact_match" in printed and "best epoch by f1" in printed
+    assert "epoch 1 | validation: exact_match" in printed and "best epoch by f1" in printed
     described = json.loads((out / "task.json").read_text())
     assert described["kind"] == "squad" and described["validation_examples"] == 6 * round(0.25 * 18)
     assert biglm_main(["export", str(out), str(tmp_path / "hf")]) == 0

@@ -73,6 +73,7 @@ class ClassificationTask:
         t = settings.template
         self.template: PromptTemplate = BUILTIN_TEMPLATES[t] if t in BUILTIN_TEMPLATES else load_template(t)
         self.truncated = 0
+        self.eval_split_name = settings.validation_name  # how the loop's epoch lines and metrics.jsonl name it
 
     # ------------------------------------------------------------------ data
     def prepare(self, tokenizer: Any) -> None:

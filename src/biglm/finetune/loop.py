@@ -219,13 +219,14 @@ class FineTuner:
                     scores = self.evaluate()
                     value = scores[self.task.metric]
                     result.evals.append((epoch, scores))
-                    metrics.write({"step": self.step, "epoch": epoch, **scores}, kind="eval")
+                    split = getattr(self.task, "eval_split_name", "validation")
+                    metrics.write({"step": self.step, "epoch": epoch, "split": split, **scores}, kind="eval")
                     improved = self._better(value)
                     if improved:
                         self.best, self.best_epoch = value, epoch
                         if self.info.is_main:
                             self._export_best()
-                    self.echo(f"epoch {epoch} | {', '.join(f'{k} {v:.4g}' for k, v in scores.items())}"
+                    self.echo(f"epoch {epoch} | {split}: {', '.join(f'{k} {v:.4g}' for k, v in scores.items())}"
                               f"{' | best so far -> ' + str(self.out / 'best') if improved else ''}")
                 if epoch_end or (cfg.save_every and self.step % cfg.save_every == 0) or self._stop_signal:
                     self.save()
