@@ -29,14 +29,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..checkpoint import latest_checkpoint, load_model
+from ..checkpoint import load_model
 from ..checkpoint.export import share_files
 from ..config import ConfigError, to_dict
 from ..model import resolve_attn_backend
 from ..training.checkpoint import Checkpointer
 from ..training.distributed import DistInfo, all_reduce_sum, parallelize
 from ..training.parts import (MetricsWriter, autocast, autocast_dtype, build_optimizer, clip_and_step, fmt_time,
-                              install_stop_signals, restore_signals, set_lr)
+                              install_stop_signals, restore_rng, restore_signals, rng_state, set_lr)
 from ..training.schedule import lr_at
 from .config import FinetuneConfig
 from .task import FinetuneTask
@@ -108,8 +108,7 @@ class FineTuner:
         (self.out / "task.json").write_text(json.dumps(self.task.describe(), indent=2))
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"step": self.step, "best": self.best, "best_epoch": self.best_epoch, "rng_cpu": torch.get_rng_state(),
-                **({"rng_cuda": torch.cuda.get_rng_state(self.info.device)} if self.info.device.type == "cuda" else {})}
+        return {"step": self.step, "best": self.best, "best_epoch": self.best_epoch, **rng_state(self.info.device)}
 
     def save(self) -> Path:
         path = self.checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, extra=self._extra_state())
@@ -118,15 +117,12 @@ class FineTuner:
 
     def maybe_resume(self) -> bool:
         self._write_run_files()
-        self.checkpointer.clean_partial()
-        ckpt = latest_checkpoint(self.out) if (self.out / "checkpoints").is_dir() else None
-        if ckpt is None:
+        resumed = self.checkpointer.resume(model=self.model, optimizer=self.optimizer)
+        if resumed is None:
             return False
-        extra = self.checkpointer.load(ckpt, model=self.model, optimizer=self.optimizer)
+        ckpt, extra = resumed
         self.step, self.best, self.best_epoch = extra["step"], extra["best"], extra["best_epoch"]
-        torch.set_rng_state(extra["rng_cpu"])
-        if "rng_cuda" in extra and self.info.device.type == "cuda":
-            torch.cuda.set_rng_state(extra["rng_cuda"], self.info.device)
+        restore_rng(extra, self.info.device)
         self.echo(f"[biglm] resumed from {ckpt} (step {self.step})")
         return True
 

@@ -23,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from ..checkpoint.layout import CheckpointError, checkpoint_dirs
+from ..checkpoint.layout import CheckpointError, checkpoint_dirs, latest_checkpoint
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
@@ -97,6 +97,15 @@ class Checkpointer:
                 f"(or point --out_dir elsewhere) and resume with the same command."
             ) from e
         return final
+
+    def resume(self, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Path, dict[str, Any]] | None:
+        """Clean half-written checkpoints, then restore the newest complete one in place: ``(path, extra)``,
+        or None when the run has none yet."""
+        self.clean_partial()
+        ckpt = latest_checkpoint(self.run_dir) if self.root.is_dir() else None
+        if ckpt is None:
+            return None
+        return ckpt, self.load(ckpt, model=model, optimizer=optimizer)
 
     def _prune(self) -> None:
         for old in checkpoint_dirs(self.run_dir)[: -self.keep_last]:

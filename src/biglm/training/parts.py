@@ -64,6 +64,20 @@ def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, g
     return grad_norm
 
 
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """The RNG state a checkpoint keeps (dropout and any sampling replay exactly after a resume)."""
+    state = {"rng_cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["rng_cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["rng_cpu"])
+    if "rng_cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["rng_cuda"], device)
+
+
 def install_stop_signals(on_stop: Callable[[int], None]) -> dict:
     """Route SIGINT/SIGTERM to ``on_stop(signum)`` (the loop then saves a checkpoint after the current step);
     returns the previous handlers for `restore_signals`."""

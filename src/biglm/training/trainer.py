@@ -33,7 +33,7 @@ from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_sum, parallelize
 from .parts import (MetricsWriter, NonFiniteLossError, autocast,  # noqa: F401 - NonFiniteLossError re-exported
                     autocast_dtype, build_optimizer, clip_and_step,
-                    fmt_time, install_stop_signals, restore_signals)
+                    fmt_time, install_stop_signals, restore_rng, restore_signals, rng_state)
 from .schedule import lr_at
 
 # dense bf16 peak per device, for MFU
@@ -182,15 +182,8 @@ class Trainer:
         self.tokenizer.save_pretrained(self.out / "tokenizer")
 
     def _extra_state(self) -> dict[str, Any]:
-        extra = {
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "train_sampler": self.train_sampler.state_dict(),
-            "rng_cpu": torch.get_rng_state(),
-        }
-        if torch.cuda.is_available() and self.info.device.type == "cuda":
-            extra["rng_cuda"] = torch.cuda.get_rng_state(self.info.device)
-        return extra
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "train_sampler": self.train_sampler.state_dict(),
+                **rng_state(self.info.device)}
 
     def save(self) -> Path:
         path = self.checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, extra=self._extra_state())
@@ -200,16 +193,13 @@ class Trainer:
     def maybe_resume(self) -> bool:
         """Resume from the newest complete checkpoint in the output directory, if any."""
         self._write_run_files()
-        self.checkpointer.clean_partial()
-        ckpt = latest_checkpoint(self.out) if (self.out / "checkpoints").is_dir() else None
-        if ckpt is None:
+        resumed = self.checkpointer.resume(model=self.model, optimizer=self.optimizer)
+        if resumed is None:
             return False
-        extra = self.checkpointer.load(ckpt, model=self.model, optimizer=self.optimizer)
+        ckpt, extra = resumed
         self.step, self.tokens_seen = extra["step"], extra["tokens_seen"]
         self.train_sampler.load_state_dict(extra["train_sampler"])
-        torch.set_rng_state(extra["rng_cpu"])
-        if "rng_cuda" in extra and self.info.device.type == "cuda":
-            torch.cuda.set_rng_state(extra["rng_cuda"], self.info.device)
+        restore_rng(extra, self.info.device)
         self.echo(f"[biglm] resumed from {ckpt} (step {self.step})")
         return True
 
