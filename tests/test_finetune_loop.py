@@ -155,6 +155,15 @@ def test_bad_input_is_refused_before_training(pretrained, tmp_path):
         FineTuner(_task(pretrained, max_train_examples=10), _cfg(pretrained, tmp_path / "c"), info=SINGLE,
                   echo=lambda s: None)
     assert not (tmp_path / "a" / "checkpoints").exists()
+    from transformers import AutoTokenizer
+
+    from biglm import BiGLMConfig, BiGLMForMaskedLM
+
+    small = tmp_path / "small_vocab"  # a checkpoint saved with a tokenizer it does not match
+    BiGLMForMaskedLM(BiGLMConfig.from_preset("tiny", vocab_size=100)).save_pretrained(small)
+    AutoTokenizer.from_pretrained(pretrained / "model").save_pretrained(small)
+    with pytest.raises(ConfigError, match="do not belong together"):
+        FineTuner(_task(pretrained), _cfg(pretrained, tmp_path / "d", model=str(small)), info=SINGLE, echo=lambda s: None)
 
 
 def test_cli_finetune_tasks_and_export(pretrained, tmp_path, capsys):
@@ -172,3 +181,29 @@ def test_cli_finetune_tasks_and_export(pretrained, tmp_path, capsys):
     assert "did you mean --task.train" in capsys.readouterr().err
     assert biglm_main(["finetune", "mnlii", "--model", "x"]) == 2
     assert "did you mean 'mnli'?" in capsys.readouterr().err
+
+
+def test_torchrun_two_processes_match_one(pretrained, tmp_path):
+    """DDP fine-tuning under a real 2-process torchrun (gloo) gives the 1-process loss curve and evaluation."""
+    import os
+    import subprocess
+    import sys
+
+    common = ["classification", "--model", str(pretrained / "model"), "--task.train", str(pretrained / "train.jsonl"),
+              "--task.validation", str(pretrained / "valid.jsonl"), "--task.max_length", "64", "--epochs", "2",
+              "--global_batch", "16", "--micro_batch", "4", "--lr", "3e-3", "--log_every", "1", "--device", "cpu"]
+    one = FineTuner(_task(pretrained), _cfg(pretrained, tmp_path / "one", epochs=2, micro_batch=4, lr=3e-3), info=SINGLE,
+                    echo=lambda s: None).train()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+           "-m", "biglm", "finetune", *common, "--out_dir", str(tmp_path / "two")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = [json.loads(l) for l in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    two = {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
+    assert sorted(two) == [s for s, _ in one.losses]
+    for s, loss in one.losses:
+        assert two[s] == pytest.approx(loss, rel=1e-4, abs=1e-5), (s, loss, two[s])
+    evals = [r["accuracy"] for r in rows if r["kind"] == "eval"]
+    assert evals == pytest.approx([m["accuracy"] for _, m in one.evals], abs=1e-6)
+    assert (tmp_path / "two" / "best" / "model.safetensors").is_file()
