@@ -32,7 +32,7 @@ import torch
 from ..checkpoint import load_model
 from ..checkpoint.export import share_files
 from ..config import ConfigError, to_dict
-from ..model import resolve_attn_backend
+from ..model import BiGLMModel, resolve_attn_backend
 from ..training.checkpoint import Checkpointer
 from ..training.distributed import DistInfo, all_reduce_sum, parallelize
 from ..training.parts import (MetricsWriter, autocast, autocast_dtype, build_optimizer, clip_and_step, fmt_time,
@@ -98,6 +98,7 @@ class FineTuner:
         self.step = 0
         self.best: float | None = None
         self.best_epoch: int | None = None
+        self._checking_inputs = True
 
     # ------------------------------------------------------------------ state
     def _write_run_files(self) -> None:
@@ -153,6 +154,13 @@ class FineTuner:
             total += loss.detach() / W
         grad_norm = clip_and_step(self.raw_model, self.optimizer, grad_clip=cfg.grad_clip, step=self.step, loss=total,
                                   run_dir=self.out)
+        if self._checking_inputs:
+            # ids come from the tokenizer, checked against the vocabulary at build time: after one checked step the
+            # encoder's per-call range checks (a host sync each) are off, as in pre-training
+            for module in self.raw_model.modules():
+                if isinstance(module, BiGLMModel):
+                    module.validate_inputs = False
+            self._checking_inputs = False
         self.step += 1
         return all_reduce_sum(total), grad_norm
 
