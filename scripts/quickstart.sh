@@ -27,6 +27,41 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 python -m pip install -q -e ".[all]"
 
+# WordNet for METEOR (biglm.finetune.genmetrics): Debian's wordnet-base + wordnet-sense-index (WNdb 3.0 in
+# /usr/share/wordnet), laid out as nltk's corpus ($VENV/nltk_data/corpora/wordnet, on nltk's default
+# path). nltk's downloader needs GitHub, so it is not used. Debian omits `lexnames` (the fixed
+# table of WordNet 3.0's 45 lexicographer files, lexnames(5WN)), which nltk's reader needs: written here.
+WN_DST="$VENV/nltk_data/corpora/wordnet"
+if [ ! -f "$WN_DST/lexnames" ]; then
+  if [ ! -f /usr/share/wordnet/index.sense ]; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+      apt-get install -y -q --no-install-recommends wordnet-base wordnet-sense-index >/dev/null ||
+        { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends wordnet-base wordnet-sense-index >/dev/null; }
+    elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo apt-get install -y -q --no-install-recommends wordnet-base wordnet-sense-index >/dev/null
+    fi
+  fi
+  if [ -f /usr/share/wordnet/index.sense ]; then
+    mkdir -p "$WN_DST"
+    cp /usr/share/wordnet/* "$WN_DST/"   # copied, not linked: nltk refuses paths outside its data roots
+    i=0
+    for name in adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute \
+        noun.body noun.cognition noun.communication noun.event noun.feeling noun.food noun.group \
+        noun.location noun.motive noun.object noun.person noun.phenomenon noun.plant noun.possession \
+        noun.process noun.quantity noun.relation noun.shape noun.state noun.substance noun.time \
+        verb.body verb.change verb.cognition verb.communication verb.competition verb.consumption \
+        verb.contact verb.creation verb.emotion verb.motion verb.perception verb.possession \
+        verb.social verb.stative verb.weather adj.ppl; do
+      case $name in noun.*) cat=1 ;; verb.*) cat=2 ;; adj.*) cat=3 ;; adv.*) cat=4 ;; esac
+      printf '%02d\t%s\t%d\n' "$i" "$name" "$cat"
+      i=$((i + 1))
+    done > "$WN_DST/lexnames.tmp" && mv "$WN_DST/lexnames.tmp" "$WN_DST/lexnames"
+  else
+    echo "quickstart: WordNet (for METEOR) not installed; as root run: apt-get install wordnet-base wordnet-sense-index," \
+      "then re-run scripts/quickstart.sh" >&2
+  fi
+fi
+
 what=${1:-demo}
 [ $# -gt 0 ] && shift
 case "$what" in
