@@ -35,10 +35,11 @@ WN_DST="$VENV/nltk_data/corpora/wordnet"
 if [ ! -f "$WN_DST/lexnames" ]; then
   if [ ! -f /usr/share/wordnet/index.sense ]; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-      apt-get install -y -q --no-install-recommends wordnet-base wordnet-sense-index >/dev/null ||
-        { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends wordnet-base wordnet-sense-index >/dev/null; }
+      apt-get install -y -q --no-install-recommends wordnet-base wordnet-sense-index >/dev/null 2>&1 ||
+        { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends wordnet-base wordnet-sense-index >/dev/null 2>&1; } ||
+        true  # not fatal: METEOR alone needs it, and the message below says how to add it
     elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-      sudo apt-get install -y -q --no-install-recommends wordnet-base wordnet-sense-index >/dev/null
+      sudo apt-get install -y -q --no-install-recommends wordnet-base wordnet-sense-index >/dev/null 2>&1 || true
     fi
   fi
   if [ -f /usr/share/wordnet/index.sense ]; then
