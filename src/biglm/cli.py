@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recipes": ("biglm.training.cli_recipes", "list the pre-training recipes of the paper"),
     "finetune": ("biglm.finetune.cli", "fine-tune on a task (classification by prompt, SQuAD, retrieval)"),
     "tasks": ("biglm.finetune.cli_tasks", "list the fine-tuning tasks"),
-    "export": ("biglm.checkpoint.cli", "export a training checkpoint as a Hugging Face directory"),
+    "export": ("biglm.checkpoint.cli", "export a pre-training run (or a fine-tuning run's best epoch) as a Hugging Face directory"),
     "generate": ("biglm.generation.cli", "generate text by iterative unmasking (Mask-Predict)"),
     "eval": ("biglm.scoring.cli", "zero-shot evaluation through lm-evaluation-harness"),
 }
