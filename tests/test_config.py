@@ -172,3 +172,10 @@ def test_default_run_is_a_listed_recipe(capsys):
     assert main(["recipes"]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith("default ")
     assert get_recipe("default").data == {"builtin": 1.0}
+
+
+def test_an_unknown_flag_without_a_value_is_named_and_no_command_ignores_options(capsys):
+    assert main(["pretrain", "--stepz"]) == 2
+    assert "unknown option --stepz; did you mean --steps (int)?" in capsys.readouterr().err
+    assert main(["tasks", "--foo", "1"]) == 2  # `biglm tasks` takes no options: refused, not ignored
+    assert "unknown option --foo" in capsys.readouterr().err

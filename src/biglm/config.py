@@ -163,14 +163,13 @@ def convert(value: Any, tp: Any, *, name: str, current: Any = None, choices: dic
     if origin in (typing.Union, types.UnionType):
         if type(None) in args and (value is None or (isinstance(value, str) and value.lower() in {"none", "null", ""})):
             return None
-        errors = []
         for arm in args:
             if arm is type(None):
                 continue
             try:
                 return convert(value, arm, name=name, current=current, choices=choices)
-            except ConfigError as e:
-                errors.append(e)
+            except ConfigError:
+                pass
         raise _bad(name, value, tp)
     if origin is Literal:
         for choice in args:
@@ -342,6 +341,8 @@ def _split_flags(argv: list[str], cls: type) -> tuple[list[str], dict[str, Any]]
                 raw, i = argv[i + 1], i + 2
             else:
                 raw, i = "true", i + 1
+        elif _field_type(cls, key) is None:
+            raw, i = "", i + 1  # an unknown flag: `from_dict` names it and the nearest valid one
         else:
             raise ConfigError(f"--{key} needs a value")
         node = nested
@@ -369,12 +370,18 @@ class _Repeated(list):
         return _Repeated(list(self) + list(other))
 
 
-def _is_bool(cls: type, key: str) -> bool:
+def _field_type(cls: type, key: str) -> Any:
+    """The declared type of flag ``key`` (``a.b`` for nested fields), None when no such field exists."""
     tp: Any = cls
     for part in key.replace("-", "_").split("."):
         if not dataclasses.is_dataclass(tp) or part not in _fields(tp):
-            return False
+            return None
         tp = _hints(tp)[part]
+    return tp
+
+
+def _is_bool(cls: type, key: str) -> bool:
+    tp = _field_type(cls, key)
     return tp is bool or (get_origin(tp) in (typing.Union, types.UnionType) and bool in get_args(tp))
 
 

@@ -81,7 +81,12 @@ class ClassificationTask:
         if t.multi_token:
             raise TemplateError(f"template {t.name!r} has multi-token label words: fine-tuning supports single-token "
                                 "label words only so far; choose words that are one token each")
-        self.label_ids = torch.tensor([ids[0] for ids in t.label_token_ids(tokenizer)])  # (C,)
+        try:
+            ids = t.label_token_ids(tokenizer)
+        except TemplateError as e:  # the template's hint (multi_token) does not apply to fine-tuning
+            raise TemplateError(f"{str(e).split('; choose')[0]}; fine-tuning needs one-token label words: give "
+                                "--task.template a spec with other words (e.g. docs/examples/mnli_yes_no.yaml)") from None
+        self.label_ids = torch.tensor([w[0] for w in ids])  # (C,)
         self.tokenizer = tokenizer
         self.train_data = load_classification(s.train, split="train", template=t, label_field=s.label_field)
         self.val_data = load_classification(s.validation, split="validation", template=t, label_field=s.label_field)
@@ -93,9 +98,10 @@ class ClassificationTask:
     def _encode(self, dataset, limit: int | None) -> list[dict[str, Any]]:
         rows = dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
         room = self.settings.max_length - 1
+        rows = list(rows)
+        encoded = self.tokenizer([self.template.prompt(row) for row in rows], add_special_tokens=False)["input_ids"]
         out = []
-        for row in rows:
-            ids = self.tokenizer(self.template.prompt(row), add_special_tokens=False)["input_ids"]
+        for row, ids in zip(rows, encoded):  # one batched tokenizer call per split, not one per example
             if len(ids) > room:
                 self.truncated += 1
                 ids = ids[len(ids) - room:]

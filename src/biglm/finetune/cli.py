@@ -13,6 +13,7 @@ same output directory, a run resumes from its newest checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -120,13 +121,17 @@ def main(argv: list[str]) -> int:
             destroy_distributed()
 
 
+@dataclasses.dataclass
+class TasksArgs:
+    """`biglm tasks` takes no options."""
+
+
 def tasks_main(argv: list[str]) -> int:
     """`biglm tasks`: the fine-tuning tasks, one line each."""
+    from ..config import parse_cli
     from .tasks import TASKS, _load_optional
 
-    if argv and argv[0] in {"-h", "--help"}:
-        print("usage: biglm tasks\n\nList the fine-tuning tasks `biglm finetune TASK` takes.")
-        return 0
+    parse_cli(TasksArgs, argv, prog="biglm tasks", doc="List the fine-tuning tasks `biglm finetune TASK` takes.")
     _load_optional()
     for name, recipe in TASKS.items():
         loop = " ".join(f"{k}={v}" for k, v in recipe.loop.items())
