@@ -60,3 +60,22 @@ def synthetic_data(tmp_path_factory):
     prepare(sources=[str(root / "corpus.txt")], tokenizer=str(root / "tok"), out_dir=root / "shards", val_docs=40,
             workers=1, progress=False)
     return root
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> Path:
+    """A random tiny BiGLM (256-token window) with a small byte-level BPE tokenizer, saved as a HF directory."""
+    from biglm import BiGLMConfig, BiGLMForMaskedLM
+    from biglm.data.tokenizer import train_tokenizer
+
+    src = SHARED_DATA / "pretrain" / "tinyshakespeare" / "input.txt"
+    text = src.read_text()[:20000].split("\n\n") if src.is_file() else ["the quick brown fox jumps over the lazy dog"] * 50
+    tok = train_tokenizer(texts=text, vocab_size=300)
+    torch.manual_seed(0)
+    cfg = BiGLMConfig.from_preset("tiny", vocab_size=len(tok), mask_token_id=tok.mask_token_id,
+                                  pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                                  eos_token_id=tok.eos_token_id)
+    out = tmp_path_factory.mktemp("ckpt")
+    BiGLMForMaskedLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

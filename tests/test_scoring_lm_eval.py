@@ -8,35 +8,14 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra")
 
-from biglm import BiGLMConfig, BiGLMForMaskedLM  # noqa: E402
 from biglm.scoring import cli, score_requests  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_EVAL = REPO.parent / "shared" / "data" / "eval"
-PRETRAIN = REPO.parent / "shared" / "data" / "pretrain"
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A random tiny BiGLM saved with a small byte-level BPE tokenizer (a saved HF directory)."""
-    from biglm.data.tokenizer import train_tokenizer
-
-    src = PRETRAIN / "tinyshakespeare" / "input.txt"
-    text = src.read_text()[:20000].split("\n\n") if src.is_file() else ["the quick brown fox jumps over the lazy dog"] * 50
-    tok = train_tokenizer(texts=text, vocab_size=300)
-    torch.manual_seed(0)
-    cfg = BiGLMConfig.from_preset("tiny", vocab_size=len(tok), mask_token_id=tok.mask_token_id,
-                                  pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                                  eos_token_id=tok.eos_token_id)
-    out = tmp_path_factory.mktemp("ckpt")
-    BiGLMForMaskedLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 def _instances(pairs):

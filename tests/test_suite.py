@@ -12,19 +12,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 import yaml
 
 pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra")
 
-from biglm import BiGLMConfig, BiGLMForMaskedLM  # noqa: E402
 from biglm.scoring.harness import run_suite  # noqa: E402
 from biglm.scoring.suite import (  # noqa: E402
     LOCAL_SUFFIX, PAPER_SUITE, select_tasks, suite_table, suite_value, tasks_root, write_suite_yamls)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_EVAL = REPO.parent / "shared" / "data" / "eval"
-PRETRAIN = REPO.parent / "shared" / "data" / "pretrain"
 
 # Rows in the hub schema of the Table 1 sets held out of this tree (made up: they test the layout and the
 # override YAMLs, not the model). Written only where the real file is absent.
@@ -45,24 +42,6 @@ HELD_OUT = {
          "mc2_targets": {"choices": ["Nothing happens.", "Nothing in particular.", "You fly."], "labels": [1, 1, 0]}}
         for q in ("crack your knuckles", "swallow gum", "eat after eight")]),
 }
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A random tiny BiGLM (256-token window) with a small byte-level BPE tokenizer, saved as a HF directory."""
-    from biglm.data.tokenizer import train_tokenizer
-
-    src = PRETRAIN / "tinyshakespeare" / "input.txt"
-    text = src.read_text()[:20000].split("\n\n") if src.is_file() else ["the quick brown fox jumps over the lazy dog"] * 50
-    tok = train_tokenizer(texts=text, vocab_size=300)
-    torch.manual_seed(0)
-    cfg = BiGLMConfig.from_preset("tiny", vocab_size=len(tok), mask_token_id=tok.mask_token_id,
-                                  pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                                  eos_token_id=tok.eos_token_id)
-    out = tmp_path_factory.mktemp("ckpt")
-    BiGLMForMaskedLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import ConfigError, from_dict, load_yaml
-from .classification import ClassificationSettings, ClassificationTask
+from .classification import BUILTIN_TEMPLATES, ClassificationSettings, ClassificationTask
 
 
 @dataclass
@@ -82,7 +82,8 @@ def load_task_file(path: str | Path) -> tuple[TaskRecipe, Any, dict[str, Any]]:
     base = Path(path).parent
     for key in ("train", "validation", "template"):  # relative paths are relative to the task file
         value = data.get(key)
-        if isinstance(value, str) and not value.startswith("hf:") and value not in {"mnli"} and not Path(value).is_absolute():
+        if (isinstance(value, str) and not value.startswith("hf:") and value not in BUILTIN_TEMPLATES
+                and not Path(value).is_absolute()):
             data[key] = str(base / value)
     try:
         settings = from_dict(type(recipe.settings()), data, base=recipe.settings(), prefix="task.")
