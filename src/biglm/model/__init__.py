@@ -10,9 +10,10 @@ from .modeling import (
     PrefixCache,
 )
 from .qa import BiGLMForQuestionAnswering
+from .seq2seq import BiGLMForConditionalGeneration
 
 __all__ = [
     "BACKENDS", "AttentionMask", "PRESETS", "BiGLMConfig", "count_parameters", "IGNORE_INDEX",
-    "BiGLMForMaskedLM", "BiGLMForQuestionAnswering", "BiGLMModel", "BiGLMPreTrainedModel", "PrefixCache",
-    "resolve_attn_backend",
+    "BiGLMForConditionalGeneration", "BiGLMForMaskedLM", "BiGLMForQuestionAnswering", "BiGLMModel",
+    "BiGLMPreTrainedModel", "PrefixCache", "resolve_attn_backend",
 ]
