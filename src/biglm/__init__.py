@@ -7,9 +7,11 @@ and ``AutoModelForQuestionAnswering``/``pipeline("question-answering", ...)`` on
 takes the task name back, for extractive QA models without segment ids).
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering
+from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
+                          AutoModelForSeq2SeqLM)
 
-from .model import BiGLMConfig, BiGLMForMaskedLM, BiGLMForQuestionAnswering, BiGLMModel, PrefixCache
+from .model import (BiGLMConfig, BiGLMForConditionalGeneration, BiGLMForMaskedLM, BiGLMForQuestionAnswering, BiGLMModel,
+                    PrefixCache)
 
 __version__ = "0.1.0"
 
@@ -17,6 +19,7 @@ AutoConfig.register("biglm", BiGLMConfig, exist_ok=True)
 AutoModel.register(BiGLMConfig, BiGLMModel, exist_ok=True)
 AutoModelForMaskedLM.register(BiGLMConfig, BiGLMForMaskedLM, exist_ok=True)
 AutoModelForQuestionAnswering.register(BiGLMConfig, BiGLMForQuestionAnswering, exist_ok=True)
+AutoModelForSeq2SeqLM.register(BiGLMConfig, BiGLMForConditionalGeneration, exist_ok=True)  # CMLM seq2seq (length head)
 
 
 def _register_qa_pipeline() -> None:
@@ -34,4 +37,4 @@ def _register_qa_pipeline() -> None:
 
 _register_qa_pipeline()
 
-__all__ = ["BiGLMConfig", "BiGLMModel", "BiGLMForMaskedLM", "BiGLMForQuestionAnswering", "PrefixCache", "__version__"]
+__all__ = ["BiGLMConfig", "BiGLMForConditionalGeneration", "BiGLMModel", "BiGLMForMaskedLM", "BiGLMForQuestionAnswering", "PrefixCache", "__version__"]
