@@ -183,8 +183,10 @@ def test_cli_finetune_tasks_and_export(pretrained, tmp_path, capsys):
     assert "did you mean 'mnli'?" in capsys.readouterr().err
 
 
-def test_torchrun_two_processes_match_one(pretrained, tmp_path):
-    """DDP fine-tuning under a real 2-process torchrun (gloo) gives the 1-process loss curve and evaluation."""
+@pytest.mark.parametrize("parallel, port", [("ddp", 29531), ("fsdp", 29532)])
+def test_torchrun_two_processes_match_one(pretrained, tmp_path, parallel, port):
+    """DDP and FSDP2 fine-tuning under a real 2-process torchrun (gloo) give the 1-process loss curve, evaluation
+    and best-epoch export."""
     import os
     import subprocess
     import sys
@@ -194,8 +196,8 @@ def test_torchrun_two_processes_match_one(pretrained, tmp_path):
               "--global_batch", "16", "--micro_batch", "4", "--lr", "3e-3", "--log_every", "1", "--device", "cpu"]
     one = FineTuner(_task(pretrained), _cfg(pretrained, tmp_path / "one", epochs=2, micro_batch=4, lr=3e-3), info=SINGLE,
                     echo=lambda s: None).train()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
-           "-m", "biglm", "finetune", *common, "--out_dir", str(tmp_path / "two")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           "-m", "biglm", "finetune", *common, "--parallel", parallel, "--out_dir", str(tmp_path / "two")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300,
                           cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -207,3 +209,10 @@ def test_torchrun_two_processes_match_one(pretrained, tmp_path):
     evals = [r["accuracy"] for r in rows if r["kind"] == "eval"]
     assert evals == pytest.approx([m["accuracy"] for _, m in one.evals], abs=1e-6)
     assert (tmp_path / "two" / "best" / "model.safetensors").is_file()
+    # the exported best epoch holds the same weights as the 1-process run's
+    from safetensors.torch import load_file
+
+    a, b = load_file(tmp_path / "one" / "best" / "model.safetensors"), load_file(tmp_path / "two" / "best" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)

@@ -51,9 +51,9 @@ class FinetuneConfig:
     """torch.compile the blocks (auto: on GPU)"""
     attn_backend: Literal["auto", "eager", "sdpa", "flex"] = "auto"
     """auto: flex on GPU (sdpa with attention dropout), sdpa on CPU"""
-    parallel: Literal["auto", "ddp"] = "auto"
-    """data parallelism under torchrun (FSDP2 fine-tuning is not supported yet: the best epoch is exported
-    from one process)"""
+    parallel: Literal["auto", "ddp", "fsdp"] = "auto"
+    """data parallelism under torchrun: ddp, fsdp (FSDP2: parameters, gradients and optimizer state sharded per
+    block; validation and export gather a full copy) or auto (fsdp on GPU, ddp on CPU)"""
     eval_batch_size: int = 32
     """items per forward pass in validation"""
     log_every: int = 10

@@ -13,11 +13,13 @@ Notable features
   exports the model to ``OUT/best`` (written to a temporary folder and renamed, so a kill never leaves a
   half-written best), and the epoch-end checkpoint records it, so a resumed run keeps the right best.
 - A partial last global batch of an epoch is dropped (fixed step count per epoch, equal work per rank).
+- Under torchrun: DDP, or FSDP2 (``--parallel fsdp``, the default on GPU): weights, gradients and optimizer
+  state sharded per block. Validation and the best-epoch export then run on a full copy gathered on every
+  rank at the epoch's end (`unsharded_copy`), so every task's evaluation code runs unchanged.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -34,7 +36,8 @@ from ..checkpoint.export import share_files
 from ..config import ConfigError, to_dict
 from ..model import BiGLMModel, resolve_attn_backend
 from ..training.checkpoint import Checkpointer
-from ..training.distributed import DistInfo, all_reduce_sum, parallelize
+from ..training.distributed import (DistInfo, all_reduce_sum, parallelize, set_gradient_sync, shape_template,
+                                    unsharded_copy)
 from ..training.parts import (MetricsWriter, autocast, autocast_dtype, build_optimizer, clip_and_step, fmt_time,
                               install_stop_signals, restore_rng, restore_signals, rng_state, set_lr)
 from ..training.schedule import lr_at
@@ -83,8 +86,11 @@ class FineTuner:
         self.raw_model = model
         self.autocast_dtype = autocast_dtype(cfg.dtype, dev)
         use_compile = cfg.compile == "yes" or (cfg.compile == "auto" and dev.type == "cuda")
-        self.model = parallelize(model, info=self.info, mode="ddp" if cfg.parallel == "auto" else cfg.parallel,
-                                 compile=use_compile, param_dtype=self.autocast_dtype)
+        fsdp = self.info.distributed and (cfg.parallel == "fsdp" or (cfg.parallel == "auto" and dev.type == "cuda"))
+        # FSDP2 shards the weights in place: validation and export run on a gathered copy built from this skeleton
+        self._template = shape_template(model) if fsdp else None
+        self.model = parallelize(model, info=self.info, mode="fsdp" if fsdp else "ddp", compile=use_compile,
+                                 param_dtype=self.autocast_dtype)
         self.optimizer = build_optimizer(model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.features = self.task.train_features()
         n = len(self.features)
@@ -145,8 +151,7 @@ class FineTuner:
         total = torch.zeros((), device=dev)
         for i, batch in enumerate(micro):
             last = i == len(micro) - 1
-            ctx = self.model.no_sync() if (not last and hasattr(self.model, "no_sync")) else contextlib.nullcontext()
-            with ctx:
+            with set_gradient_sync(self.model, last):
                 with autocast(dev, self.autocast_dtype):
                     # DDP averages gradients over ranks; the count is already global, so undo that
                     loss = self.task.loss(self.model, batch) / count * W
@@ -164,11 +169,19 @@ class FineTuner:
         self.step += 1
         return all_reduce_sum(total), grad_norm
 
-    def evaluate(self) -> dict[str, float]:
-        self.raw_model.eval()
+    def evaluation_model(self) -> torch.nn.Module:
+        """The model validation and export see: the training model itself, or under FSDP2 a full copy gathered on
+        every rank (collective; a task's evaluation may call any submodule, which sharded weights would not allow)."""
+        if self._template is None:
+            return self.raw_model
+        return unsharded_copy(self.model, template=self._template, device=self.info.device)
+
+    def evaluate(self, model: torch.nn.Module | None = None) -> dict[str, float]:
+        model = self.raw_model if model is None else model
+        model.eval()
         with autocast(self.info.device, self.autocast_dtype):
-            metrics = self.task.evaluate(self.raw_model, batch_size=self.cfg.eval_batch_size, device=self.info.device)
-        self.raw_model.train()
+            metrics = self.task.evaluate(model, batch_size=self.cfg.eval_batch_size, device=self.info.device)
+        model.train()
         return metrics
 
     def _better(self, value: float) -> bool:
@@ -176,10 +189,10 @@ class FineTuner:
             return True
         return value > self.best if self.task.higher_is_better else value < self.best
 
-    def _export_best(self) -> None:
+    def _export_best(self, model: torch.nn.Module) -> None:
         tmp, final = self.out / ".tmp-best", self.out / "best"
         shutil.rmtree(tmp, ignore_errors=True)
-        self.task.export(self.raw_model, self.tokenizer, tmp)
+        self.task.export(model, self.tokenizer, tmp)
         share_files(tmp)
         old = self.out / ".old-best"
         if final.exists():
@@ -220,7 +233,8 @@ class FineTuner:
                               f"loss {value:.4f} | eta {fmt_time(eta)}")
                 if epoch_end:
                     epoch = self.step // self.steps_per_epoch
-                    scores = self.evaluate()
+                    eval_model = self.evaluation_model()
+                    scores = self.evaluate(eval_model)
                     value = scores[self.task.metric]
                     result.evals.append((epoch, scores))
                     split = getattr(self.task, "eval_split_name", "validation")
@@ -229,7 +243,8 @@ class FineTuner:
                     if improved:
                         self.best, self.best_epoch = value, epoch
                         if self.info.is_main:
-                            self._export_best()
+                            self._export_best(eval_model)
+                    del eval_model
                     self.echo(f"epoch {epoch} | {split}: {', '.join(f'{k} {v:.4g}' for k, v in scores.items())}"
                               f"{' | best so far -> ' + str(self.out / 'best') if improved else ''}")
                 if epoch_end or (cfg.save_every and self.step % cfg.save_every == 0) or self._stop_signal:

@@ -109,3 +109,57 @@ def parallelize(model: nn.Module, *, info: DistInfo, mode: str = "auto", compile
         ids = [info.device.index] if info.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
     raise ValueError(f"parallel={mode!r}: choose ddp, fsdp or auto.")
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    """True when ``model`` was sharded by `parallelize(mode="fsdp")` (FSDP2's ``fully_shard``)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def set_gradient_sync(model: nn.Module, sync: bool):
+    """A context for one micro-batch: gradients are reduced over ranks only when ``sync`` (the last
+    micro-batch of a step). DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync``, nothing otherwise."""
+    import contextlib
+
+    if not sync and hasattr(model, "no_sync"):
+        return model.no_sync()
+    if is_fsdp(model):
+        model.set_requires_gradient_sync(sync)
+    return contextlib.nullcontext()
+
+
+def shape_template(model: nn.Module) -> nn.Module:
+    """A copy of an unsharded model whose parameters live on the meta device (no memory), buffers kept: the
+    skeleton `unsharded_copy` fills. Take it before `parallelize` shards the model."""
+    import copy
+
+    template = copy.deepcopy(model)
+    for module in template.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None:
+                module._parameters[name] = nn.Parameter(torch.empty_like(param, device="meta"),
+                                                        requires_grad=param.requires_grad)
+    return template
+
+
+def unsharded_copy(model: nn.Module, *, template: nn.Module, device: torch.device) -> nn.Module:
+    """A plain (unsharded, fp32) copy of a sharded model on every rank, for evaluation and export.
+
+    Collective: every rank must call it. The full state dict is all-gathered (`get_model_state_dict` with
+    ``full_state_dict``) and assigned into a copy of ``template`` (`shape_template`); tied weights are tied again.
+    For a model that is not sharded, returns ``model`` itself.
+    """
+    import copy
+
+    if not is_fsdp(model):
+        return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    plain = copy.deepcopy(template)
+    plain.load_state_dict(state, assign=True)
+    if hasattr(plain, "tie_weights"):
+        plain.tie_weights()
+    return plain.to(device)
