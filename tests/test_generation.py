@@ -205,7 +205,8 @@ def test_decoding_config_validates_once_with_clear_messages():
         (dict(temperature=float("nan")), "temperature=nan must be a finite number"),
         (dict(strategy="beam"), "strategy='beam': choose one of mask-predict, confidence, threshold"),
         (dict(length_beam=0), "length_beam=0 must be >= 1"),
-        (dict(block_length=4), "block_length applies to the confidence/threshold strategies"),
+        (dict(block_suffix="all"), "block_suffix='all': choose one of block, rest"),
+        (dict(length_head="yes"), "length_head='yes' must be true or false"),
         (dict(strategy="confidence", block_length=0), "block_length=0 must be >= 1"),
         (dict(threshold=1.5), r"threshold=1.5 must lie in \[0, 1\]"),
         (dict(strategy="confidence", early_stop=True), "early_stop applies to mask-predict only"),
@@ -418,8 +419,8 @@ def test_bad_inputs(saved):
         generate(model, tok, ["the cat"], steps=0)
     with pytest.raises(ValueError, match="strategy='beam'"):
         generate(model, tok, ["the cat"], strategy="beam")
-    with pytest.raises(ValueError, match="block_length applies"):
-        generate(model, tok, ["the cat"], block_length=4)
+    with pytest.raises(ValueError, match="length_head=True but BiGLMForMaskedLM has no length head"):
+        generate(model, tok, ["the cat"], length_head=True)
     with pytest.raises(TypeError, match="list of strings"):
         generate(model, tok, "the cat")
     with pytest.warns(UserWarning, match="keeping its last 6"):
@@ -501,12 +502,14 @@ def test_cli_options_are_the_decoding_config_fields(saved, capsys, monkeypatch):
         assert field_docs(DecodingConfig)[f.name][:40] in help_text, f.name
     seen = _spy_decoder(monkeypatch)
     expected = DecodingConfig(max_new_tokens=7, steps=3, strategy="confidence", temperature=0.5, top_k=4, top_p=0.9,
-                              seed=11, length_beam=2, block_length=4, threshold=0.3, stop=["x", "y"], use_cache=False)
+                              seed=11, length_beam=2, block_length=4, threshold=0.3, stop=["x", "y"], use_cache=False,
+                              block_suffix="rest", length_head=False)
     argv = [str(saved[0]), "--prompt", "a dog", "--max-new-tokens", "7", "--steps", "3", "--strategy", "confidence",
             "--temperature", "0.5", "--top-k", "4", "--top_p", "0.9", "--seed", "11", "--length-beam", "2",
-            "--block-length", "4", "--threshold", "0.3", "--stop", "x", "--stop", "y", "--use_cache", "false"]
+            "--block-length", "4", "--threshold", "0.3", "--stop", "x", "--stop", "y", "--use_cache", "false",
+            "--block-suffix", "rest", "--length-head", "false"]
     assert cli_main(argv) == 0
     assert seen == [expected]
     assert {f.name for f in dataclasses.fields(DecodingConfig)} == {
         "max_new_tokens", "steps", "strategy", "temperature", "top_k", "top_p", "seed", "length_beam", "block_length",
-        "threshold", "stop", "use_cache", "early_stop"}
+        "threshold", "stop", "use_cache", "early_stop", "block_suffix", "length_head"}

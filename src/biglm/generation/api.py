@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .config import DecodingConfig
-from .decoding import StepCallback, generate_ids, left_pad
+from .decoding import StepCallback, generate_ids, left_pad, uses_length_head
 
 
 def encode_prompts(tokenizer, prompts: Sequence[str], *, max_prompt_tokens: int) -> list[list[int]]:
@@ -121,6 +121,7 @@ def _check_model(model: torch.nn.Module, config: DecodingConfig) -> int:
     if getattr(model_cfg, "mask_token_id", None) is None:
         raise ValueError("the model has no mask_token_id: set model.config.mask_token_id = tokenizer.mask_token_id "
                          "(iterative unmasking starts from an all-mask answer).")
+    uses_length_head(model, config)  # length_head=True on a model without one fails here, before any work
     room = model_cfg.max_position_embeddings - config.max_new_tokens
     if room < 0:
         raise ValueError(f"max_new_tokens={config.max_new_tokens} exceeds the model's max_position_embeddings="

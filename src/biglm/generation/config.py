@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
 Strategy = Literal["mask-predict", "confidence", "threshold"]
+BlockSuffix = Literal["block", "rest"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 DEFAULT_MASK_PREDICT_STEPS = 10  # Ghazvininejad et al. 2019 report T = 10 as their main setting
 
@@ -51,7 +52,11 @@ class DecodingConfig:
     length_beam: int = 1
     """candidate answer lengths in [ceil(N/2), N] decoded side by side; the most likely one is kept"""
     block_length: int | None = None
-    """semi-autoregressive blocks of this many slots, filled left to right (confidence/threshold only)"""
+    """blocks of this many slots, decoded left to right; a finished block joins the prefix cache (unset: one block)"""
+    block_suffix: BlockSuffix = "block"
+    """with blocks, the suffix each step runs: the current block only, or the block plus all remaining masks (rest)"""
+    length_head: bool | None = None
+    """candidate lengths from the model's length head (unset: use it when the model has one)"""
     threshold: float = 0.9
     """τ of the threshold strategy: commit every prediction above it (at least one per step)"""
     stop: list[str] = field(default_factory=list, metadata={"repeatable": True})
@@ -80,9 +85,6 @@ class DecodingConfig:
         if self.length_beam < 1:
             raise ValueError(f"length_beam={self.length_beam} must be >= 1.")
         if self.block_length is not None:
-            if self.strategy == "mask-predict":
-                raise ValueError("block_length applies to the confidence/threshold strategies; Mask-Predict re-masks "
-                                 "over the whole answer: unset block_length or choose strategy='confidence'.")
             if self.block_length < 1:
                 raise ValueError(f"block_length={self.block_length} must be >= 1 (or unset for one block).")
         if not 0.0 <= self.threshold <= 1.0:

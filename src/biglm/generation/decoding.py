@@ -35,12 +35,13 @@ Notable features
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..model.modeling import PrefixCache
 from .config import DEFAULT_MASK_PREDICT_STEPS, STRATEGIES, DecodingConfig  # noqa: F401  (re-exported)
 from .sampling import sample
 
@@ -106,45 +107,75 @@ class GenerationOutput:
         """Each answer as a list of ids, cut at the first EOS."""
         return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths.tolist())]
 
-
 class AnswerDenoiser:
-    """One model call over the answer slots of a batch, with or without the exact prefix cache.
+    """One model call over a window of the answer slots of a batch, with or without the exact prefix cache.
 
     Built once per batch: with ``use_cache`` the prompt keys/values are computed here, once, and
-    reused by every call. ``prompt_ids`` (B, P) are left-padded, ``prompt_mask`` (B, P) marks real
-    tokens; ``rows`` (R,) maps each answer row to its prompt (length-beam candidates share one);
+    reused by every call; `extend` appends a committed block to them (block decoding's growing
+    cache). ``prompt_ids`` (B, P) are left-padded, ``prompt_mask`` (B, P) marks real tokens;
+    ``rows`` (R,) maps each answer row to its prompt (length-beam candidates share one);
     ``valid`` (R, N) marks slots inside each row's candidate length (the rest are padding keys).
+    Without the cache every call recomputes prompt + answer[:end] from scratch with the same
+    attention: the prompt, then each committed block of ``block_length`` slots seeing only what
+    precedes it and itself (``segment_ids``), then the window seeing everything.
     """
 
     def __init__(self, model: torch.nn.Module, *, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                 rows: torch.Tensor, valid: torch.Tensor, use_cache: bool) -> None:
+                 rows: torch.Tensor, valid: torch.Tensor, use_cache: bool, block_length: int | None = None) -> None:
         self.model = model
         self.prompt_len = prompt_ids.shape[1]
-        self.use_cache = use_cache and self.prompt_len > 0  # nothing to cache for empty prompts
+        self.use_cache = use_cache
+        self.block_length = block_length or valid.shape[1]
         # masks are fixed for the whole decode: build them once (each `.all()` is a host sync)
         self.answer_mask = None if bool(valid.all()) else valid.long()
         prompt_padded = not bool(prompt_mask.all())
         if self.use_cache:
+            if self.prompt_len == 0:
+                param = next(model.parameters())
+                self.cache = PrefixCache.empty(model.config, batch=rows.numel(), device=param.device, dtype=param.dtype)
+                return
             cache = model.encode_prefix(prompt_ids, prompt_mask if prompt_padded else None)
             # the identity selection is skipped: `select` copies every layer's keys/values
             same = rows.numel() == prompt_ids.shape[0] and bool((rows == torch.arange(rows.numel(), device=rows.device)).all())
             self.cache = cache if same else cache.select(rows)
         else:
             self.prompt_ids = prompt_ids.index_select(0, rows)
-            attn = torch.cat((prompt_mask.index_select(0, rows), valid.long()), dim=1)
-            self.full_mask = attn if prompt_padded or self.answer_mask is not None else None
+            self.prompt_mask = prompt_mask.index_select(0, rows)
+            self.valid = valid
+            self.masked_keys = prompt_padded or self.answer_mask is not None
             self.no_logits = torch.zeros_like(self.prompt_ids, dtype=torch.bool)
 
-    def __call__(self, answer: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits (M, V) at the ``positions`` (R, N) bool of ``answer`` (R, N), in row-major order."""
+    def __call__(self, answer: torch.Tensor, positions: torch.Tensor, *, start: int = 0, end: int | None = None,
+                 ) -> torch.Tensor:
+        """Logits (M, V) at the ``positions`` (R, N) bool of ``answer`` (R, N), in row-major order.
+
+        Slots ``start:end`` run as the suffix (``positions`` must lie inside them); slots before
+        ``start`` are committed blocks (in the cache, or recomputed as such without it); slots from
+        ``end`` on are left out of the call."""
+        end = answer.shape[1] if end is None else end
         if self.use_cache:
-            return self.model(answer, prefix_cache=self.cache, attention_mask=self.answer_mask,
-                              logits_positions=positions).logits
-        if self.prompt_len == 0:
-            return self.model(answer, attention_mask=self.answer_mask, logits_positions=positions).logits
-        ids = torch.cat((self.prompt_ids, answer), dim=1)
-        where = torch.cat((self.no_logits, positions), dim=1)
-        return self.model(ids, prefix_len=self.prompt_len, attention_mask=self.full_mask, logits_positions=where).logits
+            mask = None if self.answer_mask is None else self.answer_mask[:, start:end]
+            return self.model(answer[:, start:end], prefix_cache=self.cache, attention_mask=mask,
+                              logits_positions=positions[:, start:end]).logits
+        ids = torch.cat((self.prompt_ids, answer[:, :end]), dim=1)
+        where = torch.cat((self.no_logits, positions[:, :end]), dim=1)
+        mask = torch.cat((self.prompt_mask, self.valid[:, :end].long()), dim=1) if self.masked_keys else None
+        if start == 0:
+            return self.model(ids, prefix_len=self.prompt_len if self.prompt_len else None, attention_mask=mask,
+                              logits_positions=where).logits
+        # prompt = segment 0, committed block j = j + 1, the window = one segment after the last block
+        slot = torch.arange(end, device=ids.device)
+        seg = torch.cat((torch.zeros(self.prompt_len, dtype=torch.long, device=ids.device),
+                         1 + torch.where(slot < start, slot, start) // self.block_length))
+        return self.model(ids, attention_mask=mask, segment_ids=seg.expand(ids.shape[0], -1),
+                          logits_positions=where).logits
+
+    def extend(self, commit: Commit) -> None:
+        """Committed slots join the prefix: their keys/values are computed once, seeing the cache and
+        each other (without the cache there is nothing to keep: every call recomputes them)."""
+        if self.use_cache:
+            mask = None if self.answer_mask is None else self.answer_mask[:, commit.start:commit.end]
+            self.cache = self.model.encode_prefix(commit.ids, mask, past=self.cache)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], *, pad_id: int, device: torch.device | str = "cpu",
@@ -196,6 +227,146 @@ def _block_steps(*, steps: int, num_blocks: int) -> list[int]:
     return [max(1, base + (b < extra)) for b in range(num_blocks)]
 
 
+# --- the decoding loops as state machines ----------------------------------------------------------------
+
+
+@dataclass
+class Query:
+    """A model call a decoding loop asks for: predict the slots ``where`` (R, N) of ``inputs`` (R, N),
+    running slots ``start:end`` as the suffix (slots before ``start`` are in the prefix cache)."""
+
+    inputs: torch.Tensor
+    where: torch.Tensor
+    start: int
+    end: int
+
+
+@dataclass
+class Commit:
+    """Slots ``start:end`` are final in every row: their ids (R, end - start) join the prefix cache."""
+
+    start: int
+    end: int
+    ids: torch.Tensor
+
+
+@dataclass
+class Progress:
+    """The answer a loop is writing, updated in place after every model call (read by the engine).
+
+    ``final`` (R, N) marks slots that can no longer change (committed blocks; every committed token
+    of the confidence strategies, which never re-mask)."""
+
+    answer: torch.Tensor
+    probs: torch.Tensor
+    final: torch.Tensor
+
+
+Loop = Generator[Query | Commit, tuple[torch.Tensor, torch.Tensor] | None, int]
+
+
+def parse_lengths(lengths: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor, *, batch: int) -> torch.Tensor:
+    """Candidate lengths as a (B, K) long tensor: one list for every prompt, or one row per prompt
+    (a length head's predictions)."""
+    t = torch.as_tensor(lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths, dtype=torch.long)
+    if t.ndim == 1:
+        t = t[None].expand(batch, -1)
+    if t.ndim != 2 or t.shape[0] != batch or t.shape[1] == 0:
+        raise ValueError(f"candidate lengths must be a list of K lengths or a (batch={batch}, K) table, "
+                         f"got shape {tuple(t.shape)}.")
+    if int(t.min()) < 1:
+        raise ValueError(f"candidate lengths must be integers >= 1, got {t.tolist()}.")
+    return t.contiguous()
+
+
+class DecodeRun:
+    """One decode of R rows (prompts × length candidates) as a state machine, independent of who calls
+    the model: ``pending`` is the next `Query` (answer it with `advance(logits)`) or `Commit` (extend
+    the cache, then `advance()`), or None when done; `output` then picks each prompt's candidate.
+
+    `generate_ids` drives one run over a whole batch; `engine.DecodeEngine` drives one per request and
+    merges their queries into one model call. A run samples with its own ``generator``, so its tokens do
+    not depend on what else shares the model call."""
+
+    def __init__(self, model_config, *, config: DecodingConfig, cand_len: torch.Tensor,
+                 generator: torch.Generator, suppress_ids: Sequence[int] = (), on_step: StepCallback | None = None,
+                 ) -> None:
+        self.config = config
+        self.batch, K = cand_len.shape
+        device = cand_len.device
+        self.cand_len = cand_len.reshape(-1)  # (R,), row r = prompt r // K, candidate r % K
+        self.rows = torch.arange(self.batch, device=device).repeat_interleave(K)
+        N = int(self.cand_len.max())
+        self.valid = torch.arange(N, device=device)[None, :] < self.cand_len[:, None]  # (R, N)
+        self.mask_id = model_config.mask_token_id
+        self.eos_id, self.pad_id = model_config.eos_token_id, model_config.pad_token_id
+        banned = {self.mask_id, *suppress_ids}
+        if self.pad_id is not None and self.pad_id != self.eos_id:
+            banned.add(self.pad_id)  # a pad in the middle of an answer is never what a user wants
+        self.banned = torch.tensor(sorted(i for i in banned if 0 <= i < model_config.vocab_size), dtype=torch.long,
+                                   device=device)
+        self.generator = generator
+        R = self.valid.shape[0]
+        self.progress = Progress(answer=torch.full((R, N), self.mask_id, dtype=torch.long, device=device),
+                                 probs=torch.zeros(R, N, dtype=torch.float32, device=device),
+                                 final=torch.zeros(R, N, dtype=torch.bool, device=device))
+        info = dict(strategy=config.strategy, valid=self.valid, prompt_index=self.rows, candidate_length=self.cand_len)
+        steps = config.num_steps(N)
+        block = config.block_length or N
+        if config.strategy == "mask-predict":
+            self._loop = _mask_predict(self.progress, valid=self.valid, mask_id=self.mask_id, steps=steps,
+                                       early_stop=config.early_stop, block_length=block, suffix=config.block_suffix,
+                                       on_step=on_step, info=info)
+        else:
+            self._loop = _commit_by_confidence(
+                self.progress, valid=self.valid, mask_id=self.mask_id, steps=steps, block_length=block,
+                suffix=config.block_suffix, threshold=config.threshold if config.strategy == "threshold" else None,
+                on_step=on_step, info=info)
+        self.calls = 0
+        self.pending: Query | Commit | None = None
+        self._send(None)
+
+    def _send(self, value: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        try:
+            self.pending = self._loop.send(value)
+        except StopIteration as stop:
+            self.pending, self.calls = None, stop.value
+
+    def advance(self, logits: torch.Tensor | None = None) -> None:
+        """Answer the pending `Query` with its logits (M, V), or acknowledge the pending `Commit` (no logits)."""
+        if isinstance(self.pending, Query):
+            if logits is None:
+                raise ValueError("the pending query needs the model's logits at its positions.")
+            cfg = self.config
+            logits = logits.index_fill(-1, self.banned, float("-inf"))
+            self.calls += 1
+            self._send(sample(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                              generator=self.generator))
+        elif self.pending is not None:
+            self._send(None)
+
+    def output(self) -> GenerationOutput:
+        """Each prompt's chosen candidate: the highest mean log-probability per slot (CMLM's length beam)."""
+        if self.pending is not None:
+            raise RuntimeError("the decode is not finished.")
+        answer, probs, valid, cand_len = self.progress.answer, self.progress.probs, self.valid, self.cand_len
+        B = self.batch
+        K = cand_len.numel() // B
+        logp = torch.where(valid, probs.clamp_min(torch.finfo(torch.float32).tiny).log(), 0.0)
+        avg = logp.sum(1) / cand_len
+        best = avg.view(B, K).argmax(dim=1) + torch.arange(B, device=avg.device) * K  # (B,) row index
+        fill = self.pad_id if self.pad_id is not None else (self.eos_id if self.eos_id is not None else 0)
+        tokens = torch.where(valid, answer, fill)[best]
+        chosen_len = cand_len[best]
+        out_len = chosen_len.clone()
+        if self.eos_id is not None:
+            is_eos = (tokens == self.eos_id) & valid[best]
+            first = torch.where(is_eos.any(1), is_eos.int().argmax(1), chosen_len)
+            out_len = torch.minimum(first, chosen_len)
+        return GenerationOutput(tokens=tokens, lengths=out_len, candidate_length=chosen_len, avg_logprob=avg[best],
+                                steps=self.calls)
+
+
 @torch.inference_mode()
 def generate_ids(
     model: torch.nn.Module,
@@ -203,7 +374,7 @@ def generate_ids(
     prompt_mask: torch.Tensor | None = None,
     *,
     config: DecodingConfig | None = None,
-    lengths: Sequence[int] | None = None,
+    lengths: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     suppress_ids: Sequence[int] = (),
     on_step: StepCallback | None = None,
@@ -216,8 +387,9 @@ def generate_ids(
         prompt_ids, prompt_mask: (B, P) left-padded prompts and their 1/0 mask (None = no padding).
         config: the decoding options (`DecodingConfig`; default: its defaults, i.e. Mask-Predict with
             T = 10 model calls). ``config.stop`` is a text-level option, applied by `api.generate`.
-        lengths: candidate answer lengths, for a model with its own length head; default: the length
-            beam of ``config`` (``[max_new_tokens]`` without one).
+        lengths: candidate answer lengths: K lengths for every prompt, or a (B, K) table (a length head's
+            per-prompt predictions); default: the model's length head when it has one and
+            ``config.length_head`` is not False, else the length beam of ``config``.
         generator: the sampler's random stream (default: seeded with ``config.seed``).
         suppress_ids: token ids never generated (the mask token and, when it is not EOS, the pad
             token are always suppressed).
@@ -226,143 +398,149 @@ def generate_ids(
     """
     cfg = (config or DecodingConfig()).override(**overrides)
     model_cfg = model.config
-    mask_id = getattr(model_cfg, "mask_token_id", None)
-    if mask_id is None:
+    if getattr(model_cfg, "mask_token_id", None) is None:
         raise ValueError("the model has no mask_token_id: set config.mask_token_id to the tokenizer's mask token id "
                          "(iterative unmasking starts from an all-mask answer).")
-    if lengths is None:
-        lengths = candidate_lengths(max_new_tokens=cfg.max_new_tokens, length_beam=cfg.length_beam)
-    lengths = [int(n) for n in lengths]
-    if not lengths or min(lengths) < 1:
-        raise ValueError(f"candidate lengths {lengths} must be a non-empty list of integers >= 1.")
-    N = max(lengths)
-    steps = cfg.num_steps(N)
-    strategy = cfg.strategy
     if prompt_ids.ndim != 2 or prompt_ids.shape[0] == 0:
         raise ValueError(f"prompt_ids must be a non-empty (batch, length) tensor, got shape {tuple(prompt_ids.shape)}.")
     B, P = prompt_ids.shape
-    if P + N > model_cfg.max_position_embeddings:
-        raise ValueError(f"prompt ({P}) + answer ({N}) tokens exceed max_position_embeddings="
-                         f"{model_cfg.max_position_embeddings}: shorten the prompt or max_new_tokens.")
-
     if prompt_ids.numel() and (int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= model_cfg.vocab_size):
         raise ValueError(f"prompt token ids must lie in [0, vocab_size={model_cfg.vocab_size}): was the prompt encoded "
                          "with this model's tokenizer?")
     device = prompt_ids.device
     if prompt_mask is None:
         prompt_mask = torch.ones_like(prompt_ids)
+    use_head = uses_length_head(model, cfg)
+    if lengths is None and use_head:
+        lengths = predict_lengths(model, prompt_ids, prompt_mask, config=cfg)
+    if lengths is None:
+        lengths = candidate_lengths(max_new_tokens=cfg.max_new_tokens, length_beam=cfg.length_beam)
+    cand_len = parse_lengths(lengths, batch=B).to(device)
+    N = int(cand_len.max())
+    if P + N > model_cfg.max_position_embeddings:
+        raise ValueError(f"prompt ({P}) + answer ({N}) tokens exceed max_position_embeddings="
+                         f"{model_cfg.max_position_embeddings}: shorten the prompt or max_new_tokens.")
     if generator is None:
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    K = len(lengths)
-    rows = torch.arange(B, device=device).repeat_interleave(K)  # row r = prompt r // K, candidate r % K
-    cand_len = torch.tensor(lengths, device=device).repeat(B)  # (R,)
-    valid = torch.arange(N, device=device)[None, :] < cand_len[:, None]  # (R, N)
-    denoise = AnswerDenoiser(model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, rows=rows, valid=valid,
-                             use_cache=cfg.use_cache)
-
-    eos_id, pad_id = model_cfg.eos_token_id, model_cfg.pad_token_id
-    banned = {mask_id, *suppress_ids}
-    if pad_id is not None and pad_id != eos_id:
-        banned.add(pad_id)  # a pad in the middle of an answer is never what a user wants
-    banned_t = torch.tensor(sorted(i for i in banned if 0 <= i < model_cfg.vocab_size), dtype=torch.long, device=device)
-
-    def predict(answer: torch.Tensor, where: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = denoise(answer, where)
-        logits = logits.index_fill(-1, banned_t, float("-inf"))
-        return sample(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, generator=generator)
-
-    info = dict(strategy=strategy, valid=valid, prompt_index=rows, candidate_length=cand_len)
-    # the answer ids are written by this loop, not by a user: the model's host-side input checks (a
-    # device sync per call) add nothing after the prompt was checked
-    inner = getattr(model, "model", None)
-    checks = getattr(inner, "validate_inputs", None)
-    if checks is not None:
-        inner.validate_inputs = False
-    try:
-        if strategy == "mask-predict":
-            answer, probs, calls = _mask_predict(predict, valid=valid, mask_id=mask_id, steps=steps,
-                                                 early_stop=cfg.early_stop, on_step=on_step, info=info)
-        else:
-            answer, probs, calls = _commit_by_confidence(
-                predict, valid=valid, mask_id=mask_id, steps=steps, block_length=cfg.block_length or N,
-                threshold=cfg.threshold if strategy == "threshold" else None, on_step=on_step, info=info)
-    finally:
-        if checks is not None:
-            inner.validate_inputs = checks
-
-    # length beam: the candidate with the highest mean log-probability per slot
-    logp = torch.where(valid, probs.clamp_min(torch.finfo(torch.float32).tiny).log(), 0.0)
-    avg = logp.sum(1) / cand_len
-    best = avg.view(B, K).argmax(dim=1) + torch.arange(B, device=device) * K  # (B,) row index
-    fill = pad_id if pad_id is not None else (eos_id if eos_id is not None else 0)
-    tokens = torch.where(valid, answer, fill)[best]
-    chosen_len = cand_len[best]
-    out_len = chosen_len.clone()
-    if eos_id is not None:
-        is_eos = (tokens == eos_id) & valid[best]
-        first = torch.where(is_eos.any(1), is_eos.int().argmax(1), chosen_len)
-        out_len = torch.minimum(first, chosen_len)
-    return GenerationOutput(tokens=tokens, lengths=out_len, candidate_length=chosen_len, avg_logprob=avg[best],
-                            steps=calls)
+    run = DecodeRun(model_cfg, config=cfg, cand_len=cand_len, generator=generator, suppress_ids=suppress_ids,
+                    on_step=on_step)
+    with _unchecked(model):
+        denoise = AnswerDenoiser(model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, rows=run.rows,
+                                 valid=run.valid, use_cache=cfg.use_cache, block_length=cfg.block_length)
+        while (item := run.pending) is not None:
+            if isinstance(item, Commit):
+                denoise.extend(item)
+                run.advance()
+            else:
+                run.advance(denoise(item.inputs, item.where, start=item.start, end=item.end))
+    return run.output()
 
 
-Predict = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+def uses_length_head(model: torch.nn.Module, config: DecodingConfig) -> bool:
+    """Whether candidate lengths come from the model's length head (``predict_lengths``): when asked
+    (``length_head=True``, refused with a clear error on a model without one) or by default when the
+    model has one."""
+    has = callable(getattr(model, "predict_lengths", None))
+    if config.length_head and not has:
+        raise ValueError(f"length_head=True but {type(model).__name__} has no length head (predict_lengths): "
+                         "fine-tune a seq2seq model with one (biglm finetune xsum|squad-qg), or set length_head=False "
+                         "to use the length beam over [ceil(N/2), N].")
+    return has and config.length_head is not False
 
 
-def _mask_predict(predict: Predict, *, valid: torch.Tensor, mask_id: int, steps: int, early_stop: bool,
-                  on_step: StepCallback | None, info: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Mask-Predict over all rows at once; returns (answer, probs, model calls)."""
+def predict_lengths(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
+                    config: DecodingConfig) -> torch.Tensor:
+    """The length head's (B, length_beam) candidate lengths, clamped to [1, max_new_tokens]."""
+    with torch.inference_mode():
+        out = model.predict_lengths(prompt_ids, prompt_mask, beam=config.length_beam)
+    if out.ndim != 2 or out.shape[0] != prompt_ids.shape[0]:
+        raise ValueError(f"predict_lengths returned shape {tuple(out.shape)}; expected (batch={prompt_ids.shape[0]}, "
+                         "beam).")
+    return out.long().clamp(1, config.max_new_tokens)
+
+
+class _unchecked:
+    """Context: the model's host-side input checks off (the answer ids are written by the loop, not a
+    user, and each check is a device sync per call); restored on exit."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.inner = getattr(model, "model", None)
+        self.saved = getattr(self.inner, "validate_inputs", None)
+
+    def __enter__(self) -> None:
+        if self.saved is not None:
+            self.inner.validate_inputs = False
+
+    def __exit__(self, *exc: object) -> None:
+        if self.saved is not None:
+            self.inner.validate_inputs = self.saved
+
+
+def _windows(*, N: int, block_length: int, suffix: str) -> list[tuple[int, int, int]]:
+    # (block start, block end, suffix end) of each block
+    return [(s, min(s + block_length, N), min(s + block_length, N) if suffix == "block" else N)
+            for s in range(0, N, block_length)]
+
+
+def _mask_predict(progress: Progress, *, valid: torch.Tensor, mask_id: int, steps: int, early_stop: bool,
+                  block_length: int, suffix: str, on_step: StepCallback | None, info: dict) -> Loop:
+    """Mask-Predict, block by block (one block = the published algorithm); returns the model calls made."""
     R, N = valid.shape
-    lengths = valid.sum(1)
-    answer = torch.full((R, N), mask_id, dtype=torch.long, device=valid.device)
-    probs = torch.zeros(R, N, dtype=torch.float32, device=valid.device)
-    active = torch.ones(R, dtype=torch.bool, device=valid.device)  # rows not yet converged
+    windows = _windows(N=N, block_length=block_length, suffix=suffix)
+    per_block = _block_steps(steps=steps, num_blocks=len(windows))
+    slot = torch.arange(N, device=valid.device)
     calls = 0
-    for t in range(steps):
-        if t == 0:
-            where = valid
-        else:
-            n = torch.where(active, lengths * (steps - t) // steps, 0)  # n_t per row
-            # lowest-probability tokens first; slots outside a row's length are never chosen
-            ranks = _rank(torch.where(valid, probs, float("inf")), descending=False)
-            where = ranks < n[:, None]
-            if not bool(where.any()):
-                break  # every row converged, or n_t = 0 from here on
-        before = answer
-        inputs = torch.where(where, mask_id, answer)
-        tok, p = predict(inputs, where)
-        answer = inputs.masked_scatter(where, tok)
-        probs = probs.masked_scatter(where, p)
-        calls += 1
-        if t > 0 and early_stop:
-            active = active & (answer != before).any(1)  # an iteration that changes nothing ends the row
-        if on_step is not None:
-            on_step(StepInfo(step=calls, total_steps=steps, block=0, input_ids=inputs, output_ids=answer,
-                             predicted=where, committed=where, probs=torch.where(where, probs, 0.0),
-                             num_masked=where.sum(1), **info))
-    return answer, probs, calls
+    for b, (s0, s1, end) in enumerate(windows):
+        bvalid = valid & (slot >= s0) & (slot < s1)
+        lengths = bvalid.sum(1)
+        T = per_block[b]
+        active = torch.ones(R, dtype=torch.bool, device=valid.device)  # rows not yet converged
+        for t in range(T):
+            if t == 0:
+                where = bvalid
+            else:
+                n = torch.where(active, lengths * (T - t) // T, 0)  # n_t per row
+                # lowest-probability tokens first; slots outside the block or a row's length are never chosen
+                ranks = _rank(torch.where(bvalid, progress.probs, float("inf")), descending=False)
+                where = ranks < n[:, None]
+                if not bool(where.any()):
+                    break  # every row converged, or n_t = 0 from here on
+            before = progress.answer
+            inputs = torch.where(where, mask_id, progress.answer)
+            tok, p = yield Query(inputs, where, s0, end)
+            progress.answer = inputs.masked_scatter(where, tok)
+            progress.probs = progress.probs.masked_scatter(where, p)
+            calls += 1
+            if t > 0 and early_stop:
+                active = active & (progress.answer != before).any(1)  # an iteration that changes nothing ends the row
+            if on_step is not None:
+                on_step(StepInfo(step=calls, total_steps=sum(per_block), block=b, input_ids=inputs,
+                                 output_ids=progress.answer, predicted=where, committed=where,
+                                 probs=torch.where(where, progress.probs, 0.0), num_masked=where.sum(1), **info))
+        progress.final = progress.final | (slot < s1)
+        if s1 < N:
+            yield Commit(s0, s1, progress.answer[:, s0:s1])
+    return calls
 
 
-def _commit_by_confidence(predict: Predict, *, valid: torch.Tensor, mask_id: int, steps: int, block_length: int,
-                          threshold: float | None, on_step: StepCallback | None, info: dict,
-                          ) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _commit_by_confidence(progress: Progress, *, valid: torch.Tensor, mask_id: int, steps: int, block_length: int,
+                          suffix: str, threshold: float | None, on_step: StepCallback | None, info: dict) -> Loop:
     """LLaDA-style commit of the most confident predictions, block by block; never re-masks."""
     R, N = valid.shape
     device = valid.device
-    answer = torch.full((R, N), mask_id, dtype=torch.long, device=device)
-    probs = torch.zeros(R, N, dtype=torch.float32, device=device)
     masked = valid.clone()
-    num_blocks = math.ceil(N / block_length)
-    per_block = _block_steps(steps=steps, num_blocks=num_blocks)
+    windows = _windows(N=N, block_length=block_length, suffix=suffix)
+    per_block = _block_steps(steps=steps, num_blocks=len(windows))
     slot = torch.arange(N, device=device)
     calls = 0
-    for b in range(num_blocks):
-        in_block = (slot >= b * block_length) & (slot < (b + 1) * block_length)
+    for b, (s0, s1, end) in enumerate(windows):
+        in_block = (slot >= s0) & (slot < s1)
         for s in range(per_block[b]):
             where = masked & in_block
             if not bool(where.any()):
                 break  # the threshold rule filled this block early
-            tok, p = predict(answer, where)
+            answer = progress.answer
+            tok, p = yield Query(answer, where, s0, end)
             cand = answer.masked_scatter(where, tok)
             conf = torch.full((R, N), float("-inf"), device=device).masked_scatter(where, p)
             remaining = where.sum(1)
@@ -371,13 +549,15 @@ def _commit_by_confidence(predict: Predict, *, valid: torch.Tensor, mask_id: int
             if threshold is not None:
                 quota = torch.maximum(quota, (conf > threshold).sum(1))
             commit = (_rank(conf, descending=True) < quota[:, None]) & where
-            inputs = answer
-            answer = torch.where(commit, cand, answer)
-            probs = torch.where(commit, conf, probs)
+            progress.answer = torch.where(commit, cand, answer)
+            progress.probs = torch.where(commit, conf, progress.probs)
             masked = masked & ~commit
+            progress.final = valid & ~masked
             calls += 1
             if on_step is not None:
-                on_step(StepInfo(step=calls, total_steps=sum(per_block), block=b, input_ids=inputs,
-                                 output_ids=answer, predicted=where, committed=commit,
+                on_step(StepInfo(step=calls, total_steps=sum(per_block), block=b, input_ids=answer,
+                                 output_ids=progress.answer, predicted=where, committed=commit,
                                  probs=torch.where(where, conf, 0.0), num_masked=where.sum(1), **info))
-    return answer, probs, calls
+        if s1 < N:
+            yield Commit(s0, s1, progress.answer[:, s0:s1])
+    return calls

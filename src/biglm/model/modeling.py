@@ -109,6 +109,49 @@ class PrefixCache:
     def batch(self) -> int:
         return self.key_valid.shape[0]
 
+    @classmethod
+    def empty(cls, config: BiGLMConfig, *, batch: int, device: torch.device | str, dtype: torch.dtype) -> "PrefixCache":
+        """A cache of zero prefix tokens (an empty prompt): suffix passes then see only the suffix."""
+        shape = (batch, config.num_key_value_heads, 0, config.head_dim)
+        kv = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        return cls(keys=kv, values=list(kv), key_valid=torch.zeros(batch, 0, dtype=torch.bool, device=device),
+                   padded=False)
+
+    def extend(self, other: "PrefixCache") -> "PrefixCache":
+        """This cache followed by ``other`` (keys/values of later prefix tokens, encoded seeing this one)."""
+        return PrefixCache(
+            keys=[torch.cat((a, b), dim=2) for a, b in zip(self.keys, other.keys)],
+            values=[torch.cat((a, b), dim=2) for a, b in zip(self.values, other.values)],
+            key_valid=torch.cat((self.key_valid, other.key_valid), dim=1),
+            padded=self.padded or other.padded,
+        )
+
+    @staticmethod
+    def merge(caches: list["PrefixCache"]) -> "PrefixCache":
+        """Caches of different lengths stacked row-wise, each left-padded to the longest (padding masked out).
+
+        Keys keep the RoPE positions they were encoded at, so a suffix pass over the merged cache must
+        give each row its own ``position_ids`` (its cache length onwards)."""
+        if len(caches) == 1:
+            return caches[0]
+        width = max(c.length for c in caches)
+
+        def pad(x: torch.Tensor, n: int) -> torch.Tensor:
+            return x if n == 0 else F.pad(x, (0, 0, n, 0))  # (R, Hkv, C, D): left-pad C
+
+        keys, values, valid = [], [], []
+        for c in caches:
+            n = width - c.length
+            keys.append([pad(k, n) for k in c.keys])
+            values.append([pad(v, n) for v in c.values])
+            valid.append(F.pad(c.key_valid, (n, 0), value=False))
+        return PrefixCache(
+            keys=[torch.cat(layer, dim=0) for layer in zip(*keys)],
+            values=[torch.cat(layer, dim=0) for layer in zip(*values)],
+            key_valid=torch.cat(valid, dim=0),
+            padded=any(c.padded or c.length < width for c in caches),
+        )
+
     def select(self, index: torch.Tensor) -> "PrefixCache":
         """Rows ``index`` of the cache (e.g. ``repeat_interleave`` indices for several choices)."""
         return PrefixCache(
@@ -243,6 +286,22 @@ class BiGLMModel(BiGLMPreTrainedModel):
         if values and (values[0] < 0 or values[1] > L):
             raise ValueError(f"prefix_len must lie in [0, L={L}], got [{values[0]}, {values[1]}].")
 
+    def _segment_mask(self, mask: AttentionMask, segment_ids: torch.Tensor, *, prefix_len: torch.Tensor | None,
+                      prefix_cache: PrefixCache | None) -> AttentionMask:
+        # a dense rule the backends read as they read any mask; FlexAttention would need a mask_mod of its own
+        if prefix_len is not None or prefix_cache is not None or mask.doc_ids is not None:
+            raise ValueError("segment_ids is exclusive with prefix_len, prefix_cache and doc_ids.")
+        if self.config.attn_backend == "flex":
+            raise ValueError("segment_ids needs a dense mask: use attn_backend='sdpa' or 'eager' for this reference pass.")
+        seg = segment_ids
+        dense = seg[:, None, :] <= seg[:, :, None]  # (B, Lq, Lk)
+        if mask.key_valid is not None:
+            eye = torch.eye(mask.q_len, dtype=torch.bool, device=seg.device)
+            dense = dense & (mask.key_valid[:, None, :] | eye)  # a padded query still sees itself (no NaN row)
+        mask.key_valid = mask.key_valid if mask.key_valid is not None else torch.ones_like(seg, dtype=torch.bool)
+        mask._dense = dense[:, None]
+        return mask
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -253,6 +312,7 @@ class BiGLMModel(BiGLMPreTrainedModel):
         prefix_cache: PrefixCache | None = None,
         return_cache: bool = False,
         token_type_ids: torch.Tensor | None = None,  # accepted for tokenizer compatibility; BiGLM has no segments
+        segment_ids: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutput:
         """Encode a batch.
@@ -267,6 +327,10 @@ class BiGLMModel(BiGLMPreTrainedModel):
             prefix_cache: keys/values of an already encoded prefix; ``input_ids`` is then the suffix and
                 every suffix token sees the whole prefix and suffix.
             return_cache: also return this call's keys/values as a `PrefixCache` (``outputs.cache``).
+            segment_ids: (B, L) non-decreasing segment index per token: query i sees key j iff
+                segment[j] <= segment[i] (exclusive with ``prefix_len`` and ``prefix_cache``). This is the
+                attention of block decoding's growing cache (prompt, then each committed block seeing only
+                what precedes it and itself), computed from scratch: the reference the cache is tested against.
         """
         B, L = input_ids.shape
         offset = 0 if prefix_cache is None else prefix_cache.length
@@ -287,6 +351,8 @@ class BiGLMModel(BiGLMPreTrainedModel):
             key_valid = None  # nothing padded: keep the fast unmasked path
         mask = AttentionMask(batch=B, q_len=L, k_len=L + offset, q_offset=offset,
                              prefix_len=prefix_len, key_valid=key_valid, doc_ids=doc_ids)
+        if segment_ids is not None:
+            mask = self._segment_mask(mask, segment_ids, prefix_len=prefix_len, prefix_cache=prefix_cache)
         # build the mask once, outside the (possibly compiled) blocks, for the backend that will read it
         if self.config.attn_backend == "flex":
             mask.block_mask(input_ids.device)
@@ -334,10 +400,18 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
-    def encode_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> PrefixCache:
+    def encode_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                      past: PrefixCache | None = None, position_ids: torch.Tensor | None = None) -> PrefixCache:
         """Encode prompts once (full attention among prefix tokens, exactly as under the BiGLM mask)
-        and return their per-layer keys/values for reuse by every suffix pass."""
-        return self.model(input_ids, attention_mask=attention_mask, return_cache=True)["cache"]
+        and return their per-layer keys/values for reuse by every suffix pass.
+
+        With ``past``, ``input_ids`` are later prefix tokens (a committed block of an answer): they see
+        ``past`` and each other, ``past`` is not recomputed, and the result is ``past`` extended by them.
+        Their positions default to ``past.length`` onwards (pass ``position_ids`` for a merged cache).
+        """
+        new = self.model(input_ids, attention_mask=attention_mask, prefix_cache=past, position_ids=position_ids,
+                         return_cache=True)["cache"]
+        return new if past is None else past.extend(new)
 
     def forward(
         self,
