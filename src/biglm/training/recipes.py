@@ -8,6 +8,10 @@
   raw++ (longer) / synthetic / mixed annealing data.
 - §4 final models: 136M, 360M, 1.3B, 3.5B; 300k steps, WSD lr 6e-4 -> 6e-5 with 60k (20%) annealing
   steps, FineWeb-edu + Cosmopedia v2 (Table 7).
+- `table1-micro-*`: Table 1's three variants at micro scale on a CPU (docs/LOG.md): the default demo's shape,
+  the same tokens, schedule and data for all three (local English text: TinyStories head, Gutenberg, Brown,
+  inaugural and State of the Union addresses, 200 documents per source held out), no dropout; built by
+  scripts/table1_micro.sh, which also evaluates and reports them. ``--seed`` gives the seed replicas.
 - `default`: the built-in demo, what `biglm pretrain` runs with no recipe: a 4-layer, 192-wide BiGLM on
   the English text of the Python installation (`builtin` data, prepared with its own 4,096-token
   tokenizer into OUT/data), 600 steps of 32 x 128 tokens, about four minutes on 2 CPU cores.
@@ -72,12 +76,23 @@ _DEFAULT = TrainConfig(
     keep_last=2,
 )
 
+# Table 1 at micro scale (CPU, ~8 min per run on one loaded core); data and tokenizer built by scripts/table1_micro.sh
+MICRO_DATA = "data/table1-micro"
+MICRO_SOURCES = ("../shared/data/pretrain/tinystories/TinyStories-train.head.txt ../shared/data/pretrain/gutenberg "
+                 "../shared/data/pretrain/brown ../shared/data/pretrain/inaugural ../shared/data/pretrain/state_union")
+_MICRO = _r(_DEFAULT, "table1-micro-biglm", data={MICRO_DATA: 1.0}, hub_sources={MICRO_DATA: MICRO_SOURCES},
+            steps=400, warmup_steps=40, eval_every=100, eval_windows=256, save_every=100, log_every=20)
+
 RECIPES: dict[str, Callable[[], TrainConfig]] = {
     "default": lambda: _DEFAULT,
     # Table 1
     "table1-biglm": lambda: _TRIAL,
     "table1-no-attn": lambda: _r(_TRIAL, "table1-no-attn", objective=OBJECTIVES["biglm-no-attn"]),
     "table1-mlm": lambda: _r(_TRIAL, "table1-mlm", objective=OBJECTIVES["mlm"]),
+    # Table 1 at micro scale
+    "table1-micro-biglm": lambda: _MICRO,
+    "table1-micro-no-attn": lambda: _r(_MICRO, "table1-micro-no-attn", objective=OBJECTIVES["biglm-no-attn"]),
+    "table1-micro-mlm": lambda: _r(_MICRO, "table1-micro-mlm", objective=OBJECTIVES["mlm"]),
     # Table 8
     **{f"table8-alpha-{a}": (lambda a=a: _r(_TRIAL, f"table8-alpha-{a}", objective=_BIGLM.replace(alpha=a)))
        for a in (0.1, 0.3, 0.4)},
