@@ -35,6 +35,9 @@ class FinetuneConfig:
     epoch is dropped)"""
     micro_batch: int = 8
     """items per forward/backward on one rank"""
+    group_by_length: bool = True
+    """sort each global batch by item length before splitting it over ranks and micro-batches: the same items
+    and the same loss per step, fewer padded tokens"""
     weight_decay: float = 0.01
     """AdamW weight decay (matrices only)"""
     betas: tuple[float, float] = (0.9, 0.999)

@@ -12,6 +12,10 @@ Notable features
 - After every epoch: the task's metric on the validation split, logged to metrics.jsonl; a better one
   exports the model to ``OUT/best`` (written to a temporary folder and renamed, so a kill never leaves a
   half-written best), and the epoch-end checkpoint records it, so a resumed run keeps the right best.
+- Each global batch is sorted by item length before it is cut into rank shards and micro-batches
+  (``group_by_length``, on by default): the step sees the same items and the same loss, with fewer padded
+  tokens. Not for a task whose loss couples the items of a micro-batch (``batch_coupled_loss``: retrieval's
+  in-batch negatives) (the global batch is still drawn at random, unlike HF's ``group_by_length`` mega-batches).
 - A partial last global batch of an epoch is dropped (fixed step count per epoch, equal work per rank).
 - Under torchrun: DDP, or FSDP2 (``--parallel fsdp``, the default on GPU): weights, gradients and optimizer
   state sharded per block. Validation and the best-epoch export then run on a full copy gathered on every
@@ -57,6 +61,12 @@ class FinetuneResult:
     interrupted: bool = False
 
 
+def item_length(feature: dict[str, Any]) -> int:
+    """A training item's size for length grouping: the tokens in its list-valued fields (every task's items hold
+    their token ids as lists)."""
+    return sum(len(v) for v in feature.values() if isinstance(v, (list, tuple, np.ndarray)))
+
+
 class FineTuner:
     """Builds the run from a task and a `FinetuneConfig` and runs it. ``after_step(tuner, step)`` is a test hook."""
 
@@ -97,6 +107,9 @@ class FineTuner:
         if n < cfg.global_batch:
             raise ConfigError(f"the training set has {n} items, fewer than --global_batch {cfg.global_batch}: "
                               "lower --global_batch (and --micro_batch)")
+        # a loss that couples the items of a micro-batch (in-batch negatives) must keep the drawn batches
+        self._group = cfg.group_by_length and not getattr(self.task, "batch_coupled_loss", False)
+        self._lengths = np.array([item_length(f) for f in self.features], dtype=np.int64)
         self.steps_per_epoch = n // cfg.global_batch
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.warmup_steps = int(round(cfg.warmup_ratio * self.total_steps))
@@ -143,7 +156,10 @@ class FineTuner:
         set_lr(self.optimizer, lr_at(self.step, schedule=cfg.schedule, lr=cfg.lr, min_lr=cfg.min_lr,
                                      total_steps=self.total_steps, warmup_steps=self.warmup_steps))
         epoch, pos = divmod(self.step, self.steps_per_epoch)
-        items = self.order(epoch)[pos * cfg.global_batch:(pos + 1) * cfg.global_batch][r::W]
+        items = self.order(epoch)[pos * cfg.global_batch:(pos + 1) * cfg.global_batch]
+        if self._group:  # stable sort: ties keep the shuffled order; ranks then take every W-th item
+            items = items[np.argsort(self._lengths[items], kind="stable")]
+        items = items[r::W]
         micro = [self.task.collate([self.features[i] for i in items[k:k + cfg.micro_batch]], device=dev)
                  for k in range(0, len(items), cfg.micro_batch)]
         # items in the global batch, counted before any forward is queued

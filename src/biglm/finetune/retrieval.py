@@ -234,6 +234,7 @@ class RetrievalTask:
 
     metric = "ndcg@10"
     higher_is_better = True
+    batch_coupled_loss = True  # in-batch negatives: the drawn batches are kept (no length grouping)
 
     def __init__(self, settings: RetrievalSettings, *, name: str = "retrieval") -> None:
         s = settings

@@ -10,6 +10,9 @@ Notable features
 - Loss normalisation without a host sync: `FinetuneTask.loss` returns the *summed* loss of a
   micro-batch and the number of items it covers (device tensors); the loop divides by the
   count of the whole global batch, which it knows from the collated batches before any forward.
+- Optional attribute ``batch_coupled_loss`` (default False): True when the loss of an item depends on the
+  other items of its micro-batch (retrieval's in-batch negatives); the loop then keeps the drawn batches
+  as they are instead of grouping each global batch by length.
 - Features are plain dicts of Python lists/ints (what `datasets.Dataset.map` yields), so the
   loop can shuffle, shard across ranks and resume by index alone.
 """
