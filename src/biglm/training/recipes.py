@@ -8,8 +8,8 @@
   raw++ (longer) / synthetic / mixed annealing data.
 - §4 final models: 136M, 360M, 1.3B, 3.5B; 300k steps, WSD lr 6e-4 -> 6e-5 with 60k (20%) annealing
   steps, FineWeb-edu + Cosmopedia v2 (Table 7).
-- `table1-micro-*`: Table 1's three variants at micro scale on a CPU (docs/LOG.md): the default demo's shape,
-  the same tokens, schedule and data for all three (local English text: TinyStories head, Gutenberg, Brown,
+- `table1-micro-*`: Table 1's three variants at micro scale on a CPU (docs/LOG.md): 4 layers x 128, 300 steps
+  of 32 x 128 tokens (1.2M), the same tokens, schedule and data for all three (local English text: TinyStories head, Gutenberg, Brown,
   inaugural and State of the Union addresses, 200 documents per source held out), no dropout; built by
   scripts/table1_micro.sh, which also evaluates and reports them. ``--seed`` gives the seed replicas.
 - `default`: the built-in demo, what `biglm pretrain` runs with no recipe: a 4-layer, 192-wide BiGLM on
@@ -76,12 +76,14 @@ _DEFAULT = TrainConfig(
     keep_last=2,
 )
 
-# Table 1 at micro scale (CPU, ~8 min per run on one loaded core); data and tokenizer built by scripts/table1_micro.sh
+# Table 1 at micro scale (CPU, ~8 min per run on one shared core); data and tokenizer built by scripts/table1_micro.sh
 MICRO_DATA = "data/table1-micro"
 MICRO_SOURCES = ("../shared/data/pretrain/tinystories/TinyStories-train.head.txt ../shared/data/pretrain/gutenberg "
                  "../shared/data/pretrain/brown ../shared/data/pretrain/inaugural ../shared/data/pretrain/state_union")
 _MICRO = _r(_DEFAULT, "table1-micro-biglm", data={MICRO_DATA: 1.0}, hub_sources={MICRO_DATA: MICRO_SOURCES},
-            steps=400, warmup_steps=40, eval_every=100, eval_windows=256, save_every=100, log_every=20)
+            model=ModelArgs(num_hidden_layers=4, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=384, max_position_embeddings=256),
+            steps=300, warmup_steps=30, eval_every=75, eval_windows=256, save_every=75, log_every=15)
 
 RECIPES: dict[str, Callable[[], TrainConfig]] = {
     "default": lambda: _DEFAULT,
