@@ -8,21 +8,32 @@ Flags are lm-eval's own names (``--model_args``, ``--tasks``, ``--num_fewshot``,
 ``--suite paper`` runs the paper's Table 1 columns plus MMLU and LAMBADA from local data in hub
 layout (``<data_dir>/<owner>__<name>[/<config>]/<split>.jsonl``), skips the columns whose data is
 missing (naming the file), and prints the paper's table at the end.
+
+    biglm eval --suite multitask --data_dir ../shared/data/eval --model_args pretrained=DIR --output_path out/
+
+``--suite multitask`` is Table 5 (`biglm.scoring.multitask`): MMLU zero-shot and ``--mmlu_fewshot``-shot,
+the SuperGLUE average over every task folder found under ``<data_dir>/aps__super_glue/``, and Genset
+(``--genset_n`` seeded instances of each ``--genset`` set, default WikiAuto beside the data dir,
+generated with the ``--genset_decoding.*`` options and scored by BLEU-2 / Distinct-2). It prints
+Table 5's row and, with ``--output_path``, writes ``multitask.json`` and ``multitask.md`` there.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ..generation.config import DecodingConfig
+
 # the suite definition and the lm-eval runner, importable from here as before the split
 from .harness import evaluate, run_suite
+from .multitask import PARTS, parse_genset, run_multitask
 from .suite import SUITES, default_data_dir, format_table, select_tasks, suite_table, write_suite_yamls
 
-__all__ = ["EvalArgs", "parse_eval_args", "main", "run_suite", "evaluate", "write_suite_yamls", "suite_table",
-           "format_table", "SUITES"]
+__all__ = ["EvalArgs", "parse_eval_args", "main", "run_suite", "run_multitask", "evaluate", "write_suite_yamls",
+           "suite_table", "format_table", "SUITES"]
 
 
 @dataclass
@@ -36,10 +47,11 @@ class EvalArgs:
     """lm-eval task names, comma-separated (with --suite the suite chooses them)"""
     include_path: Path | None = None
     """a folder of extra task YAMLs for --tasks, as lm-eval's --include_path"""
-    suite: Literal["paper"] | None = None
-    """run a whole suite on local data: paper = Table 1's eleven columns, then MMLU and LAMBADA"""
+    suite: Literal["paper", "multitask"] | None = None
+    """run a whole suite on local data: paper = Table 1's eleven columns, then MMLU and LAMBADA;
+    multitask = Table 5 (MMLU zero/few-shot, SuperGLUE average, Genset BLEU-2/Distinct-2)"""
     suite_tasks: tuple[str, ...] = ()
-    """with --suite: only these columns, comma-separated (e.g. PIQA,ARC-E,LAMBADA)"""
+    """with --suite: only these columns, comma-separated (e.g. PIQA,ARC-E,LAMBADA; multitask: MMLU,SuperGLUE,Genset)"""
     data_dir: Path | None = None
     """with --suite: eval data in hub layout <owner>__<name>[/<config>]/<split>.jsonl
     (default $BIGLM_EVAL_DATA, else ./data/eval)"""
@@ -53,15 +65,35 @@ class EvalArgs:
     """cpu, cuda, cuda:1, ... (default: cuda when available)"""
     output_path: Path | None = None
     """write lm-eval's results JSON here, as lm-eval does (a folder: <output_path>/<pretrained with / as
-    __>/results_<date>.json)"""
+    __>/results_<date>.json); --suite multitask writes multitask.json and multitask.md into this folder"""
     log_samples: bool = False
     """also write every document's requests and scores (needs --output_path)"""
+    mmlu_fewshot: int = 5
+    """--suite multitask: examples per prompt of the MMLU few-shot column (from dev)"""
+    genset: list[str] = field(default_factory=list, metadata={"repeatable": True})
+    """--suite multitask: a generation set as NAME:PATH:SOURCE_FIELD:TARGET_FIELD or a YAML file of {name, path,
+    source, target, prompt}; repeat for several (default: WikiAuto at <data_dir>/../finetune/wikiauto/valid.jsonl)"""
+    genset_n: int = 100
+    """--suite multitask: instances drawn from each generation set"""
+    genset_seed: int = 0
+    """--suite multitask: seed of the instance draw (the same instances for a seed)"""
+    genset_batch_size: int = 16
+    """--suite multitask: prompts generated together"""
+    genset_decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    """--suite multitask: Genset's decoding options, --genset_decoding.FIELD (steps, max_new_tokens, strategy, ...)"""
 
     def __post_init__(self) -> None:
+        multitask_only = {"mmlu_fewshot": 5, "genset": [], "genset_n": 100, "genset_seed": 0, "genset_batch_size": 16,
+                          "genset_decoding": DecodingConfig()}
+        if self.suite == "multitask":
+            self._check_multitask()
+        elif changed := [k for k, v in multitask_only.items() if getattr(self, k) != v]:
+            raise ValueError(f"--{changed[0]} only applies with --suite multitask.")
         if self.suite is not None:
             if self.tasks or self.include_path is not None:
                 raise ValueError("--suite chooses the tasks and their YAMLs: drop --tasks/--include_path.")
-            select_tasks(self.suite_tasks)  # unknown column names fail here, before any model is loaded
+            if self.suite == "paper":
+                select_tasks(self.suite_tasks)  # unknown column names fail here, before any model is loaded
         else:
             if self.suite_tasks or self.data_dir is not None:
                 raise ValueError("--data_dir and --suite_tasks only apply with --suite.")
@@ -76,6 +108,34 @@ class EvalArgs:
         if not Path(pretrained).exists():
             raise ValueError(f"no model at {pretrained}: pass --model_args pretrained=DIR with a directory written by "
                              "`biglm export` or `save_pretrained` (config.json + model.safetensors + tokenizer).")
+
+    def _check_multitask(self) -> None:
+        """The multitask suite's own options, checked before any model or data is loaded."""
+        known = {p.lower(): p for p in PARTS}
+        bad = [t for t in self.suite_tasks if t.lower() not in known]
+        if bad:
+            raise ValueError(f"unknown multitask part(s) {', '.join(bad)}; choose from {', '.join(PARTS)}.")
+        if self.num_fewshot is not None:
+            raise ValueError("--suite multitask runs MMLU zero-shot and --mmlu_fewshot-shot: drop --num_fewshot.")
+        if self.log_samples:
+            raise ValueError("--log_samples does not apply to --suite multitask: multitask.json under --output_path "
+                             "holds every Genset instance and lm-eval's per-task results.")
+        for name, value in (("mmlu_fewshot", self.mmlu_fewshot), ("genset_n", self.genset_n),
+                            ("genset_batch_size", self.genset_batch_size)):
+            if value < 1:
+                raise ValueError(f"--{name}={value} must be >= 1.")
+        for spec in self.multitask_gensets() or ():
+            if not spec.path.startswith("hf:") and not Path(spec.path).is_file():
+                raise ValueError(f"--genset {spec.name}: no file {spec.path}")
+
+    def multitask_parts(self) -> tuple[str, ...]:
+        """The multitask parts to run (all by default), in Table 5's order."""
+        chosen = {t.lower() for t in self.suite_tasks}
+        return tuple(p for p in PARTS if not chosen or p.lower() in chosen)
+
+    def multitask_gensets(self):
+        """The parsed ``--genset`` specs, or None for the default (WikiAuto beside the data dir)."""
+        return [s for spec in self.genset for s in parse_genset(spec)] if self.genset else None
 
 
 def parse_model_args(model_args: str) -> dict[str, str]:
@@ -102,6 +162,8 @@ def main(argv: list[str]) -> int:
     setup_logging()  # lm-eval's progress lines, as its own CLI shows them
     common = dict(limit=args.limit, num_fewshot=args.num_fewshot, batch_size=args.batch_size, device=args.device,
                   output_path=args.output_path, log_samples=args.log_samples)
+    if args.suite == "multitask":
+        return _main_multitask(args)
     if args.suite is not None:
         data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
         try:
@@ -124,6 +186,26 @@ def main(argv: list[str]) -> int:
         print(f"\nBiGLM zero-shot, suite {args.suite!r} (acc_norm: PIQA, ARC-C, LogiQA, HellaS; acc elsewhere; "
               "Avg over the Table 1 columns that ran)")
         print(format_table(header, row))
+    return 0
+
+
+def _main_multitask(args: EvalArgs) -> int:
+    """`biglm eval --suite multitask`: run Table 5's suite, print its row (and write it with --output_path)."""
+    model_args = parse_model_args(args.model_args)
+    try:
+        summary = run_multitask(model_args.pop("pretrained"), data_dir=args.data_dir, parts=args.multitask_parts(),
+                                gensets=args.multitask_gensets(), genset_n=args.genset_n, genset_seed=args.genset_seed,
+                                genset_batch_size=args.genset_batch_size, decoding=args.genset_decoding,
+                                mmlu_fewshot=args.mmlu_fewshot, limit=args.limit, batch_size=args.batch_size,
+                                device=args.device, model_args=model_args, output_path=args.output_path)
+    except (FileNotFoundError, ValueError) as e:  # no part has data; a genset file or field that is wrong
+        print(f"biglm eval: {e}", file=sys.stderr)
+        return 2
+    if not summary:  # not rank 0 under torchrun
+        return 0
+    print(f"\nBiGLM multitask suite (Table 5 layout)\n{summary['table']}")
+    if args.output_path is not None:
+        print(f"\nwritten: {Path(args.output_path) / 'multitask.json'}, {Path(args.output_path) / 'multitask.md'}")
     return 0
 
 

@@ -11,6 +11,8 @@ Notable features
   ``lm-eval run --output_path`` writes them: ``<output_path>/<pretrained path, "/" as "__">/results_<date>.json``
   (or ``<stem>_<date>.json`` beside a path ending in ``.json``), plus ``samples_<task>_<date>.jsonl``
   per task with ``log_samples``.
+- `build_lm` builds the model once for several evaluations (the multitask suite runs MMLU zero- and
+  few-shot on one load, then generates Genset with the same weights).
 - `run_suite` writes the suite's override YAMLs (`biglm.scoring.suite`) into a temporary folder, runs
   them, and adds the paper table to the results dict as ``results["biglm_suite"]``.
 """
@@ -25,7 +27,7 @@ from typing import Any
 
 from .suite import LOCAL_SUFFIX, default_data_dir, select_tasks, suite_table, write_suite_yamls
 
-__all__ = ["evaluate", "run_suite", "model_args_string"]
+__all__ = ["evaluate", "run_suite", "model_args_string", "build_lm"]
 
 
 def model_args_string(model_args: str | dict[str, Any]) -> str:
@@ -36,10 +38,22 @@ def model_args_string(model_args: str | dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in model_args.items() if v is not None)
 
 
+def build_lm(*, model_args: str | dict[str, Any], batch_size: int | str | None = None, device: str | None = None):
+    """The ``biglm`` lm-eval model, built once as ``simple_evaluate`` would build it, so several
+    evaluations (and biglm's own generation, through its ``.model``/``.tokenizer``) share one load."""
+    from lm_eval.api.registry import get_model
+
+    from . import lm_eval_adapter  # noqa: F401  registers "biglm"
+
+    extra = {k: v for k, v in (("batch_size", batch_size), ("device", device)) if v is not None}
+    return get_model("biglm").create_from_arg_string(model_args_string(model_args), extra)
+
+
 def evaluate(
     *,
-    model_args: str | dict[str, Any],
+    model_args: str | dict[str, Any] | None = None,
     tasks: list[str] | tuple[str, ...],
+    lm: Any = None,
     include_path: str | os.PathLike[str] | None = None,
     limit: float | None = None,
     num_fewshot: int | None = None,
@@ -51,8 +65,9 @@ def evaluate(
     """Evaluate the ``biglm`` model on lm-eval ``tasks`` and return lm-eval's results dict.
 
     ``model_args`` are the adapter's options (``pretrained`` is required); ``batch_size`` None keeps
-    the adapter's default. ``log_samples`` keeps the per-document records in ``results["samples"]``
-    (and writes them when ``output_path`` is given).
+    the adapter's default. ``lm`` is a model from `build_lm` to reuse instead (then ``model_args``,
+    ``batch_size`` and ``device`` are those it was built with and must be left unset). ``log_samples``
+    keeps the per-document records in ``results["samples"]`` (and writes them when ``output_path`` is given).
     """
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
@@ -60,10 +75,15 @@ def evaluate(
 
     from . import lm_eval_adapter  # noqa: F401  registers "biglm"
 
+    if (lm is None) == (model_args is None):
+        raise ValueError("pass either model_args (lm-eval builds the model) or lm (a model from build_lm).")
+    if lm is not None and (batch_size is not None or device is not None):
+        raise ValueError("batch_size and device belong to build_lm when lm is given.")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as lm-eval's CLI does
     tracker = EvaluationTracker(output_path=str(output_path)) if output_path is not None else None
     results = lm_eval.simple_evaluate(
-        model="biglm", model_args=model_args_string(model_args), tasks=list(tasks),
+        model=lm if lm is not None else "biglm",
+        model_args=model_args_string(model_args) if lm is None else None, tasks=list(tasks),
         task_manager=TaskManager(include_path=str(include_path) if include_path is not None else None),
         num_fewshot=num_fewshot, batch_size=batch_size, device=device, limit=limit,
         log_samples=log_samples, evaluation_tracker=tracker)

@@ -132,6 +132,8 @@ def write_suite_yamls(*, data_dir: str | os.PathLike[str], out_dir: str | os.Pat
     Returns ``(tasks_written, missing)`` where ``missing`` maps a skipped column to the file it looked
     for. Raises FileNotFoundError when no chosen task has data.
     """
+    if suite == "multitask":  # Table 5 mixes lm-eval tasks and generation: its own module writes its YAMLs
+        raise ValueError("the multitask suite's YAMLs are written by biglm.scoring.multitask.write_multitask_yamls.")
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; available: {', '.join(SUITES)}")
     data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir)

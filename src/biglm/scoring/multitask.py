@@ -1,0 +1,440 @@
+"""Table 5's multitask suite (paper §4.3, DESIGN §10): MMLU zero/few-shot, the SuperGLUE average, Genset.
+
+    summary = run_multitask("runs/flan-hf", data_dir="../shared/data/eval", limit=50)
+    print(summary["table"])          # Table 5's row: MMLU ZS / FS | SuperGLUE AVG ACC. | Genset B-2 / D-2
+
+Why a module of its own: Table 5 mixes two kinds of evaluation. MMLU and SuperGLUE are likelihood
+tasks run by lm-eval (built-in task YAMLs, data replaced by local files, as `suite` does for
+Table 1); Genset is free generation by biglm's own decoding, scored by BLEU-2 and Distinct-2.
+
+Notable features
+- MMLU: lm-eval's ``mmlu`` group over the local subjects (`suite._write_mmlu`), run twice on one
+  loaded model: zero-shot and ``mmlu_fewshot``-shot (default 5, examples from ``dev``).
+- SuperGLUE: every folder under ``<data_dir>/aps__super_glue/`` (hub layout ``<config>/validation.jsonl``)
+  is discovered, not listed: each known config name maps to its built-in lm-eval task
+  (`SUPERGLUE_TASKS`); ``wsc`` is the unfixed copy of ``wsc.fixed`` (lm-eval's ``wsc`` reads the
+  fixed one) and is used only when ``wsc.fixed`` is absent; the diagnostics ``axb``/``axg`` and
+  unknown names are skipped with a line naming why. The average is the unweighted mean of the
+  tasks that ran (accuracy; ReCoRD's exact match, which is its accuracy at choosing the entity),
+  and the table names the tasks it covers and the ones absent.
+- Genset: `GensetSpec` gives a set by path and fields (source text, target string or list of
+  references) and an instruction prompt, so WikiAuto, QQP or PersonaChat plug in alike.
+  `select_instances` draws ``n`` (100) row indices with a seeded ``random.Random`` (the same rows
+  for a seed, whatever the run); each prompt goes through the model's chat template when it has one
+  (`biglm.generation.chat.render_chat`), the answer is written by `biglm.generation.generate` with
+  one `DecodingConfig`, and the outputs are scored with sacrebleu's BLEU-2 (multi-reference) and
+  Distinct-2 (`biglm.finetune.genmetrics`), per set and over the pooled Genset (the paper's column).
+- Scales as in the paper's Table 5: accuracies and BLEU-2 in percent, Distinct-2 as a fraction.
+- Bad input fails before the model loads: a genset file or field that does not exist, an empty
+  source or target, a prompt without ``{source}``, two sets with one name, no part with data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .suite import LOCAL_SUFFIX, PAPER_SUITE, _override, _write_mmlu, default_data_dir, tasks_root
+
+__all__ = ["PARTS", "SUPERGLUE_TASKS", "SuperGlueTask", "GensetSpec", "GensetSample", "DEFAULT_GENSET_PROMPTS",
+           "discover_superglue", "write_multitask_yamls", "parse_genset", "default_gensets", "select_instances",
+           "load_genset", "run_genset", "multitask_table", "run_multitask"]
+
+PARTS = ("MMLU", "SuperGLUE", "Genset")
+SUPERGLUE_HUB = "aps__super_glue"
+
+
+@dataclass(frozen=True)
+class SuperGlueTask:
+    """A SuperGLUE config of the hub dataset ``aps/super_glue`` and the built-in lm-eval task that reads it."""
+
+    config: str
+    """the hub config, i.e. the folder name under ``aps__super_glue``"""
+    task: str
+    """the built-in lm-eval task"""
+    yaml: str
+    """its YAML, relative to ``lm_eval/tasks``"""
+    metric: str
+    """the accuracy the average takes"""
+    label: str
+    """the name printed in the table"""
+
+
+SUPERGLUE_TASKS: tuple[SuperGlueTask, ...] = (
+    SuperGlueTask("boolq", "boolq", "super_glue/boolq/default.yaml", "acc", "BoolQ"),
+    SuperGlueTask("cb", "cb", "super_glue/cb/default.yaml", "acc", "CB"),
+    SuperGlueTask("copa", "copa", "super_glue/copa/default.yaml", "acc", "COPA"),
+    SuperGlueTask("multirc", "multirc", "super_glue/multirc/default.yaml", "acc", "MultiRC"),
+    # ReCoRD picks one entity among the passage's: exact match is its accuracy
+    SuperGlueTask("record", "record", "super_glue/record/default.yaml", "em", "ReCoRD"),
+    SuperGlueTask("rte", "sglue_rte", "super_glue/rte/default.yaml", "acc", "RTE"),
+    SuperGlueTask("wic", "wic", "super_glue/wic/default.yaml", "acc", "WiC"),
+    SuperGlueTask("wsc.fixed", "wsc", "super_glue/wsc/default.yaml", "acc", "WSC"),
+)
+_BY_CONFIG = {t.config: t for t in SUPERGLUE_TASKS}
+_DIAGNOSTICS = ("axb", "axg")  # hub configs that are test-only diagnostics, outside the SuperGLUE score
+
+
+def discover_superglue(data_dir: str | os.PathLike[str]) -> tuple[list[tuple[SuperGlueTask, Path]], dict[str, str]]:
+    """The SuperGLUE tasks whose data lies under ``<data_dir>/aps__super_glue/<config>/validation.jsonl``.
+
+    Returns ``(found, skipped)``: ``found`` pairs each task with its folder, in `SUPERGLUE_TASKS` order;
+    ``skipped`` maps a folder name that is not used to the reason.
+    """
+    root = Path(data_dir) / SUPERGLUE_HUB
+    folders = {p.name: p for p in sorted(root.iterdir()) if p.is_dir()} if root.is_dir() else {}
+    found: dict[str, tuple[SuperGlueTask, Path]] = {}
+    skipped: dict[str, str] = {}
+    for name, folder in folders.items():
+        if name in _DIAGNOSTICS:
+            skipped[name] = "a diagnostic set (test only), not part of the SuperGLUE score"
+            continue
+        if name == "wsc":  # the unfixed WSC spans: lm-eval's wsc task reads wsc.fixed
+            if "wsc.fixed" in folders:
+                skipped[name] = "lm-eval's wsc task reads wsc.fixed, which is present (not scored twice)"
+                continue
+            task = _BY_CONFIG["wsc.fixed"]
+        elif name in _BY_CONFIG:
+            task = _BY_CONFIG[name]
+        else:
+            skipped[name] = (f"unknown SuperGLUE config; known: {', '.join(t.config for t in SUPERGLUE_TASKS)} "
+                             "(a new one needs an entry in biglm.scoring.multitask.SUPERGLUE_TASKS)")
+            continue
+        if not (folder / "validation.jsonl").is_file():
+            skipped[name] = f"no {folder / 'validation.jsonl'}"
+            continue
+        found[task.config] = (task, folder)
+    ordered = [found[t.config] for t in SUPERGLUE_TASKS if t.config in found]
+    return ordered, skipped
+
+
+@dataclass
+class MultitaskPlan:
+    """What `write_multitask_yamls` wrote: the MMLU group (None when absent), the SuperGLUE tasks, the skips."""
+
+    mmlu_task: str | None
+    mmlu_subjects: list[str]
+    superglue: list[SuperGlueTask]
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def write_multitask_yamls(*, data_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
+                          parts: Sequence[str] = PARTS) -> MultitaskPlan:
+    """Override YAMLs for the MMLU subjects (and their group) and the SuperGLUE tasks found in ``data_dir``."""
+    data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    root = tasks_root()
+    plan = MultitaskPlan(None, [], [])
+    if "MMLU" in parts:
+        mmlu = next(t for t in PAPER_SUITE if t.task == "mmlu")
+        plan.mmlu_subjects = _write_mmlu(data_dir, out_dir, root, mmlu)
+        if plan.mmlu_subjects:
+            plan.mmlu_task = "mmlu" + LOCAL_SUFFIX
+        else:
+            plan.skipped["MMLU"] = f"no {data_dir / mmlu.hub / '<subject>' / 'test.jsonl'}"
+    if "SuperGLUE" in parts:
+        found, skipped = discover_superglue(data_dir)
+        plan.skipped.update({f"SuperGLUE {k}": v for k, v in skipped.items()})
+        for task, folder in found:
+            files = {"validation": folder / "validation.jsonl"}
+            nulls: tuple[str, ...] = ("training_split",)
+            if (folder / "train.jsonl").is_file():  # the few-shot sampler's source, when shipped
+                files["train"], nulls = folder / "train.jsonl", ()
+            # tag []: the local copies must not join the built-in super-glue-lm-eval-v1 tag
+            doc = _override(root / task.yaml, task.task + LOCAL_SUFFIX, task.config, files, nulls, {"tag": []})
+            (out_dir / f"{task.task}{LOCAL_SUFFIX}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+            plan.superglue.append(task)
+        if not found:
+            plan.skipped["SuperGLUE"] = f"no known task folder with validation.jsonl under {data_dir / SUPERGLUE_HUB}"
+    return plan
+
+
+# ------------------------------------------------------------------------------------------------- Genset
+DEFAULT_GENSET_PROMPTS = {
+    # FLAN has no template for these held-out sets; plain instructions in FLAN's style
+    "wikiauto": "Simplify the following sentence:\n\n{source}",
+    "qqp": "Paraphrase the following question:\n\n{source}",
+    "personachat": "Continue the conversation:\n\n{source}",
+}
+
+
+@dataclass(frozen=True)
+class GensetSpec:
+    """One generation set of Genset: a data file, its source and target fields, and the instruction."""
+
+    name: str
+    """the set's name (wikiauto, qqp, personachat, ...)"""
+    path: str
+    """a .jsonl/.json/.csv/.tsv/.parquet file (or hf:OWNER/NAME[:CONFIG][@SPLIT])"""
+    source: str
+    """the field holding the input text"""
+    target: str
+    """the field holding the reference: a string or a list of strings (several references)"""
+    prompt: str = ""
+    """the instruction, with {source} where the input goes (default: the set's built-in prompt, else {source})"""
+
+    def __post_init__(self) -> None:
+        for key in ("name", "path", "source", "target"):
+            if not getattr(self, key):
+                raise ValueError(f"genset {self.name or '?'}: {key} is empty")
+        if not self.prompt:
+            object.__setattr__(self, "prompt", DEFAULT_GENSET_PROMPTS.get(self.name.lower(), "{source}"))
+        if "{source}" not in self.prompt:
+            raise ValueError(f"genset {self.name}: prompt {self.prompt!r} has no {{source}}: write where the input "
+                             "goes, e.g. 'Simplify: {source}'")
+
+
+def parse_genset(spec: str) -> list[GensetSpec]:
+    """``NAME:PATH:SOURCE_FIELD:TARGET_FIELD`` (the built-in prompt of NAME), or a YAML/JSON file holding a
+    list of ``{name, path, source, target, prompt}`` mappings."""
+    from ..config import ConfigError, from_dict, load_yaml
+
+    if spec.lower().endswith((".yaml", ".yml", ".json")) and Path(spec).is_file():
+        data = load_yaml(spec)
+        items = data if isinstance(data, list) else [data]
+        try:
+            return [from_dict(GensetSpec, dict(item) if isinstance(item, dict) else item) for item in items]
+        except ConfigError as e:
+            raise ValueError(f"genset file {spec}: {e}") from None
+    name, sep, rest = spec.partition(":")
+    parts = rest.rsplit(":", 2) if sep else []
+    if len(parts) != 3 or not all(parts) or not name:
+        raise ValueError(f"genset {spec!r}: write NAME:PATH:SOURCE_FIELD:TARGET_FIELD (e.g. "
+                         "wikiauto:data/wikiauto/valid.jsonl:source:references) or a YAML file of "
+                         "{name, path, source, target, prompt} mappings")
+    return [GensetSpec(name=name, path=parts[0], source=parts[1], target=parts[2])]
+
+
+def default_gensets(data_dir: str | os.PathLike[str]) -> list[GensetSpec]:
+    """WikiAuto at ``<data_dir>/../finetune/wikiauto/valid.jsonl`` (the shared data layout) when present."""
+    path = Path(data_dir).parent / "finetune" / "wikiauto" / "valid.jsonl"
+    return [GensetSpec(name="wikiauto", path=str(path), source="source", target="references")] if path.is_file() else []
+
+
+def select_instances(total: int, *, n: int, seed: int) -> list[int]:
+    """``min(n, total)`` distinct row indices in [0, total), drawn by ``random.Random(seed)``, sorted."""
+    if total < 1:
+        raise ValueError("the set has no rows")
+    if n < 1:
+        raise ValueError(f"n={n} must be >= 1")
+    return sorted(random.Random(seed).sample(range(total), min(n, total)))
+
+
+@dataclass
+class GensetSample:
+    """The instances drawn from one set: row indices, inputs and references."""
+
+    spec: GensetSpec
+    rows: int
+    """rows in the whole set"""
+    indices: list[int]
+    sources: list[str]
+    references: list[list[str]]
+
+
+def load_genset(spec: GensetSpec, *, n: int, seed: int) -> GensetSample:
+    """Read ``spec``'s set through ``datasets``, check its fields, and draw ``n`` instances (`select_instances`)."""
+    from ..finetune.data import load_table
+
+    table = load_table(spec.path)
+    for key in ("source", "target"):
+        column = getattr(spec, key)
+        if column not in table.column_names:
+            raise ValueError(f"genset {spec.name}: {spec.path} has no field {column!r} (its {key}); fields: "
+                             f"{', '.join(table.column_names)}")
+    indices = select_instances(len(table), n=n, seed=seed)
+    picked = table.select(indices)
+    sources, references = [], []
+    for i, row in zip(indices, picked):
+        src, tgt = row[spec.source], row[spec.target]
+        refs = [tgt] if isinstance(tgt, str) else list(tgt or [])
+        if not isinstance(src, str) or not src.strip():
+            raise ValueError(f"genset {spec.name}: row {i} of {spec.path} has an empty or non-text {spec.source!r}")
+        if not refs or not all(isinstance(r, str) and r.strip() for r in refs):
+            raise ValueError(f"genset {spec.name}: row {i} of {spec.path} has an empty {spec.target!r} "
+                             "(a string or a non-empty list of non-empty strings is needed)")
+        sources.append(src)
+        references.append(refs)
+    return GensetSample(spec, len(table), indices, sources, references)
+
+
+def genset_prompt(tokenizer, spec: GensetSpec, source: str) -> str:
+    """The instruction with ``source`` in it, rendered as a user turn when the model has a chat template."""
+    from ..generation.chat import render_chat
+
+    text = spec.prompt.replace("{source}", source)
+    if getattr(tokenizer, "chat_template", None):
+        return render_chat(tokenizer, [{"role": "user", "content": text}])
+    return text
+
+
+def _scores(outputs: list[str], references: list[list[str]]) -> dict[str, float | None]:
+    from ..finetune.genmetrics import bleu2, distinct_n
+
+    try:
+        d2: float | None = distinct_n(outputs=outputs, n=2) / 100.0
+    except ValueError:  # no output has two tokens: Distinct-2 is undefined, not 0
+        d2 = None
+    return {"bleu2": bleu2(predictions=outputs, references=references), "distinct2": d2}
+
+
+def run_genset(model, tokenizer, sample: GensetSample, *, config=None, batch_size: int = 16) -> dict[str, Any]:
+    """Generate an answer for each instance of ``sample`` and score them: BLEU-2 (percent), Distinct-2 (fraction)."""
+    from ..generation import DecodingConfig, generate
+
+    config = config or DecodingConfig()
+    prompts = [genset_prompt(tokenizer, sample.spec, s) for s in sample.sources]
+    outputs: list[str] = []
+    for start in range(0, len(prompts), batch_size):
+        outputs += [a.strip() for a in generate(model, tokenizer, prompts[start:start + batch_size], config=config)]
+    return {"name": sample.spec.name, "path": sample.spec.path, "rows": sample.rows, "n": len(outputs),
+            "indices": sample.indices, **_scores(outputs, sample.references),
+            "instances": [{"index": i, "prompt": p, "output": o, "references": r}
+                          for i, p, o, r in zip(sample.indices, prompts, outputs, sample.references)]}
+
+
+# ------------------------------------------------------------------------------------------------- table
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{100 * v:.2f}"
+
+
+def multitask_table(summary: dict[str, Any]) -> str:
+    """Table 5's row (MMLU ZS / FS, SuperGLUE AVG ACC., Genset B-2 / D-2) in Markdown, then what each
+    column covers and a per-task breakdown."""
+    from .suite import format_table
+
+    mm, sg, gs = summary["mmlu"], summary["superglue"], summary["genset"]
+    b2 = "—" if gs["bleu2"] is None else f"{gs['bleu2']:.2f}"
+    d2 = "—" if gs["distinct2"] is None else f"{gs['distinct2']:.2f}"
+    header = ["Model", "MMLU ZS / FS", "SuperGLUE AVG ACC.", "Genset B-2 / D-2"]
+    row = [summary["model"], f"{_pct(mm['zero_shot'])} / {_pct(mm['few_shot'])}", _pct(sg["average"]), f"{b2} / {d2}"]
+    labels = {t.config: t.label for t in SUPERGLUE_TASKS}
+    covered = [labels[c] for c in sg["covered"]]
+    absent = [t.label for t in SUPERGLUE_TASKS if t.config not in sg["covered"]]
+    lines = [format_table(header, row), ""]
+    lines.append(f"- MMLU: {len(mm['subjects'])} subjects, zero-shot / {mm['fewshot']}-shot (examples from dev), "
+                 "accuracy weighted by subject size.")
+    lines.append(f"- SuperGLUE average over {len(covered)} of {len(SUPERGLUE_TASKS)} tasks: "
+                 f"{', '.join(covered) or 'none'}" + (f" (absent: {', '.join(absent)})" if absent else "") + ".")
+    sets = ", ".join(f"{s['name']} ({s['n']})" for s in gs["sets"]) or "none"
+    lines.append(f"- Genset: {sets}, seed {gs['seed']}; B-2 = sacrebleu BLEU-2 (%), D-2 = Distinct-2 (fraction).")
+    if gs["sets"] and gs["distinct2"] is None:
+        lines.append("- D-2 —: no output has two tokens, so Distinct-2 is undefined.")
+    if summary.get("limit") is not None:
+        limit = summary["limit"]
+        shown = int(limit) if float(limit).is_integer() and limit >= 1 else limit
+        lines.append(f"- limit={shown} documents per lm-eval task: a quick check, not a reportable number.")
+    detail_h = [labels[c] for c in sg["covered"]] + [f"{s['name']} B-2 / D-2" for s in gs["sets"]]
+    detail_r = [_pct(sg["tasks"][c]) for c in sg["covered"]]
+    detail_r += [f"{s['bleu2']:.2f} / " + ("—" if s["distinct2"] is None else f"{s['distinct2']:.2f}")
+                 for s in gs["sets"]]
+    if detail_h:
+        lines += ["", format_table(detail_h, detail_r)]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------- runner
+def _value(results: dict[str, Any], task: str, metric: str) -> float | None:
+    v = results.get("results", {}).get(task, {}).get(f"{metric},none")
+    return float(v) if isinstance(v, (int, float)) and not math.isnan(v) else None
+
+
+def run_multitask(
+    pretrained: str | os.PathLike[str],
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    parts: Sequence[str] = PARTS,
+    gensets: Sequence[GensetSpec] | None = None,
+    genset_n: int = 100,
+    genset_seed: int = 0,
+    genset_batch_size: int = 16,
+    decoding=None,
+    mmlu_fewshot: int = 5,
+    limit: float | None = None,
+    batch_size: int | str | None = None,
+    device: str | None = None,
+    model_args: dict[str, Any] | None = None,
+    output_path: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """Run Table 5's suite and return its summary: ``mmlu``, ``superglue``, ``genset`` (every number,
+    the tasks covered, the instances drawn and generated), ``skipped`` and the Markdown ``table``.
+
+    ``gensets`` None takes `default_gensets` (WikiAuto beside ``data_dir``); ``[]`` runs none.
+    ``decoding`` is the `DecodingConfig` of Genset; ``limit`` cuts each lm-eval task to that many
+    documents (quick checks). With ``output_path`` (a folder) ``multitask.json`` and ``multitask.md``
+    are written there. Skipped parts and folders are named on stderr.
+    """
+    from ..generation import DecodingConfig
+    from .harness import build_lm, evaluate
+
+    decoding = decoding or DecodingConfig()
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        raise ValueError(f"unknown multitask part(s) {', '.join(bad) or '(none given)'}; choose from {', '.join(PARTS)}")
+    if not Path(pretrained).exists():
+        raise FileNotFoundError(f"no model at {pretrained}: pass a directory written by `biglm export` or a run.")
+    if mmlu_fewshot < 1:
+        raise ValueError(f"mmlu_fewshot={mmlu_fewshot} must be >= 1 (the zero-shot column always runs)")
+    data = Path(data_dir) if data_dir is not None else default_data_dir()
+    specs = list(default_gensets(data) if gensets is None else gensets) if "Genset" in parts else []
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"genset names must be unique, got {', '.join(names)}")
+    samples = [load_genset(s, n=genset_n, seed=genset_seed) for s in specs]  # bad files fail before the model
+    args = {"pretrained": str(pretrained), **(model_args or {})}
+    with tempfile.TemporaryDirectory(prefix="biglm-multitask-") as tmp:
+        plan = write_multitask_yamls(data_dir=data, out_dir=tmp, parts=parts)
+        if "Genset" in parts and not samples:
+            plan.skipped["Genset"] = ("no generation set: pass --genset NAME:PATH:SOURCE:TARGET (WikiAuto is read "
+                                      f"from {data.parent / 'finetune' / 'wikiauto' / 'valid.jsonl'} when present)")
+        for what, why in plan.skipped.items():
+            print(f"biglm eval: multitask: skipping {what}: {why}", file=sys.stderr)
+        zero_tasks = ([plan.mmlu_task] if plan.mmlu_task else []) + [t.task + LOCAL_SUFFIX for t in plan.superglue]
+        if not zero_tasks and not samples:
+            raise FileNotFoundError(f"nothing of the multitask suite has data under {data}: "
+                                    + "; ".join(f"{k}: {v}" for k, v in plan.skipped.items()))
+        lm = build_lm(model_args=args, batch_size=batch_size, device=device)
+        common = dict(include_path=tmp, limit=limit, lm=lm)
+        zero = evaluate(tasks=zero_tasks, num_fewshot=0, **common) if zero_tasks else {}
+        few = evaluate(tasks=[plan.mmlu_task], num_fewshot=mmlu_fewshot, **common) if plan.mmlu_task else {}
+    if getattr(lm, "rank", 0) != 0:  # torchrun: rank 0 reports
+        return {}
+    sets = [run_genset(lm.model, lm.tokenizer, s, config=decoding, batch_size=genset_batch_size) for s in samples]
+    sg_values = {t.config: _value(zero, t.task + LOCAL_SUFFIX, t.metric) for t in plan.superglue}
+    ran = {k: v for k, v in sg_values.items() if v is not None}
+    pooled = _scores([i["output"] for s in sets for i in s["instances"]],
+                     [i["references"] for s in sets for i in s["instances"]]) if sets else {"bleu2": None,
+                                                                                             "distinct2": None}
+    summary: dict[str, Any] = {
+        "model": Path(pretrained).name,
+        "pretrained": str(pretrained),
+        "limit": limit,
+        "mmlu": {"zero_shot": _value(zero, plan.mmlu_task, "acc") if plan.mmlu_task else None,
+                 "few_shot": _value(few, plan.mmlu_task, "acc") if plan.mmlu_task else None,
+                 "fewshot": mmlu_fewshot, "subjects": plan.mmlu_subjects},
+        "superglue": {"average": sum(ran.values()) / len(ran) if ran else None, "covered": list(ran),
+                      "tasks": ran, "metrics": {t.config: t.metric for t in plan.superglue}},
+        "genset": {**pooled, "seed": genset_seed, "n_per_set": genset_n,
+                   "decoding": asdict(decoding), "sets": sets},
+        "skipped": plan.skipped,
+        "scales": {"accuracy": "fraction in JSON, percent in the table", "bleu2": "percent",
+                   "distinct2": "fraction (the paper's scale)"},
+        "lm_eval": {"zero_shot": zero.get("results", {}), "few_shot": few.get("results", {})},
+    }
+    summary["table"] = multitask_table(summary)
+    if output_path is not None:
+        out = Path(output_path)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "multitask.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        (out / "multitask.md").write_text(summary["table"] + "\n")
+    return summary
