@@ -1,0 +1,424 @@
+"""The FastAPI application of `biglm serve`: OpenAI's completions, chat completions, models and a health check.
+
+Why this shape: the HTTP side only parses, checks and streams; decoding happens in one engine
+thread (`scheduler.Scheduler`) that batches every request in flight between decoding steps. Each
+HTTP request becomes one engine request per (prompt, choice), and receives the engine's events on
+an asyncio queue.
+
+Notable features
+- Checked before any work: a malformed body, an unknown field, an unknown model, a bad decoding
+  value (`DecodingConfig`'s own check, once), ``max_tokens`` or prompt + ``max_tokens`` beyond the
+  model's window, an empty prompt, bad chat messages: a 4xx with OpenAI's error JSON.
+- Streaming (server-sent events, ``data: {...}`` then ``data: [DONE]``): a chunk whenever the
+  stable (committed, unchangeable) part of an answer grows, i.e. per committed block or step; the
+  final chunk carries the rest and the finish reason, so the chunks concatenate to exactly the
+  non-streamed answer. Text that may still change is held back: an incomplete UTF-8 character,
+  trailing whitespace (a tokenizer's clean-up may merge it with what follows) and a tail that could
+  begin a stop string.
+- Answers are cut as `biglm.generation.api.generate` cuts them (first EOS, then the first stop
+  string), so the server answers what `biglm generate` prints for the same settings and seed. An
+  answer is finished early, and its engine request cancelled, once its stable part holds an EOS or
+  a stop string: nothing after that can change it.
+- Limits: the scheduler's bounded queue (429 at once), a per-request timeout (408, or an error event
+  in a stream; the engine request is cancelled), a client that goes away mid-request or mid-stream
+  cancels its engine requests, and shutdown refuses new requests with 503 (see `cli`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..generation.api import cut_at_stop
+from ..generation.chat import render_chat
+from ..generation.config import DecodingConfig
+from .protocol import (
+    APIError,
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    Usage,
+    decoding_config,
+    new_id,
+    now,
+)
+from .scheduler import Aborted, Job, Scheduler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What the app needs besides the model (built by `biglm serve` from its flags)."""
+
+    model_name: str
+    max_batch_rows: int = 64
+    max_queue: int = 256
+    request_timeout: float = 600.0
+    max_steps: int | None = None  # None: the model's window
+    defaults: DecodingConfig = field(default_factory=DecodingConfig)
+
+
+class TextStream:
+    """One answer's text as its tokens arrive: the deltas to stream, the final text, the finish reason."""
+
+    def __init__(self, tokenizer: Any, *, eos_id: int | None, stop: Sequence[str]) -> None:
+        self.tokenizer, self.eos_id, self.stop = tokenizer, eos_id, [s for s in stop if s]
+        self.sent = ""  # text already streamed, always a prefix of the final text
+        self.text = ""
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+
+    def _decode(self, ids: Sequence[int]) -> tuple[str, bool]:
+        ids = list(ids)
+        has_eos = self.eos_id is not None and self.eos_id in ids
+        if has_eos:
+            ids = ids[:ids.index(self.eos_id)]
+        self.completion_tokens = len(ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=True), has_eos
+
+    def update(self, stable_ids: Sequence[int]) -> str:
+        """The new text of a growing stable prefix (finishes the answer if it holds an EOS or a stop string)."""
+        if self.finish_reason is not None:
+            return ""
+        text, has_eos = self._decode(stable_ids)
+        cut = cut_at_stop(text, self.stop) if self.stop else text
+        if has_eos or len(cut) < len(text):
+            return self._finish(cut, "stop")
+        text = text.rstrip("\ufffd").rstrip()  # may still change when the next tokens arrive
+        hold = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        text = text[:len(text) - hold]
+        if len(text) > len(self.sent) and text.startswith(self.sent):
+            delta, self.sent = text[len(self.sent):], text
+            return delta
+        return ""
+
+    def finish(self, token_ids: Sequence[int], reason: str | None) -> str:
+        """The rest of the text once the engine finished the answer."""
+        if self.finish_reason is not None:
+            return ""
+        text, has_eos = self._decode(token_ids)
+        cut = cut_at_stop(text, self.stop) if self.stop else text
+        return self._finish(cut, "stop" if has_eos or len(cut) < len(text) or reason == "stop" else "length")
+
+    def _finish(self, text: str, reason: str) -> str:
+        self.text, self.finish_reason = text, reason
+        if not text.startswith(self.sent):  # a tokenizer whose decode is not prefix-stable beyond the held-back tail
+            log.warning("streamed text %r is not a prefix of the final answer %r", self.sent, text)
+            return ""
+        delta, self.sent = text[len(self.sent):], text
+        return delta
+
+
+class _Run:
+    """One HTTP request in the engine: its jobs, their text streams and the queue their events arrive on."""
+
+    def __init__(self, scheduler: Scheduler, jobs: list[Job], streams: list[TextStream]) -> None:
+        self.scheduler, self.streams = scheduler, streams
+        self.ids = [job.request_id for job in jobs]
+        self.index = {rid: i for i, rid in enumerate(self.ids)}
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def sink(item: Any) -> None:  # called from the engine thread
+            with contextlib.suppress(RuntimeError):  # the loop closed (shutdown): nobody is listening
+                loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+        scheduler.admit(jobs, sink)
+
+    @property
+    def done(self) -> bool:
+        return all(s.finish_reason is not None for s in self.streams)
+
+    def cancel_unfinished(self) -> None:
+        self.scheduler.cancel([rid for rid, s in zip(self.ids, self.streams) if s.finish_reason is None])
+
+    async def next(self, timeout: float) -> tuple[int, str]:
+        """(choice index, new text) of the next event; raises `APIError` for an aborted request and
+        `TimeoutError` when nothing arrives within ``timeout`` seconds."""
+        item = await asyncio.wait_for(self.queue.get(), timeout=timeout)
+        if isinstance(item, Aborted):
+            raise item.error
+        i = self.index[item.request_id]
+        stream = self.streams[i]
+        if item.finished:
+            if item.finish_reason == "cancelled":  # cancelled by the engine itself, not by this request
+                raise APIError(500, "the engine cancelled this request.", type="server_error", code="cancelled")
+            return i, stream.finish(item.token_ids, item.finish_reason)
+        delta = stream.update(item.stable_ids)
+        if stream.finish_reason is not None:  # EOS or a stop string in the stable part: the rest cannot change it
+            self.scheduler.cancel([item.request_id])
+        return i, delta
+
+
+def _error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    """A pydantic/FastAPI validation failure as one OpenAI error naming the field."""
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')}).",
+                        code="invalid_json")
+    if kind == "extra_forbidden":
+        return APIError(400, f"unknown or unsupported field {param!r}: biglm serve refuses options it would ignore "
+                             "(see docs/serving.md for the accepted fields).", param=param, code="unknown_field")
+    if kind == "missing":
+        return APIError(400, f"missing required field {param!r}.", param=param, code="missing_field")
+    if not loc:
+        return APIError(400, f"the request body must be a JSON object ({first.get('msg', 'invalid body')}).",
+                        code="invalid_body")
+    return APIError(400, f"{param}: {first.get('msg', 'invalid value')}.", param=param, code="invalid_value")
+
+
+def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: Any = None) -> FastAPI:
+    """The server for ``model`` (a `BiGLMForMaskedLM` in eval mode) and its ``tokenizer``.
+
+    ``engine`` defaults to a `biglm.generation.engine.DecodeEngine` over ``model``; the engine thread
+    starts with the app (lifespan) and stops, aborting what is left, when it shuts down.
+    """
+    if engine is None:
+        from ..generation.engine import DecodeEngine
+
+        engine = DecodeEngine(model, max_batch_rows=settings.max_batch_rows, tokenizer=tokenizer)
+    window = int(model.config.max_position_embeddings)
+    max_steps = settings.max_steps or window
+    eos_id = model.config.eos_token_id
+    scheduler = Scheduler(engine, max_in_flight=settings.max_batch_rows + settings.max_queue)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        scheduler.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(scheduler.stop)
+
+    app = FastAPI(title="biglm serve", lifespan=lifespan)
+    app.state.scheduler = scheduler
+    app.state.settings = settings
+    created = now()
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_response(_validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                        type=kind))
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != settings.model_name:
+            raise APIError(404, f"the model {name!r} does not exist: this server serves {settings.model_name!r} "
+                                "(GET /v1/models).", param="model", code="model_not_found")
+
+    def encode(prompts: list[str], config: DecodingConfig, *, param: str) -> list[list[int]]:
+        if config.max_new_tokens >= window:
+            raise APIError(400, f"max_tokens={config.max_new_tokens} leaves no room for a prompt in the model's "
+                                f"window of {window} tokens: ask for fewer.", param="max_tokens", code="invalid_value")
+        out = []
+        for i, text in enumerate(prompts):
+            where = param if len(prompts) == 1 else f"{param}[{i}]"
+            if not text:
+                raise APIError(400, f"{where} is empty: give the text to continue.", param=param, code="empty_prompt")
+            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            if len(ids) + config.max_new_tokens > window:
+                raise APIError(400, f"{where} has {len(ids)} tokens and max_tokens={config.max_new_tokens}: together "
+                                    f"{len(ids) + config.max_new_tokens}, more than the model's window of {window}; "
+                                    "shorten the prompt or lower max_tokens.", param=param,
+                               code="context_length_exceeded")
+            out.append(ids)
+        return out
+
+    def start(prompt_ids: list[list[int]], config: DecodingConfig, n: int, prefix: str) -> tuple[str, _Run]:
+        rows = len(prompt_ids) * n
+        if rows > scheduler.max_in_flight:
+            raise APIError(400, f"{len(prompt_ids)} prompt(s) x n={n} is {rows} answers, more than this server holds "
+                                f"at once ({scheduler.max_in_flight}): split the request.", param="n",
+                           code="invalid_value")
+        rid = new_id(prefix)
+        jobs, streams = [], []
+        for p, ids in enumerate(prompt_ids):
+            for j in range(n):
+                # choice j of a prompt samples with seed + j: n distinct samples, each one reproducible
+                cfg = config if j == 0 else dataclasses.replace(config, seed=config.seed + j)
+                jobs.append(Job(f"{rid}-{p}-{j}", ids, cfg))
+                streams.append(TextStream(tokenizer, eos_id=eos_id, stop=config.stop))
+        return rid, _Run(scheduler, jobs, streams)
+
+    def usage(prompt_ids: list[list[int]], run: _Run) -> Usage:
+        prompt = sum(len(p) for p in prompt_ids)
+        completion = sum(s.completion_tokens for s in run.streams)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+    async def collect(run: _Run, request: Request) -> bool:
+        """Wait for every answer of ``run``; False when the client went away (its requests are cancelled)."""
+        deadline = asyncio.get_running_loop().time() + settings.request_timeout
+        try:
+            while not run.done:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    scheduler.stats["timeouts"] += 1
+                    raise APIError(408, f"the request did not finish within {settings.request_timeout:g} s "
+                                        "(`biglm serve --request_timeout`): ask for fewer tokens or steps.",
+                                   type="timeout", code="request_timeout")
+                try:
+                    await run.next(min(left, 0.5))
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        scheduler.stats["disconnects"] += 1
+                        return False
+            return True
+        finally:
+            run.cancel_unfinished()
+
+    async def sse(run: _Run, chunks: Any) -> AsyncIterator[str]:
+        """Server-sent events from ``chunks`` (an async iterator of pydantic models), errors as an error
+        event, always ending with ``[DONE]``; a disconnect (cancellation) cancels the engine requests."""
+        try:
+            async for chunk in chunks:
+                yield f"data: {chunk.model_dump_json()}\n\n"
+        except APIError as e:
+            yield f"data: {json.dumps(e.body())}\n\n"
+        except asyncio.CancelledError:
+            scheduler.stats["disconnects"] += 1
+            raise
+        finally:
+            run.cancel_unfinished()
+        yield "data: [DONE]\n\n"
+
+    async def events(run: _Run) -> AsyncIterator[tuple[int, str]]:
+        """(choice, delta) pairs until every answer finished, or a timeout `APIError`."""
+        deadline = asyncio.get_running_loop().time() + settings.request_timeout
+        while not run.done:
+            left = deadline - asyncio.get_running_loop().time()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                yield await run.next(left)
+            except TimeoutError:
+                scheduler.stats["timeouts"] += 1
+                raise APIError(408, f"the request did not finish within {settings.request_timeout:g} s "
+                                    "(`biglm serve --request_timeout`); it was cancelled.", type="timeout",
+                               code="request_timeout") from None
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        state = "draining" if scheduler.draining else ("ok" if scheduler.alive else "engine_down")
+        body = {"status": state, "model": settings.model_name, "running": scheduler.num_running,
+                "waiting": scheduler.num_waiting, "in_flight": scheduler.in_flight, "stats": dict(scheduler.stats)}
+        if scheduler.broken:
+            body["error"] = scheduler.broken
+        return JSONResponse(body, status_code=200 if state == "ok" else 503)
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=settings.model_name, created=created, max_model_len=window)])
+
+    @app.get("/v1/models/{name}")
+    async def model_card(name: str) -> ModelCard:
+        check_model(name)
+        return ModelCard(id=settings.model_name, created=created, max_model_len=window)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        check_model(body.model)
+        config = decoding_config(body, base=settings.defaults, max_steps=max_steps)
+        prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
+        if not prompts:
+            raise APIError(400, "prompt is an empty list: give at least one prompt.", param="prompt",
+                           code="empty_prompt")
+        prompt_ids = encode(prompts, config, param="prompt")
+        rid, run = start(prompt_ids, config, body.n, "cmpl")
+        created_at = now()
+
+        def chunk(i: int, text: str, reason: str | None) -> CompletionResponse:
+            return CompletionResponse(id=rid, created=created_at, model=settings.model_name,
+                                      choices=[CompletionChoice(index=i, text=text, finish_reason=reason)])
+
+        if body.stream:
+            async def chunks() -> AsyncIterator[CompletionResponse]:
+                async for i, delta in events(run):
+                    reason = run.streams[i].finish_reason
+                    if delta or reason is not None:
+                        yield chunk(i, delta, reason)
+                if body.stream_options is not None and body.stream_options.include_usage:
+                    yield CompletionResponse(id=rid, created=created_at, model=settings.model_name, choices=[],
+                                             usage=usage(prompt_ids, run))
+
+            return StreamingResponse(sse(run, chunks()), media_type="text/event-stream")
+        if not await collect(run, request):
+            return JSONResponse({}, status_code=499)  # the client is gone; nobody reads this
+        return CompletionResponse(
+            id=rid, created=created_at, model=settings.model_name, usage=usage(prompt_ids, run),
+            choices=[CompletionChoice(index=i, text=s.text, finish_reason=s.finish_reason)
+                     for i, s in enumerate(run.streams)])
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        check_model(body.model)
+        config = decoding_config(body, base=settings.defaults, max_steps=max_steps)
+        try:
+            prompt = render_chat(tokenizer, body.messages, add_generation_prompt=True)
+        except ValueError as e:
+            raise APIError(400, str(e), param="messages", code="invalid_messages") from None
+        prompt_ids = encode([prompt], config, param="messages")
+        rid, run = start(prompt_ids, config, body.n, "chatcmpl")
+        created_at = now()
+
+        def chunk(i: int, delta: ChatDelta, reason: str | None) -> ChatCompletionChunk:
+            return ChatCompletionChunk(id=rid, created=created_at, model=settings.model_name,
+                                       choices=[ChatChunkChoice(index=i, delta=delta, finish_reason=reason)])
+
+        if body.stream:
+            async def chunks() -> AsyncIterator[ChatCompletionChunk]:
+                for i in range(len(run.streams)):  # OpenAI opens each choice with the role
+                    yield chunk(i, ChatDelta(role="assistant", content=""), None)
+                async for i, delta in events(run):
+                    reason = run.streams[i].finish_reason
+                    if delta or reason is not None:
+                        yield chunk(i, ChatDelta(content=delta), reason)
+                if body.stream_options is not None and body.stream_options.include_usage:
+                    yield ChatCompletionChunk(id=rid, created=created_at, model=settings.model_name, choices=[],
+                                              usage=usage(prompt_ids, run))
+
+            return StreamingResponse(sse(run, chunks()), media_type="text/event-stream")
+        if not await collect(run, request):
+            return JSONResponse({}, status_code=499)
+        return ChatCompletionResponse(
+            id=rid, created=created_at, model=settings.model_name, usage=usage(prompt_ids, run),
+            choices=[ChatChoice(index=i, message=AssistantMessage(content=s.text), finish_reason=s.finish_reason)
+                     for i, s in enumerate(run.streams)])
+
+    return app

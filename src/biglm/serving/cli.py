@@ -1,0 +1,190 @@
+"""`biglm serve RUN_OR_HF_DIR`: an OpenAI-compatible HTTP server for a BiGLM (FastAPI + uvicorn).
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (the model's chat template),
+``GET /v1/models``, ``GET /health``; see docs/serving.md. Call it with the `openai` client::
+
+    client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+    client.completions.create(model=NAME, prompt="Once upon a time", max_tokens=32, extra_body={"steps": 8})
+
+The options are the fields of `ServeArgs`, parsed by `biglm.config` like every command and checked
+before the model loads; ``--decoding.FIELD`` sets the server's default for a decoding option that a
+request leaves out (any `DecodingConfig` field, e.g. ``--decoding.strategy confidence``).
+
+Shutdown (Ctrl-C / SIGTERM): the server stops accepting connections and answers 503 to requests on
+open ones; requests in flight get ``--shutdown_timeout`` seconds to finish, then the rest are
+cancelled (a 503 error, or an error event in a stream), the engine thread stops and the process exits.
+Exit codes: 0 after a clean shutdown, 2 bad arguments or a model that does not load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from ..config import ConfigError, parse_cli
+from ..generation.config import DecodingConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    """Serve a BiGLM over an OpenAI-compatible HTTP API (completions, chat completions, models, health),
+    batching concurrent requests between decoding steps."""
+
+    checkpoint: str = ""
+    """exported Hugging Face directory, training run or checkpoint directory"""
+    host: str = "127.0.0.1"
+    """address to listen on (0.0.0.0: every interface)"""
+    port: int = 8000
+    """TCP port"""
+    model_name: str | None = None
+    """the model id clients name in requests and /v1/models lists (unset: the checkpoint directory's name)"""
+    max_batch_rows: int = 64
+    """answers decoded together in one batched model call; more wait in the queue"""
+    max_queue: int = 256
+    """answers waiting beyond the running batch; a request that does not fit is answered 429 at once"""
+    request_timeout: float = 600.0
+    """seconds a request may take before it is cancelled (408, or an error event in a stream)"""
+    shutdown_timeout: float = 30.0
+    """on shutdown, seconds in-flight requests get to finish before they are cancelled"""
+    max_steps: int | None = None
+    """most model calls a request may ask for (unset: the model's window)"""
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    """where the model runs"""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """weights' dtype (unset: the checkpoint's)"""
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    """uvicorn's log level"""
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    """defaults for the decoding options a request leaves out (--decoding.FIELD)"""
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint:
+            raise ConfigError("missing RUN_OR_HF_DIR: a directory written by `biglm export` or `biglm pretrain`")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port {self.port} must lie in [0, 65535] (0: any free port)")
+        for name in ("max_batch_rows", "max_queue"):
+            if getattr(self, name) < (1 if name == "max_batch_rows" else 0):
+                raise ConfigError(f"--{name} {getattr(self, name)} must be >= {1 if name == 'max_batch_rows' else 0}")
+        for name in ("request_timeout", "shutdown_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"--{name} {getattr(self, name)} must be > 0 seconds")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"--max_steps {self.max_steps} must be >= 1 (or unset for the model's window)")
+        if self.model_name is not None and not self.model_name.strip():
+            raise ConfigError("--model_name is empty: give the id clients will send, or leave it unset")
+
+
+class BiglmServer:
+    """uvicorn's server for a `create_app` app, with the drain-then-cancel shutdown described above.
+
+    ``run()`` blocks (the CLI); ``start()`` / ``stop()`` run it in a thread (tests, benchmarks) and
+    ``port`` is the bound port (useful with port 0).
+    """
+
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 30.0,
+                 log_level: str = "warning") -> None:
+        import uvicorn
+
+        scheduler = app.state.scheduler
+        grace = shutdown_timeout
+
+        class _Server(uvicorn.Server):
+            async def shutdown(self, sockets: Any = None) -> None:
+                scheduler.draining = True  # new requests on open connections: 503
+
+                async def cancel_late() -> None:
+                    await asyncio.sleep(grace)
+                    from .protocol import APIError
+                    n = scheduler.abort_all(APIError(503, f"the server shut down; this request did not finish within "
+                                                          f"{grace:g} s.", type="server_unavailable",
+                                                     code="shutting_down"))
+                    if n:
+                        log.warning("shutdown: cancelled %d request(s) still running after %g s", n, grace)
+
+                late = asyncio.create_task(cancel_late())
+                try:
+                    await super().shutdown(sockets)
+                finally:
+                    late.cancel()
+
+        # uvicorn's own deadline is a backstop: by then the aborted requests have answered
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace + 5,
+                                lifespan="on")
+        self.server = _Server(config)
+        self._thread: Any = None
+
+    def run(self) -> None:
+        self.server.run()
+
+    @property
+    def port(self) -> int:
+        (server,) = self.server.servers
+        return int(server.sockets[0].getsockname()[1])
+
+    def start(self, *, timeout: float = 60.0) -> BiglmServer:
+        import threading
+        import time
+
+        self._thread = threading.Thread(target=self.server.run, name="biglm-serve", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start (see the log above)")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, *, timeout: float = 60.0) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+def build_app(args: ServeArgs) -> Any:
+    """Load the model of ``args`` and return the app (raises FileNotFoundError/OSError/ValueError)."""
+    from ..checkpoint import load_model
+    from .app import ServeSettings, create_app
+
+    path = Path(args.checkpoint)
+    model, tokenizer = load_model(path, device=args.device, dtype=_DTYPES.get(args.dtype) if args.dtype else None)
+    window = model.config.max_position_embeddings
+    if args.decoding.max_new_tokens >= window:
+        raise ValueError(f"--decoding.max_new_tokens {args.decoding.max_new_tokens} leaves no room for a prompt in "
+                         f"the model's window of {window} tokens")
+    name = args.model_name or path.resolve().name
+    settings = ServeSettings(model_name=name, max_batch_rows=args.max_batch_rows, max_queue=args.max_queue,
+                             request_timeout=args.request_timeout, max_steps=args.max_steps, defaults=args.decoding)
+    return create_app(model=model, tokenizer=tokenizer, settings=settings)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `biglm serve`; ``argv`` excludes the word "serve"."""
+    try:
+        args = parse_cli(ServeArgs, argv, prog="biglm serve", doc=__doc__, positionals=("checkpoint",))
+    except SystemExit as e:  # --help (0) or a bad option (2, message printed)
+        return int(e.code or 0)
+    path = Path(args.checkpoint)
+    if not path.exists():
+        print(f"biglm serve: no model at {path}: pass a directory written by `biglm export` or `biglm pretrain` "
+              "(or a Hugging Face model directory).", file=sys.stderr)
+        return 2
+    try:
+        app = build_app(args)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        print(f"biglm serve: cannot load {path}: {e}", file=sys.stderr)
+        return 2
+    server = BiglmServer(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout,
+                         log_level=args.log_level)
+    print(f"biglm serve: {app.state.settings.model_name} on http://{args.host}:{args.port}/v1 "
+          f"(max_batch_rows={args.max_batch_rows}, max_queue={args.max_queue})", file=sys.stderr, flush=True)
+    server.run()
+    return 0

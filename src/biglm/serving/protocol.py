@@ -1,0 +1,204 @@
+"""The OpenAI wire format spoken by `biglm serve`: request and response schemas (pydantic) and the
+one mapping from a request's decoding fields to a `DecodingConfig`.
+
+Why a module of its own: the HTTP layer (`app`) and the engine loop (`scheduler`) should not know
+field names. A request is parsed here (unknown fields refused, never ignored), its decoding fields
+become one `DecodingConfig` that is validated once, where it is built, and every error is an
+`APIError` carrying the OpenAI error body (``{"error": {"message", "type", "param", "code"}}``) and
+its HTTP status.
+
+Decoding fields keep OpenAI's names where OpenAI has one (``max_tokens`` -> ``max_new_tokens``,
+``temperature``, ``top_p``, ``stop``, ``seed``); biglm's own options (``steps``, ``strategy``,
+``block_length``, ``top_k``, ``threshold``, ``early_stop``, ...) are extra top-level fields, sent by
+the `openai` client through ``extra_body``. Their values are checked by `DecodingConfig` itself, so
+the server and `biglm generate` accept and refuse exactly the same settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from ..generation.config import FIELDS, DecodingConfig
+
+# request field -> DecodingConfig field; OpenAI's names first, then biglm's own
+OPENAI_FIELDS: dict[str, str] = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p",
+                                 "stop": "stop", "seed": "seed"}
+# biglm's decoding options a request may set (use_cache is an implementation check, not a request option;
+# max_new_tokens is spelled max_tokens on this API)
+EXTRA_FIELDS: tuple[str, ...] = tuple(f for f in FIELDS if f not in {"use_cache", "max_new_tokens", *OPENAI_FIELDS})
+MAX_N = 16  # choices per prompt
+
+
+class APIError(Exception):
+    """An error answered as OpenAI does: HTTP ``status`` and ``{"error": {...}}``."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+    """send a last chunk with the usage (empty choices), as OpenAI does"""
+
+
+class _RequestBase(BaseModel):
+    """Fields shared by both endpoints. Decoding fields are typed ``Any`` on purpose: `DecodingConfig`
+    checks them (one validation, one set of messages for the server and the CLI)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    max_tokens: Any = None
+    temperature: Any = None
+    top_p: Any = None
+    stop: Any = None
+    seed: Any = None
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # an end-user id for the caller's own logs; it changes nothing
+
+
+# biglm's own decoding options, one request field per DecodingConfig field (so a new field is reachable at once)
+_Request = create_model("_Request", __base__=_RequestBase, **{name: (Any, None) for name in EXTRA_FIELDS})
+
+
+class CompletionRequest(_Request):
+    """``POST /v1/completions``."""
+
+    prompt: str | list[str]
+
+
+class ChatCompletionRequest(_Request):
+    """``POST /v1/chat/completions``."""
+
+    messages: Any  # checked by `generation.chat.check_messages`, the chat format's own rules
+
+
+def decoding_config(request: _RequestBase, *, base: DecodingConfig, max_steps: int) -> DecodingConfig:
+    """The request's decoding options on top of the server's defaults ``base``, validated once.
+
+    A field left out (or null) keeps ``base``'s value; a bad value is a 400 naming the request's own
+    field (``max_tokens``, not ``max_new_tokens``).
+    """
+    changes: dict[str, Any] = {}
+    names = {**OPENAI_FIELDS, **{f: f for f in EXTRA_FIELDS}}
+    for field, target in names.items():
+        value = getattr(request, field)
+        if value is not None:
+            changes[target] = value
+    try:
+        config = dataclasses.replace(base, **changes)
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        param = next((f for f, t in names.items() if message.startswith((f"{t}=", f"{t} "))), None)
+        if param is not None and names[param] != param:
+            message = message.replace(names[param], param)
+        raise APIError(400, message, param=param, code="invalid_value") from None
+    steps = config.steps
+    if steps is not None and steps > max_steps:
+        raise APIError(400, f"steps={steps} is more model calls than this server allows ({max_steps}, the model's "
+                            "window unless `biglm serve --max_steps` says otherwise): ask for fewer.",
+                       param="steps", code="invalid_value")
+    return config
+
+
+# ----- responses -----------------------------------------------------------------------------------
+
+FinishReason = Literal["stop", "length"]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReason | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "biglm"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,211 @@
+"""`biglm serve`: a real uvicorn server on a loopback port, called with the official `openai` client.
+
+What must hold: completions and a streamed chat completion are the answers of
+`biglm.generation.api.generate` with the same settings and seed (the chunks concatenate to the
+whole answer); bad requests get a 4xx with OpenAI's error JSON and the server keeps serving; a
+client that disconnects mid-stream cancels its engine request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx2")
+
+from biglm.checkpoint import load_model  # noqa: E402
+from biglm.generation.api import generate  # noqa: E402
+from biglm.generation.chat import render_chat  # noqa: E402
+from biglm.serving.app import ServeSettings, TextStream, create_app  # noqa: E402
+from biglm.serving.cli import BiglmServer, main  # noqa: E402
+
+NAME = "tiny-biglm"
+PROMPTS = ["To be, or not to be, that is", "ROMEO: My lord"]
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint):
+    model, tok = load_model(checkpoint)
+    app = create_app(model=model, tokenizer=tok, settings=ServeSettings(model_name=NAME, max_batch_rows=8,
+                                                                        max_queue=16))
+    server = BiglmServer(app, port=0).start()
+    url = f"http://127.0.0.1:{server.port}"
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    yield SimpleNamespace(model=model, tok=tok, app=app, url=url, client=client)
+    server.stop()
+
+
+def _wait(cond, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def _healthy(url: str) -> dict:
+    r = httpx.get(url + "/health")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("settings", [
+    dict(max_tokens=12, temperature=0.9, top_p=0.95, seed=3, steps=5),  # sampled Mask-Predict
+    dict(max_tokens=12, strategy="confidence", block_length=4, seed=1),  # greedy, semi-autoregressive blocks
+])
+def test_completions_equal_generate(served, settings):
+    extra = {k: settings[k] for k in ("steps", "strategy", "block_length") if k in settings}
+    openai_args = {k: v for k, v in settings.items() if k not in extra}
+    out = served.client.completions.create(model=NAME, prompt=PROMPTS, extra_body=extra, **openai_args)
+    cfg = {("max_new_tokens" if k == "max_tokens" else k): v for k, v in settings.items()}
+    # each prompt is its own engine request with its own seeded generator: compare one prompt at a time
+    want = [generate(served.model, served.tok, [p], **cfg)[0] for p in PROMPTS]
+    assert [c.text for c in sorted(out.choices, key=lambda c: c.index)] == want
+    assert all(c.finish_reason in ("stop", "length") for c in out.choices)
+    prompt_tokens = sum(len(served.tok(p, add_special_tokens=False)["input_ids"]) for p in PROMPTS)
+    assert out.usage.prompt_tokens == prompt_tokens
+    assert out.usage.total_tokens == prompt_tokens + out.usage.completion_tokens
+    assert out.model == NAME and out.object == "text_completion"
+
+
+def test_streamed_chat_equals_generate(served):
+    messages = [{"role": "system", "content": "You answer in verse."},
+                {"role": "user", "content": "Who is the king?"}]
+    settings = dict(max_new_tokens=16, strategy="confidence", block_length=4, temperature=0.7, seed=11)
+    stream = served.client.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=16, temperature=0.7, seed=11, stream=True,
+        stream_options={"include_usage": True}, extra_body={"strategy": "confidence", "block_length": 4})
+    chunks = list(stream)
+    want = generate(served.model, served.tok, [render_chat(served.tok, messages)], **settings)[0]
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert deltas[0].role == "assistant"
+    assert "".join(d.content or "" for d in deltas) == want
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and chunks[-2].choices[0].finish_reason == finals[0]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 0
+    # non-streamed: the same answer in one message
+    whole = served.client.chat.completions.create(model=NAME, messages=messages, max_tokens=16, temperature=0.7,
+                                                  seed=11, extra_body={"strategy": "confidence", "block_length": 4})
+    assert whole.choices[0].message.content == want and whole.choices[0].message.role == "assistant"
+
+
+def test_n_choices_and_stop(served):
+    out = served.client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=10, temperature=1.0, seed=5,
+                                           n=3, extra_body={"steps": 4})
+    texts = [c.text for c in sorted(out.choices, key=lambda c: c.index)]
+    # choice j samples with seed + j
+    assert texts == [generate(served.model, served.tok, [PROMPTS[0]], max_new_tokens=10, temperature=1.0,
+                              seed=5 + j, steps=4)[0] for j in range(3)]
+    full = served.client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=16).choices[0].text
+    assert len(full) > 4
+    stop = full[2:4]
+    cut = served.client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=16, stop=[stop]).choices[0]
+    assert cut.text == full[:full.find(stop)] and cut.finish_reason == "stop"
+    streamed = served.client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=16, stop=[stop],
+                                                stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == cut.text
+
+
+def test_models_and_health(served):
+    models = served.client.models.list()
+    assert [m.id for m in models.data] == [NAME]
+    body = _healthy(served.url)
+    assert body["status"] == "ok" and body["model"] == NAME
+
+
+def _error(r) -> dict:
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["message"]
+    return body["error"]
+
+
+@pytest.mark.parametrize("body,status,param", [
+    ("{not json", 400, None),
+    ({"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+    ({"prompt": "hi", "max_tokens": 100_000}, 400, "max_tokens"),
+    ({"prompt": "hi there", "max_tokens": 254}, 400, "prompt"),  # fits alone, not beside the prompt
+    ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": "hi", "steps": -1}, 400, "steps"),
+    ({"prompt": "hi", "steps": 10**9}, 400, "steps"),
+    ({"prompt": "", "max_tokens": 4}, 400, "prompt"),
+    ({"prompt": [], "max_tokens": 4}, 400, "prompt"),
+    ({"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": "hi", "strategy": "beam"}, 400, "strategy"),
+    ({"prompt": "hi", "threshold": 2}, 400, "threshold"),
+    ({"prompt": "hi", "block_length": 0}, 400, "block_length"),
+    ({"prompt": "hi", "logprobs": 2}, 400, "logprobs"),  # unsupported: refused, not ignored
+    ({"max_tokens": 4}, 400, "prompt"),
+    ({"prompt": "hi", "n": 0}, 400, "n"),
+])
+def test_bad_completion_requests(served, body, status, param):
+    kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, str) else {"json": body}
+    r = httpx.post(served.url + "/v1/completions", **kw)
+    assert r.status_code == status, r.text
+    assert _error(r)["param"] == param
+
+
+@pytest.mark.parametrize("messages", [[], "hello", [{"role": "wizard", "content": "hi"}],
+                                      [{"role": "user", "content": 3}], [{"role": "system", "content": "only"}]])
+def test_bad_chat_messages(served, messages):
+    r = httpx.post(served.url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 4})
+    assert r.status_code == 400, r.text
+    assert _error(r)["param"] == "messages"
+
+
+def test_server_keeps_serving_after_errors(served):
+    for _ in range(3):
+        assert httpx.post(served.url + "/v1/completions", content=b"\xff\xfe", headers={"content-type":
+                                                                                     "application/json"}).status_code == 400
+    assert httpx.get(served.url + "/v1/nowhere").status_code == 404
+    _healthy(served.url)
+    assert served.client.completions.create(model=NAME, prompt="Hello", max_tokens=4).choices[0].finish_reason
+
+
+def test_disconnect_mid_stream_cancels(served, monkeypatch):
+    scheduler = served.app.state.scheduler
+    engine = scheduler.engine
+    before = scheduler.stats["cancelled"]
+    step = engine.step
+
+    def slow_step():  # 250 steps of at least 20 ms: the answer cannot finish before the client leaves
+        time.sleep(0.02)
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    body = {"model": NAME, "prompt": "The", "max_tokens": 250, "steps": 250, "stream": True}
+    with httpx.Client(timeout=30) as c, c.stream("POST", served.url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        assert _wait(lambda: engine.num_running == 1)
+        time.sleep(0.1)
+    # the client is gone: the engine request is cancelled long before its 250 steps
+    assert _wait(lambda: scheduler.in_flight == 0 and engine.num_running == 0 and engine.num_waiting == 0,
+                 timeout=3.0), (scheduler.in_flight, engine.num_running)
+    assert scheduler.stats["cancelled"] == before + 1
+    _healthy(served.url)
+
+
+def test_text_stream_holds_back_what_may_change(served):
+    tok = served.tok
+    ids = tok("Hello world, dear friend", add_special_tokens=False)["input_ids"]
+    stream = TextStream(tok, eos_id=served.model.config.eos_token_id, stop=["dear"])
+    pieces = [stream.update(ids[:k]) for k in range(len(ids) + 1)]
+    assert stream.finish_reason == "stop" and "".join(pieces) == stream.text == "Hello world, "
+    assert not any("de" in p for p in pieces)
+
+
+def test_cli_refuses_bad_arguments(tmp_path, capsys):
+    assert main(["--help"]) == 0
+    assert main([]) == 2
+    assert main([str(tmp_path / "missing")]) == 2
+    assert "no model at" in capsys.readouterr().err
+    assert main([str(tmp_path), "--port", "70000"]) == 2
+    assert main([str(tmp_path), "--max_batch_rows", "0"]) == 2
+    assert main([str(tmp_path), "--decoding.steps", "0"]) == 2
