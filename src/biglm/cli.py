@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("biglm.checkpoint.cli", "export a pre-training run (or a fine-tuning run's best epoch) as a Hugging Face directory"),
     "generate": ("biglm.generation.cli", "generate text by iterative unmasking (Mask-Predict)"),
     "eval": ("biglm.scoring.cli", "zero-shot evaluation through lm-evaluation-harness"),
+    "serve": ("biglm.serving.cli", "serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming)"),
 }
 
 
