@@ -1,0 +1,254 @@
+"""A step-level decoding engine: many requests, one batched model call per step (DESIGN §12).
+
+Why: a server receives requests at different times, with different prompts, lengths and
+strategies. Each request is a `decoding.DecodeRun` (the same state machine `generate_ids` drives),
+with its own prefix cache and its own seeded sampler; `step` merges the pending model calls of
+every running request into one padded forward (caches left-padded to a common length, their
+padding masked as keys; answer windows right-padded; each row keeps its own RoPE positions), then
+hands each request its logits. So a request's tokens are those `generate_ids` gives it alone with
+the same config and seed, whatever else shares the batch (tested token for token).
+
+Notable features
+- Continuous batching: `submit` queues; `step` admits waiting requests first (up to
+  ``max_batch_rows`` rows, a length beam of K candidates is K rows), encodes their prompts, then
+  runs one decoding call. A request that finishes leaves at once; the next one joins at the next step.
+- Block decoding: a committed block joins that request's cache right after the step
+  (``encode_prefix(block, past=cache)``), so later steps run only the suffix.
+- Events: after each step, one `EngineEvent` per request that took part, with the answer so far
+  and ``stable_ids``, its leading part that can no longer change (what a server may stream).
+- Early finish: with one candidate, once the stable part holds an EOS (or, given a tokenizer, a
+  stop string), the rest cannot change the answer, so the request ends there.
+- Prompt encoding and block extension are extra prefix passes, not counted in ``steps``
+  (as in `GenerationOutput.steps`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from ..model.modeling import PrefixCache
+from .api import cut_at_stop
+from .config import DecodingConfig
+from .decoding import Commit, DecodeRun, _unchecked, candidate_lengths, parse_lengths, predict_lengths, uses_length_head
+
+
+@dataclass
+class EngineEvent:
+    """What happened to one request in one `DecodeEngine.step`.
+
+    Attributes:
+        request_id: the id given to `submit`.
+        token_ids: the answer so far (the best candidate; masked slots left out); when finished, the
+            final answer cut at its first EOS (the EOS excluded).
+        stable_ids: the leading part of the answer that can no longer change (committed blocks, or the
+            committed run from the left); grows monotonically; equals ``token_ids`` when finished.
+        finished: no further events follow for this request.
+        finish_reason: "length", "stop" (EOS or a stop string), "cancelled", or None while running.
+        steps: decoding model calls this request has taken part in.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    stable_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    steps: int
+
+
+class _Request:
+    """One submitted request: its prompt, decode state machine and (growing) prefix cache."""
+
+    def __init__(self, request_id: str, prompt_ids: list[int], config: DecodingConfig) -> None:
+        self.id = request_id
+        self.prompt_ids = prompt_ids
+        self.config = config
+        self.run: DecodeRun | None = None
+        self.cache: PrefixCache | None = None
+        self.stable: list[int] = []
+
+    @property
+    def rows(self) -> int:
+        return self.config.length_beam
+
+
+class DecodeEngine:
+    """Decode many requests at once, one merged model call per `step` (see the module docstring).
+
+    Not thread-safe: one caller (e.g. a server's decoding loop) calls `submit`, `cancel` and `step`.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, max_batch_rows: int = 64, device: torch.device | str | None = None,
+                 tokenizer=None) -> None:
+        """``model``: a `BiGLMForMaskedLM` in eval mode; ``max_batch_rows``: rows (requests × length
+        candidates) decoded together; ``device``: where prompts go (default: the model's);
+        ``tokenizer``: needed only for requests with stop strings, and to drop ids past its vocabulary."""
+        if max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows={max_batch_rows} must be >= 1.")
+        if getattr(model.config, "mask_token_id", None) is None:
+            raise ValueError("the model has no mask_token_id: set model.config.mask_token_id = tokenizer.mask_token_id "
+                             "(iterative unmasking starts from an all-mask answer).")
+        self.model = model
+        self.max_batch_rows = max_batch_rows
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.tokenizer = tokenizer
+        self.suppress = list(range(len(tokenizer), model.config.vocab_size)) if tokenizer is not None else []
+        self._waiting: OrderedDict[str, _Request] = OrderedDict()
+        self._running: OrderedDict[str, _Request] = OrderedDict()
+        self._cancelled: list[EngineEvent] = []
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, request_id: str, prompt_ids: list[int], config: DecodingConfig) -> None:
+        """Queue a request; it joins the running batch at a coming `step`. Bad input fails here, at once."""
+        cfg = self.model.config
+        if not isinstance(config, DecodingConfig):
+            raise TypeError(f"config must be a DecodingConfig, got {type(config).__name__}.")
+        if request_id in self._waiting or request_id in self._running:
+            raise ValueError(f"request id {request_id!r} is already in the engine: use a unique id per request.")
+        ids = [int(i) for i in prompt_ids]
+        if any(i < 0 or i >= cfg.vocab_size for i in ids):
+            raise ValueError(f"prompt token ids must lie in [0, vocab_size={cfg.vocab_size}): was the prompt encoded "
+                             "with this model's tokenizer?")
+        if len(ids) + config.max_new_tokens > cfg.max_position_embeddings:
+            raise ValueError(f"prompt ({len(ids)}) + max_new_tokens ({config.max_new_tokens}) tokens exceed the model's "
+                             f"window max_position_embeddings={cfg.max_position_embeddings}: shorten one of them.")
+        if config.length_beam > self.max_batch_rows:
+            raise ValueError(f"length_beam={config.length_beam} exceeds the engine's max_batch_rows="
+                             f"{self.max_batch_rows}: lower length_beam.")
+        if config.stop and self.tokenizer is None:
+            raise ValueError("stop strings need the tokenizer: build DecodeEngine(model, tokenizer=...).")
+        uses_length_head(self.model, config)  # length_head=True on a model without one fails here
+        self._waiting[request_id] = _Request(request_id, ids, config)
+
+    def cancel(self, request_id: str) -> None:
+        """Drop a waiting or running request; the next `step` reports it (finish_reason "cancelled").
+        An unknown or already finished id is ignored (a client may disconnect after its answer ended)."""
+        req = self._waiting.pop(request_id, None) or self._running.pop(request_id, None)
+        if req is not None:
+            self._cancelled.append(EngineEvent(request_id, list(req.stable), list(req.stable), True, "cancelled",
+                                               req.run.calls if req.run is not None else 0))
+
+    @torch.inference_mode()
+    def step(self) -> list[EngineEvent]:
+        """Admit waiting requests, run one merged model call over every running request, and report."""
+        events, self._cancelled = self._cancelled, []
+        with _unchecked(self.model):
+            self._admit()
+            if not self._running:
+                return events
+            reqs = list(self._running.values())
+            self._decode(reqs)
+            for req in reqs:
+                # a committed block joins the request's cache before its next query
+                while isinstance(req.run.pending, Commit):
+                    item = req.run.pending
+                    mask = req.run.valid[:, item.start:item.end].long()
+                    req.cache = self.model.encode_prefix(item.ids, mask, past=req.cache)
+                    req.run.advance()
+                events.append(self._report(req))
+        return events
+
+    # --- internals -----------------------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        used = sum(r.rows for r in self._running.values())
+        while self._waiting:
+            req = next(iter(self._waiting.values()))
+            if used + req.rows > self.max_batch_rows:
+                break
+            del self._waiting[req.id]
+            self._start(req)
+            self._running[req.id] = req
+            used += req.rows
+
+    def _start(self, req: _Request) -> None:
+        cfg = req.config
+        prompt = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
+        if uses_length_head(self.model, cfg):
+            lengths = predict_lengths(self.model, prompt, torch.ones_like(prompt), config=cfg)
+        else:
+            lengths = candidate_lengths(max_new_tokens=cfg.max_new_tokens, length_beam=cfg.length_beam)
+        cand_len = parse_lengths(lengths, batch=1).to(self.device)
+        generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        req.run = DecodeRun(self.model.config, config=cfg, cand_len=cand_len, generator=generator,
+                            suppress_ids=self.suppress)
+        R = req.run.valid.shape[0]
+        if prompt.shape[1] == 0:
+            param = next(self.model.parameters())
+            req.cache = PrefixCache.empty(self.model.config, batch=R, device=self.device, dtype=param.dtype)
+        else:
+            cache = self.model.encode_prefix(prompt)
+            req.cache = cache if R == 1 else cache.select(torch.zeros(R, dtype=torch.long, device=self.device))
+
+    def _decode(self, reqs: list[_Request]) -> None:
+        """One model call over every request's pending query."""
+        queries = [r.run.pending for r in reqs]
+        width = max(q.end - q.start for q in queries)
+        ids, valid, where, pos = [], [], [], []
+        for req, q in zip(reqs, queries):
+            n = q.end - q.start
+            pad = (0, width - n)
+            ids.append(torch.nn.functional.pad(q.inputs[:, q.start:q.end], pad, value=req.run.mask_id))
+            valid.append(torch.nn.functional.pad(req.run.valid[:, q.start:q.end], pad, value=False))
+            where.append(torch.nn.functional.pad(q.where[:, q.start:q.end], pad, value=False))
+            # each row continues from its own cache: positions cache length onwards
+            pos.append((req.cache.length + torch.arange(width, device=self.device)).expand(q.inputs.shape[0], -1))
+        cache = PrefixCache.merge([r.cache for r in reqs])
+        where_all = torch.cat(where)
+        logits = self.model(torch.cat(ids), prefix_cache=cache, attention_mask=torch.cat(valid).long(),
+                            position_ids=torch.cat(pos), logits_positions=where_all).logits
+        counts = torch.stack([w.sum() for w in where]).tolist()
+        for req, part in zip(reqs, logits.split(counts)):
+            req.run.advance(part)
+
+    def _best_row(self, run: DecodeRun) -> int:
+        if run.valid.shape[0] == 1:
+            return 0
+        p = run.progress.probs
+        seen = p > 0
+        score = torch.where(seen, p.clamp_min(torch.finfo(torch.float32).tiny).log(), 0.0).sum(1) / seen.sum(1).clamp_min(1)
+        return int(score.argmax())
+
+    def _report(self, req: _Request) -> EngineEvent:
+        run = req.run
+        eos = run.eos_id
+        if run.pending is None:  # finished: the answer generate_ids would return
+            out = run.output()
+            tokens = out.token_lists()[0]
+            reason = "stop" if int(out.lengths[0]) < int(out.candidate_length[0]) else "length"
+            if reason == "length" and self._stop_hit(req, tokens):
+                reason = "stop"
+            return self._finish(req, tokens, reason)
+        row = self._best_row(run)
+        answer, final, valid = run.progress.answer[row], run.progress.final[row], run.valid[row]
+        shown = answer[valid & (answer != run.mask_id)].tolist()
+        if run.valid.shape[0] == 1:  # with a length beam the winner is open until the end: nothing is stable
+            fixed = (final & valid).long()
+            lead = int(fixed.cumprod(0).sum())  # leading run of final slots
+            stable = answer[:lead].tolist()
+            if eos is not None and eos in stable:
+                return self._finish(req, stable[: stable.index(eos)], "stop")
+            if self._stop_hit(req, stable):
+                return self._finish(req, stable, "stop")
+            req.stable = stable
+        return EngineEvent(req.id, shown, list(req.stable), False, None, run.calls)
+
+    def _stop_hit(self, req: _Request, ids: list[int]) -> bool:
+        if not req.config.stop or not ids:
+            return False
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return cut_at_stop(text, req.config.stop) != text
+
+    def _finish(self, req: _Request, tokens: list[int], reason: str) -> EngineEvent:
+        del self._running[req.id]
+        req.stable = tokens
+        return EngineEvent(req.id, list(tokens), list(tokens), True, reason, req.run.calls)

@@ -1,0 +1,169 @@
+"""The step-level decoding engine: a request's answer through the engine, alone or sharing its model calls
+with other requests (different prompt lengths, strategies, lengths, blocks, sampling, arrival steps), is
+token for token the answer `generate_ids` gives it alone with the same config and seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import biglm  # noqa: F401  (registers the Auto classes)
+from biglm import BiGLMConfig, BiGLMForMaskedLM
+from biglm.generation import DecodingConfig, generate_ids
+from biglm.generation.engine import DecodeEngine, EngineEvent
+
+# an all-mask answer after an empty prompt is nearly translation-invariant: its slots' confidences nearly tie, so
+# float rounding of a merged call may rank them either way; the empty prompt is tested alone
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [14, 15, 16, 17], [], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]]
+CONFIGS = [
+    DecodingConfig(max_new_tokens=12, steps=5),
+    DecodingConfig(max_new_tokens=9, strategy="confidence", steps=9),
+    DecodingConfig(max_new_tokens=10, strategy="threshold", threshold=0.07),
+    DecodingConfig(max_new_tokens=12, strategy="confidence", block_length=4, steps=6),
+    DecodingConfig(max_new_tokens=12, strategy="mask-predict", block_length=5, steps=6, block_suffix="rest"),
+    DecodingConfig(max_new_tokens=11, strategy="threshold", threshold=0.1, block_length=3, block_suffix="rest"),
+    DecodingConfig(max_new_tokens=8, steps=4, temperature=1.0, top_k=20, seed=7),
+    DecodingConfig(max_new_tokens=10, strategy="confidence", steps=5, temperature=0.8, top_p=0.9, seed=3,
+                   block_length=5),
+    DecodingConfig(max_new_tokens=12, steps=4, length_beam=3),
+]
+
+
+@pytest.fixture(scope="module")
+def model() -> BiGLMForMaskedLM:
+    # a larger init std than training's gives peaked, varied predictions free of near-ties (as in test_generation)
+    torch.manual_seed(0)
+    return BiGLMForMaskedLM(BiGLMConfig.from_preset("tiny", initializer_range=0.2)).eval()
+
+
+def _alone(model, prompt: list[int], config: DecodingConfig) -> list[int]:
+    return generate_ids(model, torch.tensor([prompt], dtype=torch.long), config=config).token_lists()[0]
+
+
+def _drain(engine: DecodeEngine, arrivals: dict[int, list[tuple[str, list[int], DecodingConfig]]],
+           ) -> dict[str, list[EngineEvent]]:
+    """Step the engine until every request (submitted at the step number it is keyed by) finished."""
+    events: dict[str, list[EngineEvent]] = {}
+    t = 0
+    while t <= max(arrivals) or engine.num_running or engine.num_waiting:
+        for rid, prompt, cfg in arrivals.get(t, []):
+            engine.submit(rid, prompt, cfg)
+        for e in engine.step():
+            events.setdefault(e.request_id, []).append(e)
+        t += 1
+        assert t < 500
+    return events
+
+
+@pytest.mark.parametrize("k", range(len(CONFIGS)))
+def test_alone_equals_generate_ids(model, k):
+    cfg = CONFIGS[k]
+    events = _drain(DecodeEngine(model), {0: [("r", PROMPTS[0], cfg)]})["r"]
+    empty = _drain(DecodeEngine(model), {0: [("r", PROMPTS[3], cfg)]})["r"]
+    assert empty[-1].token_ids == _alone(model, PROMPTS[3], cfg)
+    assert [e.finished for e in events] == [False] * (len(events) - 1) + [True]
+    assert events[-1].token_ids == _alone(model, PROMPTS[0], cfg)
+
+
+def test_mixed_batch_equals_each_request_alone(model):
+    """Nine requests of five prompt lengths (one empty) and every strategy, arriving at steps 0-4, with a
+    row budget that makes some wait: each answer equals its solo decode, and each step is one model call."""
+    arrivals: dict[int, list] = {}
+    expected = {}
+    for i, cfg in enumerate(CONFIGS):
+        prompt = PROMPTS[[1, 0, 2, 4, 0, 1, 2, 4, 0][i]]
+        arrivals.setdefault(i // 2, []).append((f"r{i}", prompt, cfg))
+        expected[f"r{i}"] = _alone(model, prompt, cfg)
+    calls: list[int] = []
+    hook = model.register_forward_hook(lambda *_: calls.append(1))  # encode_prefix runs the inner model only
+    engine = DecodeEngine(model, max_batch_rows=6)
+    try:
+        steps = 0
+        sizes: list[int] = []
+        events: dict[str, list[EngineEvent]] = {}
+        while steps <= max(arrivals) or engine.num_running or engine.num_waiting:
+            for rid, prompt, cfg in arrivals.get(steps, []):
+                engine.submit(rid, prompt, cfg)
+            before = len(calls)
+            out = engine.step()
+            assert len(calls) - before == (1 if out else 0)  # one merged model call for all running requests
+            assert sum(r.rows for r in engine._running.values()) <= 6
+            sizes.append(len(out))
+            for e in out:
+                events.setdefault(e.request_id, []).append(e)
+            steps += 1
+    finally:
+        hook.remove()
+    assert {rid: ev[-1].token_ids for rid, ev in events.items()} == expected
+    assert max(sizes) >= 3  # requests really shared model calls
+
+
+def test_stable_ids_grow_and_end_as_the_answer(model):
+    mask_id = model.config.mask_token_id
+    for cfg in (CONFIGS[1], CONFIGS[3], CONFIGS[4]):
+        events = _drain(DecodeEngine(model), {0: [("r", PROMPTS[2], cfg)]})["r"]
+        for a, b in zip(events, events[1:]):
+            assert b.stable_ids[: len(a.stable_ids)] == a.stable_ids  # never changes, only grows
+        for e in events:
+            assert mask_id not in e.token_ids and e.token_ids[: len(e.stable_ids)] == e.stable_ids
+        assert events[-1].stable_ids == events[-1].token_ids and events[-1].finish_reason in ("length", "stop")
+        if cfg.strategy == "mask-predict":  # only committed blocks are stable: block multiples before the end
+            assert all(len(e.stable_ids) % cfg.block_length == 0 for e in events[:-1])
+            assert any(len(e.stable_ids) > 0 for e in events[:-1])
+        assert events[-1].steps == generate_ids(model, torch.tensor([PROMPTS[2]]), config=cfg).steps or \
+            events[-1].finish_reason == "stop"
+
+
+def test_eos_ends_a_request_early_with_the_same_answer(model):
+    """With EOS made the likeliest token, the committed run reaches an EOS early and the request stops there."""
+    cfg = DecodingConfig(max_new_tokens=12, strategy="confidence", steps=12)
+    eos = model.config.eos_token_id
+    with torch.no_grad():
+        saved = model.lm_head.weight[eos].clone()
+        model.lm_head.weight[eos] = model.lm_head.weight[40] * 1.5  # EOS behaves like a likely token
+    try:
+        expected = generate_ids(model, torch.tensor([PROMPTS[0]]), config=cfg)
+        events = _drain(DecodeEngine(model), {0: [("r", PROMPTS[0], cfg)]})["r"]
+    finally:
+        with torch.no_grad():
+            model.lm_head.weight[eos] = saved
+    assert int(expected.lengths[0]) < 12  # the answer does hold an EOS
+    assert events[-1].token_ids == expected.token_lists()[0] and events[-1].finish_reason == "stop"
+    assert events[-1].steps < expected.steps
+
+
+def test_cancel_waiting_and_running(model):
+    engine = DecodeEngine(model, max_batch_rows=1)
+    engine.submit("a", PROMPTS[0], CONFIGS[0])
+    engine.submit("b", PROMPTS[1], CONFIGS[1])
+    engine.submit("c", PROMPTS[2], CONFIGS[2])
+    assert [e.request_id for e in engine.step()] == ["a"] and (engine.num_running, engine.num_waiting) == (1, 2)
+    engine.cancel("a")
+    engine.cancel("b")
+    engine.cancel("nobody")  # unknown ids are ignored
+    first = engine.step()
+    assert [(e.request_id, e.finished, e.finish_reason) for e in first[:2]] == [
+        ("a", True, "cancelled"), ("b", True, "cancelled")]
+    assert first[2].request_id == "c"
+    events = _drain(engine, {0: []})
+    assert events["c"][-1].token_ids == _alone(model, PROMPTS[2], CONFIGS[2])
+
+
+def test_bad_requests_fail_at_submit(model):
+    engine = DecodeEngine(model)
+    engine.submit("x", [5], DecodingConfig(max_new_tokens=4))
+    with pytest.raises(ValueError, match="already in the engine"):
+        engine.submit("x", [5], DecodingConfig(max_new_tokens=4))
+    with pytest.raises(ValueError, match="exceed the model's window"):
+        engine.submit("y", [5] * 10, DecodingConfig(max_new_tokens=model.config.max_position_embeddings))
+    with pytest.raises(ValueError, match=r"prompt token ids must lie in \[0, vocab_size"):
+        engine.submit("y", [model.config.vocab_size], DecodingConfig())
+    with pytest.raises(ValueError, match="stop strings need the tokenizer"):
+        engine.submit("y", [5], DecodingConfig(stop=["\n"]))
+    with pytest.raises(ValueError, match="has no length head"):
+        engine.submit("y", [5], DecodingConfig(length_head=True))
+    with pytest.raises(ValueError, match="exceeds the engine's max_batch_rows=2"):
+        DecodeEngine(model, max_batch_rows=2).submit("y", [5], DecodingConfig(length_beam=3))
+    with pytest.raises(TypeError, match="must be a DecodingConfig"):
+        engine.submit("y", [5], {"max_new_tokens": 4})
+    assert engine.num_waiting == 1
