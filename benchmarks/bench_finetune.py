@@ -7,7 +7,9 @@ the same task, the same examples in the same batches (MNLI train subset, the sam
 Both models: biglm-124m's shape (12 heads = 12 kv heads, so ModernBERT, which has no GQA, matches it
 exactly) cut to ``--layers``, the same tokenizer and vocabulary, fp32 on CPU, global batch 32 in micro
 batches of 8, AdamW, clipping 1.0. Timed: ``--steps`` optimizer steps after ``--warmup`` untimed ones;
-the HF side is timed with a `TrainerCallback` from the first timed step's start to the last one's end, so
+biglm is timed twice: its default loop (each global batch sorted by length before it is cut into micro batches:
+the same items and loss per step, less padding) and with ``group_by_length`` off (micro batches cut in the drawn
+order, as the HF side gets them). The HF side is timed with a `TrainerCallback` from the first timed step's start to the last one's end, so
 Trainer's own per-step work (its dataloader, collator, logging bookkeeping) is in, as for biglm's loop.
 """
 
@@ -63,16 +65,23 @@ def main() -> None:
     # ---- biglm: the real loop's train_step
     task = ClassificationTask(ClassificationSettings(train=args.train, validation=args.train, template="mnli",
                                                      max_length=256), name="mnli")
-    cfg = FinetuneConfig(model=str(tmp / "model"), out_dir=str(tmp / "run"), epochs=100, global_batch=args.global_batch,
-                         micro_batch=args.micro_batch, device="cpu", dtype="fp32", compile="no", log_every=10**9)
-    tuner = FineTuner(task, cfg, info=DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")),
-                      echo=lambda s: None)
-    for _ in range(args.warmup):
-        tuner.train_step()
-    t = time.perf_counter()
-    for _ in range(args.steps):
-        tuner.train_step()
-    biglm_s = (time.perf_counter() - t) / args.steps
+    def biglm_step_s(group_by_length: bool) -> tuple[float, FineTuner]:
+        cfg = FinetuneConfig(model=str(tmp / "model"), out_dir=str(tmp / f"run-{group_by_length}"), epochs=100,
+                             global_batch=args.global_batch, micro_batch=args.micro_batch, device="cpu", dtype="fp32",
+                             compile="no", log_every=10**9, group_by_length=group_by_length)
+        tuner = FineTuner(task, cfg, info=DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")),
+                          echo=lambda s: None)
+        for _ in range(args.warmup):
+            tuner.train_step()
+        t = time.perf_counter()
+        for _ in range(args.steps):
+            tuner.train_step()
+        return (time.perf_counter() - t) / args.steps, tuner
+
+    # the default loop (each global batch sorted by length before micro-batching) and the same loop cutting the
+    # drawn order as it is, which is what the HF side does
+    biglm_s, tuner = biglm_step_s(True)
+    biglm_ungrouped_s, _ = biglm_step_s(False)
     features = task.train_features()
     mean_len = sum(len(f["prompt_ids"]) + 1 for f in features) / len(features)
 
@@ -124,7 +133,8 @@ def main() -> None:
            "mean_tokens_per_example": round(mean_len, 1), "steps": args.steps,
            "biglm_s_per_step": biglm_s, "biglm_examples_per_s": args.global_batch / biglm_s,
            "hf_trainer_modernbert_s_per_step": hf_s, "hf_trainer_modernbert_examples_per_s": args.global_batch / hf_s,
-           "ratio_biglm_over_hf": hf_s / biglm_s}
+           "ratio_biglm_over_hf": hf_s / biglm_s,
+           "biglm_no_grouping_s_per_step": biglm_ungrouped_s, "ratio_biglm_no_grouping_over_hf": hf_s / biglm_ungrouped_s}
     print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
     print("wrote", write_result("finetune", {"args": vars(args), "rows": [row]}, stem=args.out))
 

@@ -56,7 +56,8 @@ def _load_optional() -> None:
     """Tasks whose modules need optional pieces register when importable."""
     import importlib
 
-    for module in ("biglm.finetune.squad_task", "biglm.finetune.retrieval"):
+    for module in ("biglm.finetune.squad_task", "biglm.finetune.retrieval", "biglm.finetune.seq2seq",
+                   "biglm.finetune.instruct"):
         try:
             importlib.import_module(module)
         except ImportError:

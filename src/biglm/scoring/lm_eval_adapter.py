@@ -141,6 +141,7 @@ class BiGLMLM(LM):
         rolling_chunk: int = 32,
         prefix_token: str = "eos",
         max_gen_toks: int = 64,
+        _in_memory: tuple[Any, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__()
@@ -149,7 +150,8 @@ class BiGLMLM(LM):
             import difflib
             import inspect
 
-            known = [n for n in inspect.signature(type(self).__init__).parameters if n not in {"self", "kwargs"}]
+            known = [n for n in inspect.signature(type(self).__init__).parameters
+                     if n not in {"self", "kwargs"} and not n.startswith("_")]
             known += list(MODEL_ARG_DECODING)
             hints = [f"{k} (did you mean {c[0]}?)" if (c := difflib.get_close_matches(k, known, n=1)) else k
                      for k in sorted(kwargs)]
@@ -163,11 +165,15 @@ class BiGLMLM(LM):
             raise ValueError(f"scorer={scorer!r}: choose one of {', '.join(ESTIMATORS)}.")
         if dtype is not None and str(dtype) not in _DTYPES:
             raise ValueError(f"dtype={dtype!r}: choose one of {', '.join(_DTYPES)}.")
-        self._init_distributed(device)
-        from ..checkpoint import load_model
+        if _in_memory is not None:  # `from_model`: this process alone, on the model's own device and dtype
+            self.model, self.tokenizer = _in_memory
+            self._device = next(self.model.parameters()).device
+        else:
+            self._init_distributed(device)
+            from ..checkpoint import load_model
 
-        self.model, self.tokenizer = load_model(pretrained, device=self._device,
-                                                dtype=_DTYPES[str(dtype)] if dtype is not None else None)
+            self.model, self.tokenizer = load_model(pretrained, device=self._device,
+                                                    dtype=_DTYPES[str(dtype)] if dtype is not None else None)
         self.pretrained = str(pretrained)
         self.scorer = scorer
         self.batch_size = _as_int(batch_size, 16)
@@ -183,6 +189,15 @@ class BiGLMLM(LM):
         if prefix_token not in choices:
             raise ValueError(f"prefix_token={prefix_token!r}: choose eos, bos or none.")
         self.prefix_ids = [] if choices[prefix_token] is None else [int(choices[prefix_token])]
+
+    @classmethod
+    def from_model(cls, *, model: Any, tokenizer: Any, **model_args: Any) -> "BiGLMLM":
+        """The same lm-eval model around a BiGLM already in memory (in-training evaluation): no loading, one
+        process (rank 0 of 1, whatever the launcher), the model's device and dtype; ``model_args`` as above."""
+        if "pretrained" in model_args or "device" in model_args or "dtype" in model_args:
+            raise ValueError("from_model: pretrained, device and dtype come from the model itself.")
+        return cls(pretrained=getattr(model.config, "_name_or_path", "") or "in-memory", _in_memory=(model, tokenizer),
+                   **model_args)
 
     # ---- process layout --------------------------------------------------------------------------------
 

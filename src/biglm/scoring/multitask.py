@@ -429,7 +429,8 @@ def run_multitask(
         "skipped": plan.skipped,
         "scales": {"accuracy": "fraction in JSON, percent in the table", "bleu2": "percent",
                    "distinct2": "fraction (the paper's scale)"},
-        "lm_eval": {"zero_shot": zero.get("results", {}), "few_shot": few.get("results", {})},
+        "lm_eval": {"zero_shot": {k: zero.get(k, {}) for k in ("results", "n-shot", "n-samples")},
+                    "few_shot": {k: few.get(k, {}) for k in ("results", "n-shot", "n-samples")}},
     }
     summary["table"] = multitask_table(summary)
     if output_path is not None:

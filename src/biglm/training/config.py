@@ -147,6 +147,16 @@ class TrainConfig:
     """complete checkpoints kept"""
     tensorboard: bool = False
     """also write TensorBoard scalars to OUT/tensorboard"""
+    eval_tasks_every: int = 0
+    """steps between zero-shot evaluations of the current model (0: none), by the scorer of `biglm eval`"""
+    eval_tasks: list[str] = field(default_factory=lambda: ["ARC-E", "ARC-C"])
+    """zero-shot suite columns or lm-eval task names for --eval_tasks_every (default: the ARC average of Fig. 3)"""
+    eval_tasks_limit: int | None = 200
+    """first N documents of each task (a fixed subset: every evaluation scores the same questions); none: all"""
+    eval_tasks_data: str | None = None
+    """eval data in hub layout for --eval_tasks_every (default: $BIGLM_EVAL_DATA, else ./data/eval)"""
+    eval_tasks_scorer: Literal["chain", "one-pass", "pll", "mc"] = "chain"
+    """likelihood estimator of the in-training evaluation (as `biglm eval --model_args scorer=...`)"""
 
     @property
     def anneal_steps(self) -> int:
@@ -175,6 +185,19 @@ class TrainConfig:
         for name in ("eval_every", "save_every", "warmup_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if self.eval_tasks_every < 0:
+            raise ConfigError(f"--eval_tasks_every must be >= 0, got {self.eval_tasks_every}")
+        if self.eval_tasks_limit is not None and self.eval_tasks_limit < 1:
+            raise ConfigError(f"--eval_tasks_limit must be at least 1 (or none for every document), got {self.eval_tasks_limit}")
+        if self.eval_tasks_every:
+            from ..scoring.suite import select_tasks
+
+            if not self.eval_tasks:
+                raise ConfigError("--eval_tasks_every needs tasks: --eval_tasks ARC-E,ARC-C")
+            try:
+                select_tasks(self.eval_tasks)
+            except ValueError as e:
+                raise ConfigError(f"--eval_tasks: {e}") from None
         if not 0.0 <= self.anneal_fraction < 1.0:
             raise ConfigError(f"--anneal_fraction {self.anneal_fraction} must lie in [0, 1).")
         if self.warmup_steps > self.steps:

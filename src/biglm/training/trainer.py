@@ -10,7 +10,8 @@ Notable features
   checkpoint, so a killed and resumed run reproduces the uninterrupted one step for step.
 - Checkpoints every N steps, at the end, and on SIGINT/SIGTERM; a non-finite gradient norm stops the
   run before the optimizer step, so neither weights nor checkpoints are touched.
-- Metrics: console (loss, lr, tokens/s, MFU, ETA), JSONL, optional TensorBoard.
+- Metrics: console (loss, lr, tokens/s, MFU, ETA), JSONL, optional TensorBoard; optionally a zero-shot
+  evaluation every K steps (`task_eval`, the scorer of `biglm eval`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class TrainResult:
     step: int
     losses: list[tuple[int, float]] = field(default_factory=list)
     val_losses: list[tuple[int, float]] = field(default_factory=list)
+    task_scores: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     interrupted: bool = False
 
 
@@ -155,6 +157,14 @@ class Trainer:
         self.data_fingerprint = fingerprint
         self.flops, self.flops_sparse = flops_per_token(self.model_config, self.objective, cfg.seq_len)
         self.peak = _peak_flops(cfg, dev)
+        self.task_evaluator = None
+        if cfg.eval_tasks_every and self.info.is_main:  # the task YAMLs and data are checked before any step
+            from ..scoring.suite import default_data_dir
+            from .task_eval import TaskEvaluator
+
+            self.task_evaluator = TaskEvaluator(
+                tasks=cfg.eval_tasks, data_dir=cfg.eval_tasks_data or default_data_dir(), limit=cfg.eval_tasks_limit,
+                scorer=cfg.eval_tasks_scorer, work_dir=self.out / "eval_tasks")
         self.checkpointer = Checkpointer(self.out, keep_last=cfg.keep_last)
         self.step = 0
         self.tokens_seen = 0
@@ -298,6 +308,24 @@ class Trainer:
         self.model.train()
         return float(all_reduce_sum(loss_sum) / all_reduce_sum(count).clamp(min=1))
 
+    def evaluate_tasks(self) -> dict[str, float] | None:
+        """The zero-shot subset on the current (unwrapped) model: scored on rank 0 while the other ranks wait;
+        every RNG state is unchanged afterwards, so a resumed run matches an uninterrupted one."""
+        from .task_eval import full_model_on_rank0
+
+        model = full_model_on_rank0(self.model, self.raw_model, fsdp=self.fsdp, is_main=self.info.is_main,
+                                    build=lambda: BiGLMForMaskedLM(self.model_config).to(self.info.device))
+        scores = None
+        if self.task_evaluator is not None and model is not None:
+            checks = model.model.validate_inputs
+            scores = self.task_evaluator.evaluate(model=model, tokenizer=self.tokenizer)
+            model.model.validate_inputs = checks
+        if self.info.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+        return scores
+
     # ------------------------------------------------------------------ loop
     def _install_signals(self) -> dict:
         def stop(signum: int) -> None:
@@ -354,8 +382,16 @@ class Trainer:
                     val = self.validate()
                     if val is not None:
                         result.val_losses.append((self.step, val))
-                        metrics.write({"step": self.step, "val_loss": val}, kind="val")
+                        metrics.write({"step": self.step, "tokens": self.tokens_seen, "val_loss": val}, kind="val")
                         self.echo(f"step {self.step:>6} | val loss {val:.4f}")
+                if cfg.eval_tasks_every and (self.step % cfg.eval_tasks_every == 0 or last):
+                    scores = self.evaluate_tasks()
+                    if scores is not None:
+                        result.task_scores.append((self.step, scores))
+                        metrics.write({"step": self.step, "tokens": self.tokens_seen, **scores}, kind="tasks")
+                        self.echo(f"step {self.step:>6} | zero-shot avg {100 * scores['avg']:.1f} ("
+                                  + ", ".join(f"{t} {100 * scores[t]:.1f}" for t in scores
+                                              if t != "avg" and not t.endswith("_stderr")) + ")")
                 if (cfg.save_every and self.step % cfg.save_every == 0) or last or self._stop_signal:
                     self.save()
                 if self._stop_signal:
