@@ -16,6 +16,13 @@ the SuperGLUE average over every task folder found under ``<data_dir>/aps__super
 (``--genset_n`` seeded instances of each ``--genset`` set, default WikiAuto beside the data dir,
 generated with the ``--genset_decoding.*`` options and scored by BLEU-2 / Distinct-2). It prints
 Table 5's row and, with ``--output_path``, writes ``multitask.json`` and ``multitask.md`` there.
+
+    biglm eval --suite heldout --heldout_data data/table1-micro --model_args pretrained=RUN --output_path RUN/eval
+
+``--suite heldout`` (`biglm.scoring.heldout`) measures what a small model can show on the ``val`` split of a
+prepared token folder: masked loss and fill-in accuracy at the BiGLM setting (the same fixed windows and
+masks for every model), and the exact chain-rule perplexity of held-out continuations; it writes
+``heldout.json`` (lm-eval's results layout) under ``--output_path``.
 """
 
 from __future__ import annotations
@@ -47,9 +54,10 @@ class EvalArgs:
     """lm-eval task names, comma-separated (with --suite the suite chooses them)"""
     include_path: Path | None = None
     """a folder of extra task YAMLs for --tasks, as lm-eval's --include_path"""
-    suite: Literal["paper", "multitask"] | None = None
+    suite: Literal["paper", "multitask", "heldout"] | None = None
     """run a whole suite on local data: paper = Table 1's eleven columns, then MMLU and LAMBADA;
-    multitask = Table 5 (MMLU zero/few-shot, SuperGLUE average, Genset BLEU-2/Distinct-2)"""
+    multitask = Table 5 (MMLU zero/few-shot, SuperGLUE average, Genset BLEU-2/Distinct-2);
+    heldout = masked loss, fill-in accuracy and continuation perplexity on --heldout_data's val split"""
     suite_tasks: tuple[str, ...] = ()
     """with --suite: only these columns, comma-separated (e.g. PIQA,ARC-E,LAMBADA; multitask: MMLU,SuperGLUE,Genset)"""
     data_dir: Path | None = None
@@ -81,17 +89,35 @@ class EvalArgs:
     """--suite multitask: prompts generated together"""
     genset_decoding: DecodingConfig = field(default_factory=DecodingConfig)
     """--suite multitask: Genset's decoding options, --genset_decoding.FIELD (steps, max_new_tokens, strategy, ...)"""
+    heldout_data: Path | None = None
+    """--suite heldout: a folder written by `biglm data prepare --val_docs N` (its val split is scored)"""
+    heldout_windows: int = 256
+    """--suite heldout: fixed windows of the val split for the masked loss and fill-in accuracy"""
+    heldout_seq_len: int = 128
+    """--suite heldout: tokens per window (the run's --seq_len is the comparable choice)"""
+    heldout_docs: int = 200
+    """--suite heldout: held-out documents whose second half is scored given the first"""
+    heldout_seed: int = 0
+    """--suite heldout: seed of the fixed masks (the same masks for every model with one seed)"""
 
     def __post_init__(self) -> None:
         multitask_only = {"mmlu_fewshot": 5, "genset": [], "genset_n": 100, "genset_seed": 0, "genset_batch_size": 16,
                           "genset_decoding": DecodingConfig()}
+        heldout_only = {"heldout_data": None, "heldout_windows": 256, "heldout_seq_len": 128, "heldout_docs": 200,
+                        "heldout_seed": 0}
         if self.suite == "multitask":
             self._check_multitask()
         elif changed := [k for k, v in multitask_only.items() if getattr(self, k) != v]:
             raise ValueError(f"--{changed[0]} only applies with --suite multitask.")
+        if self.suite == "heldout":
+            self._check_heldout()
+        elif changed := [k for k, v in heldout_only.items() if getattr(self, k) != v]:
+            raise ValueError(f"--{changed[0]} only applies with --suite heldout.")
         if self.suite is not None:
             if self.tasks or self.include_path is not None:
                 raise ValueError("--suite chooses the tasks and their YAMLs: drop --tasks/--include_path.")
+            if self.suite == "heldout" and (self.suite_tasks or self.data_dir is not None):
+                raise ValueError("--suite heldout reads --heldout_data: drop --suite_tasks/--data_dir.")
             if self.suite == "paper":
                 select_tasks(self.suite_tasks)  # unknown column names fail here, before any model is loaded
         else:
@@ -127,6 +153,17 @@ class EvalArgs:
         for spec in self.multitask_gensets() or ():
             if not spec.path.startswith("hf:") and not Path(spec.path).is_file():
                 raise ValueError(f"--genset {spec.name}: no file {spec.path}")
+
+    def _check_heldout(self) -> None:
+        if self.heldout_data is None:
+            raise ValueError("--suite heldout needs --heldout_data FOLDER (written by `biglm data prepare --val_docs N`).")
+        if not self.heldout_data.is_dir():
+            raise ValueError(f"--heldout_data {self.heldout_data}: no such folder.")
+        for name in ("heldout_windows", "heldout_seq_len", "heldout_docs"):
+            if getattr(self, name) < 2:
+                raise ValueError(f"--{name}={getattr(self, name)} must be >= 2.")
+        if self.num_fewshot is not None or self.limit is not None or self.log_samples:
+            raise ValueError("--num_fewshot, --limit and --log_samples do not apply to --suite heldout.")
 
     def multitask_parts(self) -> tuple[str, ...]:
         """The multitask parts to run (all by default), in Table 5's order."""
@@ -164,6 +201,8 @@ def main(argv: list[str]) -> int:
                   output_path=args.output_path, log_samples=args.log_samples)
     if args.suite == "multitask":
         return _main_multitask(args)
+    if args.suite == "heldout":
+        return _main_heldout(args)
     if args.suite is not None:
         data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
         try:
@@ -206,6 +245,26 @@ def _main_multitask(args: EvalArgs) -> int:
     print(f"\nBiGLM multitask suite (Table 5 layout)\n{summary['table']}")
     if args.output_path is not None:
         print(f"\nwritten: {Path(args.output_path) / 'multitask.json'}, {Path(args.output_path) / 'multitask.md'}")
+    return 0
+
+
+def _main_heldout(args: EvalArgs) -> int:
+    """`biglm eval --suite heldout`: the held-out metrics of one model, printed (and written with --output_path)."""
+    from ..data.shards import ShardError
+    from .heldout import format_heldout, run_heldout
+
+    model_args = parse_model_args(args.model_args)
+    try:
+        result = run_heldout(model_args["pretrained"], data=args.heldout_data, output_path=args.output_path,
+                             device=args.device, windows=args.heldout_windows, seq_len=args.heldout_seq_len,
+                             docs=args.heldout_docs, seed=args.heldout_seed,
+                             **({"batch_size": int(args.batch_size)} if args.batch_size not in (None, "auto") else {}))
+    except (FileNotFoundError, ValueError, ShardError) as e:  # a missing val split, too little held-out text, a wrong tokenizer
+        print(f"biglm eval: {e}", file=sys.stderr)
+        return 2
+    print(f"\nBiGLM held-out metrics ({args.heldout_data}, val split)\n{format_heldout(result)}")
+    if args.output_path is not None:
+        print(f"\nwritten: {Path(args.output_path) / 'heldout.json'}")
     return 0
 
 
