@@ -26,6 +26,7 @@ from biglm.generation import (
     sample,
 )
 from biglm.generation.cli import main as cli_main
+from biglm.generation.decoding import Commit
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]]  # different lengths: left padding matters
 
@@ -92,6 +93,91 @@ def test_cache_equals_no_cache(model, strategy, extra):
     for x, y in zip(sa, sb):  # every step: same inputs, same choices, close probabilities
         assert torch.equal(x.output_ids, y.output_ids) and torch.equal(x.committed, y.committed)
         torch.testing.assert_close(x.probs, y.probs, atol=1e-6, rtol=1e-4)
+
+
+# --- block decoding with a growing prefix cache -------------------------------------------------------------
+
+
+def _denoiser_after_two_blocks(model, *, use_cache: bool, block_cache: str):
+    """A denoiser over the padded batch (a length beam repeats rows) with blocks 0-3 and 4-7 committed."""
+    ids, mask = _batch()
+    rows = torch.tensor([0, 0, 1, 2])
+    answer = torch.randint(5, 512, (4, 12), generator=torch.Generator().manual_seed(3))
+    valid = torch.ones(4, 12, dtype=torch.bool)
+    valid[1, 10:] = False  # a shorter candidate: its tail is padding
+    den = AnswerDenoiser(model, prompt_ids=ids, prompt_mask=mask, rows=rows, valid=valid, use_cache=use_cache,
+                         block_length=4, block_cache=block_cache)
+    for s0 in (0, 4):
+        den.extend(Commit(s0, s0 + 4, answer[:, s0:s0 + 4]))
+    answer[:, 8:] = model.config.mask_token_id
+    where = (answer == model.config.mask_token_id) & valid
+    return den, (ids, mask, rows, answer, valid, where)
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_exact_growing_cache_is_the_grown_prefix_recomputed(backend):
+    """After two committed blocks, the cached window pass and the uncached one both equal a plain forward of
+    prompt + answer with the BiGLM split at the window (prefix = prompt + both blocks), written out here; the
+    block-causal ``append`` cache does not (it is an approximation, and this test can tell)."""
+    model = _model(attn_backend=backend)
+    with torch.no_grad():
+        cached, (ids, mask, rows, answer, valid, where) = _denoiser_after_two_blocks(model, use_cache=True,
+                                                                                     block_cache="exact")
+        full = torch.cat((ids[rows], answer), dim=1)
+        keys = torch.cat((mask[rows], valid.long()), dim=1)
+        at = torch.cat((torch.zeros_like(ids[rows], dtype=torch.bool), where), dim=1)
+        want = model(full, prefix_len=ids.shape[1] + 8, attention_mask=keys, logits_positions=at).logits
+        got = cached(answer, where, start=8, end=12)
+        uncached, _ = _denoiser_after_two_blocks(model, use_cache=False, block_cache="exact")
+        append, _ = _denoiser_after_two_blocks(model, use_cache=True, block_cache="append")
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(uncached(answer, where, start=8, end=12), want, atol=1e-5, rtol=1e-5)
+        assert (append(answer, where, start=8, end=12) - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("block_cache", ["exact", "append"])
+@pytest.mark.parametrize("suffix", ["block", "rest"])
+@pytest.mark.parametrize("strategy, extra", [
+    ("mask-predict", dict(steps=6)),  # two Mask-Predict iterations per block
+    ("confidence", dict(steps=6)),
+    ("threshold", dict(threshold=0.07)),
+])
+def test_growing_cache_equals_uncached_blocks(model, strategy, extra, suffix, block_cache):
+    """Block decoding of a batch of three prompt lengths (left-padded) and two candidate lengths: the growing
+    cache and recomputing prompt + committed blocks at every call give the same tokens at every step."""
+    ids, mask = _batch()
+    runs = {}
+    for use_cache in (True, False):
+        steps: list[StepInfo] = []
+        out = generate_ids(model, ids, mask, max_new_tokens=12, strategy=strategy, lengths=[12, 9], block_length=4,
+                           block_suffix=suffix, block_cache=block_cache, use_cache=use_cache,
+                           on_step=_record(steps), **extra)
+        runs[use_cache] = out, steps
+    (a, sa), (b, sb) = runs[True], runs[False]
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.lengths, b.lengths)
+    assert {s.block for s in sa} == {0, 1, 2} and len(sa) == len(sb)
+    for x, y in zip(sa, sb):  # every step: same inputs, same choices, close probabilities
+        assert torch.equal(x.input_ids, y.input_ids) and torch.equal(x.output_ids, y.output_ids)
+        assert torch.equal(x.committed, y.committed)
+        torch.testing.assert_close(x.probs, y.probs, atol=1e-6, rtol=1e-4)
+
+
+def test_block_suffix_decides_what_a_step_runs(model, monkeypatch):
+    """``block``: a step runs the current block only; ``rest``: the block and every mask after it."""
+    ids, mask = _batch()
+    call = AnswerDenoiser.__call__
+    for suffix, widths in (("block", [4, 4, 4]), ("rest", [12, 8, 4])):
+        seen = []
+
+        def spy(self, answer, positions, *, start=0, end=None, _seen=seen):
+            _seen.append((start, end))
+            return call(self, answer, positions, start=start, end=end)
+
+        monkeypatch.setattr(AnswerDenoiser, "__call__", spy)
+        generate_ids(model, ids, mask, max_new_tokens=12, strategy="confidence", steps=3, block_length=4,
+                     block_suffix=suffix)
+        assert [start for start, _ in seen] == [0, 4, 8], suffix
+        assert [end - start for start, end in seen] == widths, suffix
 
 
 @pytest.mark.parametrize("strategy", ["mask-predict", "confidence"])
@@ -503,13 +589,13 @@ def test_cli_options_are_the_decoding_config_fields(saved, capsys, monkeypatch):
     seen = _spy_decoder(monkeypatch)
     expected = DecodingConfig(max_new_tokens=7, steps=3, strategy="confidence", temperature=0.5, top_k=4, top_p=0.9,
                               seed=11, length_beam=2, block_length=4, threshold=0.3, stop=["x", "y"], use_cache=False,
-                              block_suffix="rest", length_head=False)
+                              block_suffix="rest", block_cache="append", length_head=False)
     argv = [str(saved[0]), "--prompt", "a dog", "--max-new-tokens", "7", "--steps", "3", "--strategy", "confidence",
             "--temperature", "0.5", "--top-k", "4", "--top_p", "0.9", "--seed", "11", "--length-beam", "2",
             "--block-length", "4", "--threshold", "0.3", "--stop", "x", "--stop", "y", "--use_cache", "false",
-            "--block-suffix", "rest", "--length-head", "false"]
+            "--block-suffix", "rest", "--block-cache", "append", "--length-head", "false"]
     assert cli_main(argv) == 0
     assert seen == [expected]
     assert {f.name for f in dataclasses.fields(DecodingConfig)} == {
         "max_new_tokens", "steps", "strategy", "temperature", "top_k", "top_p", "seed", "length_beam", "block_length",
-        "threshold", "stop", "use_cache", "early_stop", "block_suffix", "length_head"}
+        "threshold", "stop", "use_cache", "early_stop", "block_suffix", "block_cache", "length_head"}

@@ -26,6 +26,8 @@ CONFIGS = [
     DecodingConfig(max_new_tokens=10, strategy="confidence", steps=5, temperature=0.8, top_p=0.9, seed=3,
                    block_length=5),
     DecodingConfig(max_new_tokens=12, steps=4, length_beam=3),
+    DecodingConfig(max_new_tokens=12, strategy="confidence", block_length=4, steps=6, block_cache="append"),
+    DecodingConfig(max_new_tokens=12, steps=6, length_beam=2, block_length=4, block_suffix="rest"),
 ]
 
 
@@ -66,12 +68,12 @@ def test_alone_equals_generate_ids(model, k):
 
 
 def test_mixed_batch_equals_each_request_alone(model):
-    """Nine requests of five prompt lengths (one empty) and every strategy, arriving at steps 0-4, with a
+    """Eleven requests of five prompt lengths (one empty) and every strategy, arriving at steps 0-5, with a
     row budget that makes some wait: each answer equals its solo decode, and each step is one model call."""
     arrivals: dict[int, list] = {}
     expected = {}
     for i, cfg in enumerate(CONFIGS):
-        prompt = PROMPTS[[1, 0, 2, 4, 0, 1, 2, 4, 0][i]]
+        prompt = PROMPTS[[1, 0, 2, 4, 0, 1, 2, 4, 0, 2, 1][i]]
         arrivals.setdefault(i // 2, []).append((f"r{i}", prompt, cfg))
         expected[f"r{i}"] = _alone(model, prompt, cfg)
     calls: list[int] = []

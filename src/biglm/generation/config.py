@@ -26,6 +26,7 @@ from typing import Any, Literal, get_args, get_origin
 
 Strategy = Literal["mask-predict", "confidence", "threshold"]
 BlockSuffix = Literal["block", "rest"]
+BlockCache = Literal["exact", "append"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 DEFAULT_MASK_PREDICT_STEPS = 10  # Ghazvininejad et al. 2019 report T = 10 as their main setting
 
@@ -55,6 +56,10 @@ class DecodingConfig:
     """blocks of this many slots, decoded left to right; a finished block joins the prefix cache (unset: one block)"""
     block_suffix: BlockSuffix = "block"
     """with blocks, the suffix each step runs: the current block only, or the block plus all remaining masks (rest)"""
+    block_cache: BlockCache = "exact"
+    """with blocks, how a finished block joins the prefix cache: exact (prompt + finished blocks re-encoded as
+    one BiGLM prefix, the training condition) or append (only the block is encoded; earlier tokens never see it:
+    cheaper, an approximation)"""
     length_head: bool | None = None
     """candidate lengths from the model's length head (unset: use it when the model has one)"""
     threshold: float = 0.9

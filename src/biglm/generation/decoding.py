@@ -22,6 +22,12 @@ Notable features
   (`logits_positions`). ``use_cache=False`` runs prompt + answer with ``prefix_len`` instead; the
   two give the same logits up to float rounding (tested), because under the BiGLM mask no prompt
   token attends to the answer.
+- Block decoding (``block_length``, every strategy): blocks are decoded left to right; a finished
+  block joins the prefix cache, so a step runs only the current block (``block_suffix="block"``)
+  or the block and the masks after it (``"rest"``). With ``block_cache="exact"`` (default) the
+  grown prefix is re-encoded as one BiGLM prefix, the training condition with the split at the
+  block, so the cache is exact (tested against recomputing prompt + blocks every call);
+  ``"append"`` encodes only the new block, which the earlier prefix never sees (cheaper, approximate).
 - Batches of prompts of different lengths are left-padded to a common length P (RoPE is
   relative, so the padding needs no position shift); every answer starts at P.
 - Length beam: several candidate lengths per prompt decoded side by side as extra rows (shorter
@@ -111,21 +117,30 @@ class AnswerDenoiser:
     """One model call over a window of the answer slots of a batch, with or without the exact prefix cache.
 
     Built once per batch: with ``use_cache`` the prompt keys/values are computed here, once, and
-    reused by every call; `extend` appends a committed block to them (block decoding's growing
-    cache). ``prompt_ids`` (B, P) are left-padded, ``prompt_mask`` (B, P) marks real tokens;
-    ``rows`` (R,) maps each answer row to its prompt (length-beam candidates share one);
-    ``valid`` (R, N) marks slots inside each row's candidate length (the rest are padding keys).
-    Without the cache every call recomputes prompt + answer[:end] from scratch with the same
-    attention: the prompt, then each committed block of ``block_length`` slots seeing only what
-    precedes it and itself (``segment_ids``), then the window seeing everything.
+    reused by every call; `extend` grows them by a committed block (block decoding's growing cache).
+    ``prompt_ids`` (B, P) are left-padded, ``prompt_mask`` (B, P) marks real tokens; ``rows`` (R,)
+    maps each answer row to its prompt (length-beam candidates share one); ``valid`` (R, N) marks
+    slots inside each row's candidate length (the rest are padding keys).
+
+    ``block_cache`` says what the grown prefix is. ``exact``: prompt + committed blocks form one
+    BiGLM prefix (every prefix token sees the whole prefix), i.e. the training condition with the
+    split point at the window's start, so `extend` re-encodes prompt + blocks once per block.
+    ``append``: only the new block is encoded, seeing the cache and itself; earlier prefix
+    tokens never see it (block-causal attention, which no training window has: an approximation).
+    Without the cache every call recomputes prompt + answer[:end] from scratch under the same rule:
+    ``prefix_len`` = P + window start (exact), or ``segment_ids`` (append).
     """
 
     def __init__(self, model: torch.nn.Module, *, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                 rows: torch.Tensor, valid: torch.Tensor, use_cache: bool, block_length: int | None = None) -> None:
+                 rows: torch.Tensor, valid: torch.Tensor, use_cache: bool, block_length: int | None = None,
+                 block_cache: str = "exact") -> None:
         self.model = model
         self.prompt_len = prompt_ids.shape[1]
         self.use_cache = use_cache
         self.block_length = block_length or valid.shape[1]
+        self.block_cache = block_cache
+        # what an exact `extend` re-encodes: each row's prompt, then the committed slots so far
+        self._prompt, self._valid, self._done = (prompt_ids, prompt_mask, rows), valid, valid[:, :0].long()
         # masks are fixed for the whole decode: build them once (each `.all()` is a host sync)
         self.answer_mask = None if bool(valid.all()) else valid.long()
         prompt_padded = not bool(prompt_mask.all())
@@ -160,8 +175,10 @@ class AnswerDenoiser:
         ids = torch.cat((self.prompt_ids, answer[:, :end]), dim=1)
         where = torch.cat((self.no_logits, positions[:, :end]), dim=1)
         mask = torch.cat((self.prompt_mask, self.valid[:, :end].long()), dim=1) if self.masked_keys else None
-        if start == 0:
-            return self.model(ids, prefix_len=self.prompt_len if self.prompt_len else None, attention_mask=mask,
+        if start == 0 or self.block_cache == "exact":
+            # the grown prefix recomputed from scratch: prompt + committed blocks, then the window
+            split = self.prompt_len + start
+            return self.model(ids, prefix_len=split if split else None, attention_mask=mask,
                               logits_positions=where).logits
         # prompt = segment 0, committed block j = j + 1, the window = one segment after the last block
         slot = torch.arange(end, device=ids.device)
@@ -171,11 +188,22 @@ class AnswerDenoiser:
                           logits_positions=where).logits
 
     def extend(self, commit: Commit) -> None:
-        """Committed slots join the prefix: their keys/values are computed once, seeing the cache and
-        each other (without the cache there is nothing to keep: every call recomputes them)."""
-        if self.use_cache:
+        """Committed slots join the prefix (without the cache there is nothing to keep: every call
+        recomputes them). ``exact``: prompt + every committed slot re-encoded as one prefix; ``append``:
+        only the new slots, seeing the cache and each other."""
+        if not self.use_cache:
+            return
+        if self.block_cache == "append":
             mask = None if self.answer_mask is None else self.answer_mask[:, commit.start:commit.end]
             self.cache = self.model.encode_prefix(commit.ids, mask, past=self.cache)
+            return
+        if commit.start != self._done.shape[1]:
+            raise ValueError(f"blocks commit left to right: expected slot {self._done.shape[1]}, got {commit.start}.")
+        prompt_ids, prompt_mask, rows = self._prompt
+        self._done = torch.cat((self._done, commit.ids), dim=1)  # (R, end)
+        ids = torch.cat((prompt_ids.index_select(0, rows), self._done), dim=1)
+        mask = torch.cat((prompt_mask.index_select(0, rows), self._valid[:, :commit.end].long()), dim=1)
+        self.cache = self.model.encode_prefix(ids, mask)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], *, pad_id: int, device: torch.device | str = "cpu",
@@ -426,7 +454,8 @@ def generate_ids(
                     on_step=on_step)
     with _unchecked(model):
         denoise = AnswerDenoiser(model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, rows=run.rows,
-                                 valid=run.valid, use_cache=cfg.use_cache, block_length=cfg.block_length)
+                                 valid=run.valid, use_cache=cfg.use_cache, block_length=cfg.block_length,
+                                 block_cache=cfg.block_cache)
         while (item := run.pending) is not None:
             if isinstance(item, Commit):
                 denoise.extend(item)

@@ -12,8 +12,9 @@ Notable features
 - Continuous batching: `submit` queues; `step` admits waiting requests first (up to
   ``max_batch_rows`` rows, a length beam of K candidates is K rows), encodes their prompts, then
   runs one decoding call. A request that finishes leaves at once; the next one joins at the next step.
-- Block decoding: a committed block joins that request's cache right after the step
-  (``encode_prefix(block, past=cache)``), so later steps run only the suffix.
+- Block decoding: a committed block joins that request's cache right after the step (prompt +
+  committed blocks re-encoded as one prefix, or with ``block_cache="append"`` the block alone,
+  ``encode_prefix(block, past=cache)``), so later steps run only the suffix.
 - Events: after each step, one `EngineEvent` per request that took part, with the answer so far
   and ``stable_ids``, its leading part that can no longer change (what a server may stream).
 - Early finish: with one candidate, once the stable part holds an EOS (or, given a tokenizer, a
@@ -150,9 +151,7 @@ class DecodeEngine:
             for req in reqs:
                 # a committed block joins the request's cache before its next query
                 while isinstance(req.run.pending, Commit):
-                    item = req.run.pending
-                    mask = req.run.valid[:, item.start:item.end].long()
-                    req.cache = self.model.encode_prefix(item.ids, mask, past=req.cache)
+                    self._extend(req, req.run.pending)
                     req.run.advance()
                 events.append(self._report(req))
         return events
@@ -188,6 +187,19 @@ class DecodeEngine:
         else:
             cache = self.model.encode_prefix(prompt)
             req.cache = cache if R == 1 else cache.select(torch.zeros(R, dtype=torch.long, device=self.device))
+
+    def _extend(self, req: _Request, item: Commit) -> None:
+        """A committed block joins ``req``'s cache, as `decoding.AnswerDenoiser.extend` does it."""
+        run = req.run
+        if req.config.block_cache == "append":
+            req.cache = self.model.encode_prefix(item.ids, run.valid[:, item.start:item.end].long(), past=req.cache)
+            return
+        # exact: prompt + every committed slot re-encoded as one prefix (the answer before the block is final)
+        R = run.valid.shape[0]
+        prompt = torch.tensor(req.prompt_ids, dtype=torch.long, device=self.device).expand(R, -1)
+        ids = torch.cat((prompt, run.progress.answer[:, :item.start], item.ids), dim=1)
+        mask = torch.cat((torch.ones_like(prompt), run.valid[:, :item.end].long()), dim=1)
+        req.cache = self.model.encode_prefix(ids, mask)
 
     def _decode(self, reqs: list[_Request]) -> None:
         """One model call over every request's pending query."""

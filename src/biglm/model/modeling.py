@@ -329,8 +329,8 @@ class BiGLMModel(BiGLMPreTrainedModel):
             return_cache: also return this call's keys/values as a `PrefixCache` (``outputs.cache``).
             segment_ids: (B, L) non-decreasing segment index per token: query i sees key j iff
                 segment[j] <= segment[i] (exclusive with ``prefix_len`` and ``prefix_cache``). This is the
-                attention of block decoding's growing cache (prompt, then each committed block seeing only
-                what precedes it and itself), computed from scratch: the reference the cache is tested against.
+                attention of block decoding's ``append`` cache (prompt, then each committed block seeing only
+                what precedes it and itself), computed from scratch: the reference that cache is tested against.
         """
         B, L = input_ids.shape
         offset = 0 if prefix_cache is None else prefix_cache.length

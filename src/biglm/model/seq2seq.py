@@ -110,11 +110,12 @@ class BiGLMForConditionalGeneration(BiGLMForMaskedLM):
         logits[:, 0] = float("-inf")  # an empty answer is never a candidate
         return logits.topk(beam, dim=-1).indices
 
-    def encode_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> PrefixCache:
+    def encode_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                      past: PrefixCache | None = None, position_ids: torch.Tensor | None = None) -> PrefixCache:
         kept, self._kept = self._kept, None
-        if kept is not None and kept[0] is input_ids:
+        if kept is not None and kept[0] is input_ids and past is None and position_ids is None:
             return kept[1]  # computed by predict_lengths on this very tensor: the same call, done once
-        return super().encode_prefix(input_ids, attention_mask)
+        return super().encode_prefix(input_ids, attention_mask, past=past, position_ids=position_ids)
 
     # ------------------------------------------------------------------ training forward
     def forward(

@@ -150,6 +150,7 @@ class Scheduler:
                 while not self._stop and not self._has_work():
                     self._cond.wait()
                 if self._stop:
+                    self._release()
                     return
                 submits, self._submits = self._submits, []
                 cancels, self._cancels = self._cancels, []
@@ -191,6 +192,13 @@ class Scheduler:
                     self.stats["finished"] += 1
                 sink(event)
         self.num_running, self.num_waiting = engine.num_running, engine.num_waiting
+
+    def _release(self) -> None:
+        """On stop: drop what is still in the engine (its sinks were aborted), so it is left empty."""
+        for rid in list(self._in_engine):
+            self.engine.cancel(rid)
+        self._in_engine.clear()
+        self.num_running, self.num_waiting = self.engine.num_running, self.engine.num_waiting
 
     def _fail_all(self, error: Exception) -> None:
         log.exception("decoding engine failed; failing its requests")
