@@ -96,6 +96,36 @@ def test_streamed_chat_equals_generate(served):
     assert whole.choices[0].message.content == want and whole.choices[0].message.role == "assistant"
 
 
+def _biglm_generate(checkpoint, prompt: str, capsys, **flags) -> str:
+    """The answer `biglm generate CHECKPOINT --prompt PROMPT --FLAG VALUE...` prints for one prompt."""
+    from biglm.generation.cli import main as generate_main
+
+    argv = [str(checkpoint), "--prompt", prompt]
+    for k, v in flags.items():
+        argv += [f"--{k}", str(v)]
+    capsys.readouterr()
+    assert generate_main(argv) == 0
+    out = capsys.readouterr().out
+    header = f"### prompt 1: {prompt}\n"
+    assert out.startswith(header) and out.endswith("\n"), out
+    return out[len(header):-1]
+
+
+def test_openai_client_equals_the_biglm_generate_command(served, checkpoint, capsys):
+    """The official client's completion and streamed chat completion are what `biglm generate` prints for the
+    same settings and seed (the chat prompt rendered with the model's chat template)."""
+    flags = dict(max_new_tokens=12, strategy="confidence", block_length=4, temperature=0.8, top_p=0.9, seed=4)
+    extra = {"strategy": "confidence", "block_length": 4}
+    sampling = dict(max_tokens=12, temperature=0.8, top_p=0.9, seed=4)
+    text = served.client.completions.create(model=NAME, prompt=PROMPTS[0], extra_body=extra, **sampling)
+    assert text.choices[0].text == _biglm_generate(checkpoint, PROMPTS[0], capsys, **flags)
+    messages = [{"role": "user", "content": "Speak, friend."}]
+    stream = served.client.chat.completions.create(model=NAME, messages=messages, stream=True, extra_body=extra,
+                                                   **sampling)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert streamed == _biglm_generate(checkpoint, render_chat(served.tok, messages), capsys, **flags)
+
+
 def test_n_choices_and_stop(served):
     out = served.client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=10, temperature=1.0, seed=5,
                                            n=3, extra_body={"steps": 4})
