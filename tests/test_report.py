@@ -85,7 +85,7 @@ def parse_table(md: str) -> dict[str, dict[str, str]]:
 @pytest.fixture
 def two_runs(tmp_path) -> tuple[Path, Path]:
     small = write_run(tmp_path / "runs", "small", evals=SMALL_EVAL, heldout=SMALL_HELDOUT)
-    large = write_run(tmp_path / "runs", "large", schedule="cosine", corpus="data/corpus-b", hidden=128,
+    large = write_run(tmp_path / "runs", "large", schedule="cosine", hidden=128,
                       evals=LARGE_EVAL, heldout=LARGE_HELDOUT, loss0=5.5, tps=(40.0, 3000.0, 3200.0, 2800.0, 3100.0))
     return small, large
 
@@ -95,8 +95,9 @@ def test_report_on_two_runs(two_runs, tmp_path):
     small, large = two_runs
     report = build_report([str(small), str(large)], out=tmp_path / "rep", baseline="small")
 
-    # figures: both PNGs written, valid, and embedded byte for byte in the page
-    assert set(report.figures) == {"fig3", "fig4"}
+    # the figure: a valid PNG, embedded byte for byte in the page; Fig. 4 needs runs on two corpora
+    assert set(report.figures) == {"fig3"}
+    assert "share one corpus (corpus-a)" in {s.what: s.why for s in report.skipped}["Fig. 4 (corpora)"]
     page = report.html.read_text()
     for fig in report.figures.values():
         data = fig.path.read_bytes()
@@ -109,7 +110,6 @@ def test_report_on_two_runs(two_runs, tmp_path):
 
     # the annealing marker: WSD, 20% of 100 steps -> annealing starts after 80 steps = 80 x 8 x 32 tokens; cosine: none
     assert report.anneal == {"small": {"step": 80, "tokens": 80 * 8 * 32}}
-    assert report.figures["fig4"].anneal == report.anneal
 
     # every table is on the page and in its Markdown file
     for key in ("ablation", "delta", "cost", "runs", "other_metrics"):
@@ -154,13 +154,28 @@ def test_report_on_two_runs(two_runs, tmp_path):
     assert row[4].value == tps and row[5].value == pytest.approx(tokens / tps / 3600, rel=1e-12)
     assert c["large"]["tokens/s per device"] == f"{statistics.median([3000.0, 3200.0, 2800.0, 3100.0]):,.0f}"
     # the paper's rows: its GPU hours beside the recipe's tokens (300k x 1024 x 2048)
-    assert c["biglm-360m"]["paper GPU hours (Table 6)"] == "22,528"
-    assert c["biglm-3.5b"]["tokens"] == f"{300_000 * 1024 * 2048:,}"
+    assert c["biglm-360m (paper recipe)"]["paper GPU hours (Table 6)"] == "22,528"
+    assert c["biglm-3.5b (paper recipe)"]["tokens"] == f"{300_000 * 1024 * 2048:,}"
 
     # report.json holds the same numbers
     saved = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert saved["figures"]["fig3"]["anneal"] == {"small": {"step": 80, "tokens": 20480}}
     assert saved["tables"]["ablation"]["rows"][1][1]["value"] == pytest.approx(45.99)
+
+
+def test_fig4_compares_corpora(two_runs, tmp_path):
+    small, large = two_runs
+    other = write_run(tmp_path / "runs", "other-corpus", corpus="data/corpus-b", anneal_fraction=0.1)
+    report = build_report([str(small), str(large), str(other)], out=tmp_path / "rep", baseline="small")
+    page = report.html.read_text()
+    for fig in report.figures.values():
+        assert f"data:image/png;base64,{base64.b64encode(fig.path.read_bytes()).decode()}" in page
+    # Fig. 3 compares sizes on the baseline's corpus; Fig. 4 every run by corpus, each with its own anneal start
+    assert set(report.figures["fig3"].lines) == {"small", "large"}
+    assert set(report.figures["fig4"].lines) == {"small", "large", "other-corpus"}
+    assert report.figures["fig4"].anneal == {"small": {"step": 80, "tokens": 80 * 256},
+                                             "other-corpus": {"step": 90, "tokens": 90 * 256}}
+    assert "the run is in Fig. 4" in {s.what: s.why for s in report.skipped}["fig3: other-corpus"]
 
 
 def test_seed_replicas_fold_into_one_row(tmp_path):
@@ -280,3 +295,45 @@ def test_report_reads_a_real_pretraining_run(synthetic_data, tmp_path, one_threa
     tps = [l["tokens_per_s"] for l in logged if l["kind"] == "log"]
     assert next(row for row in report.tables["cost"].rows if row[0].text == "real")[4].value == statistics.median(tps[1:])
     assert parse_table(report.tables["ablation"].markdown())["real"]["heldout masked_loss"] == "4.2500 ± 0.0250"
+
+
+def test_a_gpu_scale_run_reads_unchanged(tmp_path):
+    """Nothing assumes CPU or tiny: a 10k-step run of biglm-360m on 8 GPUs (world size from its checkpoint,
+    CUDA from its RNG state, MFU logged) gives binned curves, device-hours per GPU and the FLOP-based estimate."""
+    import torch
+
+    from biglm import BiGLMConfig
+
+    run = tmp_path / "biglm-360m"
+    run.mkdir()
+    steps, gb, L = 10_000, 1024, 2048
+    config = {"name": "biglm-360m", "preset": "biglm-360m", "data": {"data/fineweb-edu": 220.0, "data/cosmopedia-v2": 28.0},
+              "seq_len": L, "global_batch": gb, "micro_batch": 8, "steps": steps, "schedule": "wsd",
+              "anneal_fraction": 0.2, "lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 2000}
+    (run / "train_config.json").write_text(json.dumps(config))
+    BiGLMConfig.from_preset("biglm-360m").save_pretrained(run)
+    with open(run / "metrics.jsonl", "w") as f:
+        for s in range(1, steps + 1):
+            f.write(json.dumps({"kind": "train", "step": s, "loss": 3 + 5 / s ** 0.3}) + "\n")
+            if s % 100 == 0:
+                f.write(json.dumps({"kind": "log", "step": s, "loss": 3.0, "tokens_per_s": 1.6e6, "tokens": s * gb * L,
+                                    "mfu": 0.42, "mfu_unmasked": 0.40}) + "\n")
+    ckpt = run / "checkpoints" / "step_0010000"
+    ckpt.mkdir(parents=True)
+    (ckpt / "meta.json").write_text(json.dumps({"step": steps, "world_size": 8}))
+    torch.save({"step": steps, "rng_cpu": torch.get_rng_state(), "rng_cuda": torch.zeros(16, dtype=torch.uint8)},
+               ckpt / "rank00000.pt")
+    report = build_report([str(run)], out=tmp_path / "rep", max_points=400)
+    assert report.figures["fig3"].lines["biglm-360m"]["loss"] <= 400
+    assert report.anneal == {"biglm-360m": {"step": 8_000, "tokens": 8_000 * gb * L}}
+    rows = {r[0].text: r for r in report.tables["cost"].rows}
+    paper_row = rows["biglm-360m (paper recipe)"]  # this run measures that very model
+    assert paper_row[2].text == "CUDA GPU (model not logged) ×8"
+    assert paper_row[4].value == 1.6e6 / 8 and paper_row[6].value == pytest.approx(0.42)
+    tokens = 300_000 * 1024 * 2048
+    assert paper_row[5].value == pytest.approx(tokens / (1.6e6 / 8) / 3600)
+    assert paper_row[8].value == 22528
+    own = rows["biglm-360m"]  # the run's own recipe (10k steps)
+    assert own[1].value == steps * gb * L and own[5].value == pytest.approx(steps * gb * L / (1.6e6 / 8) / 3600)
+    assert own[8].text == "—"  # the paper's hours belong to its 300k-step recipe only
+    assert f"run {run}" in rows["biglm-1.3b (paper recipe)"][10].text  # unmeasured: FLOP-based at this run's FLOP/s

@@ -38,6 +38,14 @@ class Report:
         return {k: v for f in self.figures.values() for k, v in f.anneal.items()}
 
 
+def _model_text(r: Run) -> str:
+    if r.kind != "pretrain":
+        return "—"
+    c = r.config or {}
+    changed = any(v is not None for v in (c.get("model") or {}).values())
+    return f"{c.get('preset', '?')}{' (changed)' if changed else ''}, {size_label(r.params)}"
+
+
 def _runs_table(runs: list[Run]) -> Table:
     rows = []
     for r in runs:
@@ -48,7 +56,7 @@ def _runs_table(runs: list[Run]) -> Table:
             anneal = "—" if c.get("schedule") != "wsd" else "no annealing (anneal_fraction 0)"
         last = f"{r.loss.values[-1]:.4f} at step {r.loss.steps[-1]:,}" if r.loss else "—"
         rows.append([Cell(r.label), Cell(r.kind), Cell(str(r.path)),
-                     Cell(f"{c.get('preset', '?')}, {size_label(r.params)}" if r.kind == "pretrain" else "—"),
+                     Cell(_model_text(r)),
                      Cell(r.tokenizer_desc), Cell(r.corpus or "—"),
                      Cell(f"{c['steps']:,}" if isinstance(c.get("steps"), int) else "—"),
                      Cell(fmt_int(r.tokens_per_step) if r.tokens_per_step else "—"),
@@ -90,25 +98,36 @@ def build_report(inputs: list[str], *, out: Path, baseline: str | None = None, t
     out.mkdir(parents=True, exist_ok=True)
     curves = [r for r in data.runs if r.kind == "pretrain" and (r.loss or r.val_loss or r.arc)]
     if curves:
+        # Fig. 3 compares sizes on equal data: the runs on the baseline's corpus (else the most common one);
+        # Fig. 4 compares corpora: every run, labelled by its data
+        corpora = [r.corpus for r in curves if r.corpus]
+        ref_corpus = (base_run.corpus if base_run is not None and base_run.corpus else
+                      max(corpora, key=corpora.count) if corpora else None)
+        colors = {r.label: f"C{i % 10}" for i, r in enumerate(curves)}
+        fig3 = [r for r in curves if r.corpus in (None, ref_corpus)]
+        for r in curves:
+            if r not in fig3:
+                skipped.append(Skip(f"fig3: {r.label}", f"trained on {r.corpus}, not {ref_corpus}: Fig. 3 compares "
+                                                       "model sizes on one corpus; the run is in Fig. 4"))
         report.figures["fig3"] = draw_curves(
-            curves, key="fig3", title="Loss and ARC average against tokens, one line per run (paper Fig. 3)",
-            path=out / "fig3_scaling.png", labels={r.label: f"{r.label} ({size_label(r.params)})" for r in curves},
-            caption="Training loss (lines; long runs averaged into bins) and validation loss (circles) on the left, "
-                    "the ARC-E/ARC-C average of the in-training evaluations on the right (± standard error); dotted "
-                    "lines mark where each run's WSD annealing starts.",
-            reference=reference, max_points=max_points, skipped=skipped)
-        corpora = {r.corpus for r in curves if r.corpus}
-        if len(corpora) >= 2:
+            fig3, key="fig3", title="Loss and ARC average against tokens, one line per run (paper Fig. 3)",
+            path=out / "fig3_scaling.png", labels={r.label: f"{r.label} ({size_label(r.params)})" for r in fig3},
+            caption=f"Runs on {ref_corpus or 'an unrecorded corpus'}. Training loss (lines; long runs averaged into "
+                    "bins) and validation loss (circles) on the left, the ARC-E/ARC-C average of the in-training "
+                    "evaluations on the right (± standard error); dotted lines mark where each run's WSD annealing "
+                    "starts.",
+            reference=reference, max_points=max_points, skipped=skipped, colors=colors)
+        if len(set(corpora)) >= 2:
             with_corpus = [r for r in curves if r.corpus]
             report.figures["fig4"] = draw_curves(
                 with_corpus, key="fig4", title="The same curves by training corpus (paper Fig. 4)",
                 path=out / "fig4_corpora.png", labels={r.label: f"{r.corpus} — {r.label}" for r in with_corpus},
                 caption="As Fig. 3, each run labelled by its training data (folder names with their sampling "
                         "shares, then the WSD annealing mixture).", reference=reference, max_points=max_points,
-                skipped=[])  # the same comparability skips as Fig. 3, said once
+                skipped=skipped, colors=colors)
         else:
             skipped.append(Skip("Fig. 4 (corpora)", "not drawn: the runs with curves share one corpus "
-                                f"({next(iter(corpora), 'unknown')}); it compares runs on different corpora"))
+                                f"({ref_corpus or 'unknown'}); it compares runs on different corpora"))
     else:
         skipped.append(Skip("Figs. 3 and 4", "no run with a loss or ARC curve among the inputs"))
 

@@ -45,6 +45,14 @@ def size_label(params: int | None) -> str:
     return f"{params} params"
 
 
+def _tokens_tick(x: float, _pos: int) -> str:
+    """Token counts as LM papers write them: 500k, 1.5M, 100B."""
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:g}{unit}"
+    return f"{x:g}"
+
+
 def _binned(curve: Curve, max_points: int) -> tuple[list[float], list[float]]:
     n = len(curve.values)
     if n <= max_points:
@@ -58,22 +66,24 @@ def _binned(curve: Curve, max_points: int) -> tuple[list[float], list[float]]:
 
 
 def draw_curves(runs: list[Run], *, key: str, title: str, path: Path, labels: dict[str, str], caption: str,
-                reference: str | None, max_points: int, skipped: list[Skip]) -> Figure:
-    """Draw loss and ARC average against tokens for ``runs`` (legend text ``labels[run.label]``) into ``path``."""
+                reference: str | None, max_points: int, skipped: list[Skip], colors: dict[str, str] | None = None
+                ) -> Figure:
+    """Draw loss and ARC average against tokens for ``runs`` (legend text ``labels[run.label]``, line colour
+    ``colors[run.label]``, so a run keeps its colour across figures) into ``path``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure as MplFigure
     from matplotlib.lines import Line2D
-    from matplotlib.ticker import EngFormatter
+    from matplotlib.ticker import FuncFormatter
 
     fig_info = Figure(key=key, title=title, path=path, caption=caption)
     fig = MplFigure(figsize=(12, 4.4), dpi=110)
     FigureCanvasAgg(fig)
     ax_loss, ax_arc = fig.subplots(1, 2, sharex=True)
-    palette = [f"C{i}" for i in range(10)]
+    colors = colors or {}
     handles = []
     any_val = any_anneal = False
     for i, run in enumerate(runs):
-        color = palette[i % 10]
+        color = colors.get(run.label, f"C{i % 10}")
         drawn = {"loss": 0, "val_loss": 0, "arc": 0}
         comparable = reference is None or run.tokenizer is None or run.tokenizer == reference
         if not comparable and (run.loss or run.val_loss):
@@ -106,13 +116,15 @@ def draw_curves(runs: list[Run], *, key: str, title: str, path: Path, labels: di
     if any_anneal:
         handles.append(Line2D([], [], color="0.4", ls=":", label="WSD annealing starts"))
     for ax in (ax_loss, ax_arc):
-        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        ax.xaxis.set_major_formatter(FuncFormatter(_tokens_tick))
         ax.set_xlabel("tokens")
         ax.grid(alpha=0.3)
     ax_loss.set_ylabel("masked-LM loss (nats/token)")
     ax_loss.set_title("training loss")
-    ax_arc.set_ylabel("ARC-E / ARC-C average (%)")
-    ax_arc.set_title("ARC average")
+    arcs = {r.arc.what for r in runs if r.arc is not None}
+    ax_arc.set_ylabel("ARC-E / ARC-C average (%)" if arcs <= {"ARC-E+ARC-C"} else
+                      f"{' or '.join(sorted(a.replace('+', ' + ') for a in arcs))} accuracy (%)")
+    ax_arc.set_title("ARC (in-training evaluations)")
     if not any(d["arc"] for d in fig_info.lines.values()):
         ax_arc.text(0.5, 0.5, "no in-training ARC evaluations\n(biglm pretrain --eval_tasks_every K)",
                     ha="center", va="center", transform=ax_arc.transAxes, color="0.4")

@@ -52,6 +52,8 @@ class Curve:
     tokens: list[float]
     values: list[float]
     stderr: list[float | None] | None = None
+    what: str = ""
+    """what the values are, when a curve may hold one of several things (the ARC columns averaged)"""
 
 
 @dataclass(frozen=True)
@@ -319,25 +321,33 @@ def _curve(records: dict[int, dict[str, Any]], key: str, tokens_per_step: int | 
     return Curve([s for s, _, _ in pts], tokens, [v for _, v, _ in pts])  # type: ignore[arg-type]
 
 
-def _arc_curve(records: dict[int, dict[str, Any]], tokens_per_step: int | None) -> tuple[Curve | None, str | None]:
+def _arc_curve(records: dict[int, dict[str, Any]], tokens_per_step: int | None
+               ) -> tuple[Curve | None, str | None]:
+    """The ARC-E/ARC-C average (percent) of the in-training evaluations; where a run evaluated only one of the
+    two (e.g. no ARC-Challenge data), that one alone, said in the returned note."""
     steps, tokens, values, errors = [], [], [], []
     seen: set[str] = set()
+    used: set[tuple[str, ...]] = set()
     for s, r in sorted(records.items()):
         seen |= {k for k in r if k not in {"kind", "step", "tokens", "avg"} and not k.endswith("_stderr")}
-        e, c = _number(r.get("ARC-E")), _number(r.get("ARC-C"))
-        if e is None or c is None:
-            continue
+        cols = [c for c in ("ARC-E", "ARC-C") if _number(r.get(c)) is not None]
         t = float(s * tokens_per_step) if tokens_per_step else _number(r.get("tokens"))
-        if t is None:
+        if not cols or t is None:
             continue
-        se_e, se_c = _number(r.get("ARC-E_stderr")), _number(r.get("ARC-C_stderr"))
+        ses = [_number(r.get(f"{c}_stderr")) for c in cols]
         steps.append(s)
         tokens.append(t)
-        values.append(100 * (e + c) / 2)
-        errors.append(100 * math.sqrt(se_e**2 + se_c**2) / 2 if se_e is not None and se_c is not None else None)
+        values.append(100 * sum(float(r[c]) for c in cols) / len(cols))
+        errors.append(100 * math.sqrt(sum(e * e for e in ses)) / len(cols) if None not in ses else None)  # type: ignore[operator]
+        used.add(tuple(cols))
     if not steps:
-        return None, f"its in-training evaluations hold {', '.join(sorted(seen)) or 'nothing'}, not ARC-E and ARC-C"
-    return Curve(steps, tokens, values, errors), None
+        return None, f"its in-training evaluations hold {', '.join(sorted(seen)) or 'nothing'}, not ARC-E or ARC-C"
+    note = None
+    if used != {("ARC-E", "ARC-C")}:
+        note = "the ARC curve averages " + " / ".join("+".join(u) for u in sorted(used)) + \
+               " (the paper's is ARC-E + ARC-C: train with --eval_tasks ARC-E,ARC-C)"
+    what = "+".join(sorted(used, key=len)[-1]) if len(used) == 1 else "ARC-E/ARC-C where evaluated"
+    return Curve(steps, tokens, values, errors, what=what), note
 
 
 def _tokenizer_identity(run_dir: Path, config: dict[str, Any] | None) -> tuple[str | None, str]:

@@ -21,6 +21,7 @@ Notable features
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,8 +161,6 @@ class Column:
 
 
 def _per_token(task: str, metric: str) -> bool:
-    import re
-
     # the held-out task is measured on token shards; losses, NLLs and perplexities are per token
     return task == "heldout" or bool(re.search(r"(^|_)(loss|nll|ppl)($|_| )", metric)) or metric == "token_perplexity"
 
@@ -321,15 +320,13 @@ def ablation_tables(rows: list[Row], *, baseline: Row | None, reference: str | N
     tables = [Table("ablation", "Ablation table (layout of the paper's Tables 1, 2 and 8)", header, body, notes)]
 
     if base_in is not None:
-        cols = paper + extra + other
         dheader = ["run"] + [c.header for c in paper] + (["Avg"] if paper else []) + [c.header for c in extra + other]
         drows = []
         for row in rows:
             if row is base_in:
                 continue
-            cells = [Cell(row.label)]
-            for c in cols[: len(paper)]:
-                cells.append(_cell(_diff(value(row, c), value(base_in, c)), True, signed=True))
+            cells = [Cell(row.label)] + [_cell(_diff(value(row, c), value(base_in, c)), True, signed=True)
+                                         for c in paper]
             if paper:
                 avg, acols = average(row)
                 cells.append(_cell(_diff(avg, base_avg), True, signed=True) if acols == base_cols else EMPTY)
@@ -363,6 +360,8 @@ class Recipe:
     flops_per_token: float | None
     preset: str | None
     seq_len: int
+    paper: bool = False
+    """one of the paper's §4 recipes (Table 6)"""
 
 
 def _paper_recipes() -> list[Recipe]:
@@ -375,7 +374,7 @@ def _paper_recipes() -> list[Recipe]:
         cfg = get_recipe(name)
         model = BiGLMConfig.from_preset(cfg.preset, **cfg.model.overrides())
         flops = flops_per_token(model, cfg.objective, cfg.seq_len)[0]
-        out.append(Recipe(name, cfg.steps * cfg.global_batch * cfg.seq_len, flops, cfg.preset, cfg.seq_len))
+        out.append(Recipe(name, cfg.steps * cfg.global_batch * cfg.seq_len, flops, cfg.preset, cfg.seq_len, paper=True))
     return out
 
 
@@ -393,7 +392,8 @@ def _device_text(m: Throughput) -> str:
 
 def _cost_row(recipe: Recipe, m: Throughput | None, ref: Throughput | None, notes: list[str]) -> list[Cell]:
     """One row: direct hours from ``m`` (a measurement of this very model), FLOP-based hours from ``ref``."""
-    cells = [Cell(recipe.name), Cell(fmt_int(recipe.tokens), float(recipe.tokens))]
+    name = f"{recipe.name} (paper recipe)" if recipe.paper else recipe.name
+    cells = [Cell(name), Cell(fmt_int(recipe.tokens), float(recipe.tokens))]
     if m is not None:
         hours = recipe.tokens / m.tokens_per_s_per_device / 3600
         if m.seq_len is not None and m.seq_len != recipe.seq_len:
@@ -415,7 +415,7 @@ def _cost_row(recipe: Recipe, m: Throughput | None, ref: Throughput | None, note
         cells.append(Cell(fmt_hours(fh), fh))
     else:
         cells.append(EMPTY)
-    paper = PAPER_GPU_HOURS.get(recipe.name)
+    paper = PAPER_GPU_HOURS.get(recipe.name) if recipe.paper else None
     if paper is not None:
         cells += [Cell(fmt_int(paper), paper), Cell(fmt_int(recipe.tokens / (paper * 3600)), recipe.tokens / (paper * 3600))]
     else:
