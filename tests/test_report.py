@@ -235,6 +235,8 @@ def test_cli(two_runs, tmp_path, capsys):
     assert biglm_main(["report", str(small), "--out", str(tmp_path / "x"), "--baseline", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "nope" in err and "small" in err
+    with pytest.raises(ReportError, match="names none of the runs"):
+        build_report([str(small)], out=tmp_path / "x", baseline="nope")
     assert biglm_main(["report", "--help"]) == 0
     assert biglm_main(["report"]) == 2
     # nothing usable: the page lists why, exit 1
