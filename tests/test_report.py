@@ -282,13 +282,13 @@ def test_report_reads_a_real_pretraining_run(synthetic_data, tmp_path, one_threa
     args = ["pretrain", "--data", str(synthetic_data / "shards"), "--tokenizer", str(synthetic_data / "tok"),
             "--preset", "tiny", *[a for k, v in model.items() for a in (f"--model.{k}", str(v))], "--seq_len", "32",
             "--micro_batch", "4", "--global_batch", "4", "--steps", "4", "--warmup_steps", "1", "--schedule", "wsd",
-            "--anneal_fraction", "0.5", "--log_every", "1", "--eval_every", "2", "--eval_windows", "4",
+            "--anneal_fraction", "0.25", "--log_every", "1", "--eval_every", "2", "--eval_windows", "4",
             "--save_every", "4", "--device", "cpu", "--out_dir", str(run), "--name", "real"]
     assert biglm_main(args) == 0
     write_eval(run / "eval" / "heldout.json", {"heldout": SMALL_HELDOUT}, pretrained=str(run))
     report = build_report([str(run)], out=tmp_path / "rep")
     assert report.figures["fig3"].lines["real"] == {"loss": 4, "val_loss": 2, "arc": 0}
-    assert report.anneal == {"real": {"step": 2, "tokens": 2 * 4 * 32}}  # WSD: 50% of 4 steps annealed
+    assert report.anneal == {"real": {"step": 3, "tokens": 3 * 4 * 32}}  # WSD: the last of 4 steps annealed
     r = report.runs[0]
     assert r.tokenizer.startswith("sha:") and r.params is not None and r.corpus == "shards"
     c = parse_table(report.tables["cost"].markdown())
