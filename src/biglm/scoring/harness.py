@@ -61,8 +61,12 @@ def evaluate(
     device: str | None = None,
     output_path: str | os.PathLike[str] | None = None,
     log_samples: bool = False,
+    include_defaults: bool = True,
 ) -> dict[str, Any]:
     """Evaluate the ``biglm`` model on lm-eval ``tasks`` and return lm-eval's results dict.
+
+    ``include_defaults=False`` indexes only ``include_path``: right when every task is one of biglm's suite
+    YAMLs, which include lm-eval's own by absolute path (indexing lm-eval's thousands of YAMLs takes ~15-50 s).
 
     ``model_args`` are the adapter's options (``pretrained`` is required); ``batch_size`` None keeps
     the adapter's default. ``lm`` is a model from `build_lm` to reuse instead (then ``model_args``,
@@ -84,7 +88,8 @@ def evaluate(
     results = lm_eval.simple_evaluate(
         model=lm if lm is not None else "biglm",
         model_args=model_args_string(model_args) if lm is None else None, tasks=list(tasks),
-        task_manager=TaskManager(include_path=str(include_path) if include_path is not None else None),
+        task_manager=TaskManager(include_path=str(include_path) if include_path is not None else None,
+                                 include_defaults=include_defaults),
         num_fewshot=num_fewshot, batch_size=batch_size, device=device, limit=limit,
         log_samples=log_samples, evaluation_tracker=tracker)
     if results is None:  # a non-zero rank under torchrun: rank 0 holds the results
@@ -132,7 +137,7 @@ def run_suite(
             print(f"biglm eval: skipping {column}: data file not found: {path}", file=sys.stderr)
         results = evaluate(model_args=args, tasks=[t.task + LOCAL_SUFFIX for t in tasks], include_path=tmp,
                            limit=limit, num_fewshot=num_fewshot, batch_size=batch_size, device=device,
-                           output_path=output_path, log_samples=log_samples)
+                           output_path=output_path, log_samples=log_samples, include_defaults=False)
     if results:
         header, row = suite_table(results, tasks=select_tasks(only))
         results["biglm_suite"] = {"header": header, "row": row, "missing": missing}

@@ -404,7 +404,7 @@ def run_multitask(
             raise FileNotFoundError(f"nothing of the multitask suite has data under {data}: "
                                     + "; ".join(f"{k}: {v}" for k, v in plan.skipped.items()))
         lm = build_lm(model_args=args, batch_size=batch_size, device=device)
-        common = dict(include_path=tmp, limit=limit, lm=lm)
+        common = dict(include_path=tmp, limit=limit, lm=lm, include_defaults=False)
         zero = evaluate(tasks=zero_tasks, num_fewshot=0, **common) if zero_tasks else {}
         few = evaluate(tasks=[plan.mmlu_task], num_fewshot=mmlu_fewshot, **common) if plan.mmlu_task else {}
     if getattr(lm, "rank", 0) != 0:  # torchrun: rank 0 reports

@@ -50,7 +50,8 @@ class TaskEvaluator:
         if self._task_manager is None:
             from lm_eval.tasks import TaskManager
 
-            self._task_manager = TaskManager(include_path=str(self.work_dir))
+            # the suite YAMLs include lm-eval's own by absolute path: lm-eval's index is not needed (~15-50 s)
+            self._task_manager = TaskManager(include_path=str(self.work_dir), include_defaults=False)
         return self._task_manager
 
     def evaluate(self, *, model: torch.nn.Module, tokenizer: Any) -> dict[str, float]:
