@@ -41,6 +41,14 @@ from .schedule import lr_at
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "4090": 165.0}
 
 
+def _device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    import platform
+
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
 @dataclass
 class TrainResult:
     step: int
@@ -157,6 +165,7 @@ class Trainer:
         self.data_fingerprint = fingerprint
         self.flops, self.flops_sparse = flops_per_token(self.model_config, self.objective, cfg.seq_len)
         self.peak = _peak_flops(cfg, dev)
+        self.device_name = _device_name(dev)  # logged beside tokens/s, so a cost table can name the hardware
         self.task_evaluator = None
         if cfg.eval_tasks_every and self.info.is_main:  # the task YAMLs and data are checked before any step
             from ..scoring.suite import default_data_dir
@@ -373,7 +382,7 @@ class Trainer:
                     lr = self.optimizer.param_groups[0]["lr"]
                     record = {"step": self.step, "loss": result.losses[-1][1], "lr": lr, "grad_norm": float(gnorm),
                               "tokens_per_s": tok_s, "tokens": self.tokens_seen, "mfu": mfu, "mfu_unmasked": mfu_unmasked,
-                              "eta_s": eta}
+                              "eta_s": eta, "device": self.device_name, "world_size": self.info.world_size}
                     metrics.write(record, kind="log")
                     mfu_s = f" | mfu {100 * mfu:.1f}%" if mfu is not None else ""
                     self.echo(f"step {self.step:>6}/{cfg.steps} | loss {record['loss']:.4f} | lr {lr:.2e} | "
