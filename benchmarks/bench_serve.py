@@ -9,6 +9,9 @@ Protocol
   ``i mod len(PROMPTS)`` with the same decoding fields (``max_tokens``, ``steps``, ``strategy``,
   ``block_length``, greedy, seed ``i``). Each level first sends ``c`` untimed requests (warm-up),
   then runs for ``--seconds``; requests started before the deadline are waited for and counted.
+- ``--random-weights``: serve the checkpoint's shape and tokenizer with freshly initialised weights
+  (seed 0). A short-trained model ends most answers at an early EOS, so its requests measure the
+  length of its answers more than the server; random weights write all ``max_tokens`` slots.
 - Per level: requests, failures (anything but a complete 200), requests/s and completion tokens/s
   over the level's wall time, latency p50 / p99 (nearest rank; with few requests p99 is the
   maximum), and the engine's decoding steps (from /health) — fewer steps than requests x steps
@@ -57,7 +60,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    cmd = [sys.executable, "-m", "biglm", "serve", args.checkpoint, "--port", str(port), "--model_name", "bench",
+    cmd = [sys.executable, "-m", "biglm", "serve", args.served, "--port", str(port), "--model_name", "bench",
            "--max_batch_rows", str(args.max_batch_rows), "--max_queue", str(args.max_queue), "--log_level", "warning"]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -133,9 +136,27 @@ def level(httpx, url: str, *, clients: int, seconds: float, body: dict, first: i
                 latency_mean_s=statistics.mean(latencies) if latencies else None, next_seed=counter[0])
 
 
+def random_copy(checkpoint: str, out: Path) -> str:
+    """``checkpoint``'s config and tokenizer with freshly initialised weights, saved to ``out``."""
+    import torch
+
+    from biglm import BiGLMForMaskedLM
+    from biglm.checkpoint import load_model
+
+    model, tokenizer = load_model(checkpoint)
+    torch.manual_seed(0)
+    BiGLMForMaskedLM(model.config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
 def run(args: argparse.Namespace) -> dict:
+    import tempfile
+
     import httpx2 as httpx
 
+    if args.random_weights:
+        args.served = random_copy(args.checkpoint, Path(tempfile.mkdtemp(prefix="bench_serve_")) / "bench")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     proc = start_server(args, port)
@@ -163,7 +184,7 @@ def run(args: argparse.Namespace) -> dict:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return dict(settings=dict(checkpoint=args.checkpoint, threads=args.threads, max_batch_rows=args.max_batch_rows,
+    return dict(settings=dict(checkpoint=args.checkpoint, random_weights=args.random_weights, threads=args.threads, max_batch_rows=args.max_batch_rows,
                               max_queue=args.max_queue, seconds=args.seconds, request=body), results=rows)
 
 
@@ -172,7 +193,8 @@ def to_markdown(report: dict) -> str:
     lines = ["# biglm serve: throughput and latency on loopback", "", f"- command: `{report['command']}`",
              f"- machine: {m['cpu']}, {m['cpu_cores']} cores (server threads {s['threads']}, load average "
              f"{m['load_avg_1m_at_start']} at start); git {m['git_commit'][:12]}" + (" (dirty)" if m["git_dirty"] else ""),
-             f"- server: `{s['checkpoint']}`, max_batch_rows {s['max_batch_rows']}, max_queue {s['max_queue']}; "
+             f"- server: `{s['checkpoint']}`" + (" (its shape and tokenizer, random weights)" if s["random_weights"] else "")
+             + f", max_batch_rows {s['max_batch_rows']}, max_queue {s['max_queue']}; "
              f"request: `{json.dumps(s['request'])}`; {s['seconds']:g} s per level after a warm-up request per client",
              "", "| clients | requests | failed | req/s | completion tok/s | p50 latency (s) | p99 latency (s) | "
              "engine steps | healthy after |", "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -186,6 +208,7 @@ def to_markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="a trained run or export (the server needs its tokenizer)")
+    p.add_argument("--random-weights", action="store_true", help="serve the checkpoint's shape with fresh weights")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--seconds", type=float, default=45.0, help="timed seconds per concurrency level")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -197,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="the server's torch/OpenMP threads")
     p.add_argument("--out", default=None, help="results file stem under benchmarks/results/")
     args = p.parse_args(argv)
+    args.served = args.checkpoint
     report = dict(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), machine=machine())
     report.update(run(args))
     stem = args.out or "bench_serve_cpu"
