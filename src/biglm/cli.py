@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tasks": ("biglm.finetune.cli_tasks", "list the fine-tuning tasks"),
     "export": ("biglm.checkpoint.cli", "export a pre-training run (or a fine-tuning run's best epoch) as a Hugging Face directory"),
     "generate": ("biglm.generation.cli", "generate text by iterative unmasking (Mask-Predict)"),
+    "chat": ("biglm.generation.cli_chat", "chat with a model on standard input (its chat template; the answer unmasks live)"),
     "eval": ("biglm.scoring.cli", "zero-shot evaluation through lm-evaluation-harness"),
     "report": ("biglm.report.cli", "figures, tables and one HTML page from runs, eval results and benchmarks (Fig. 3-4, Tables 1/2/8, 6)"),
     "serve": ("biglm.serving.cli", "serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming)"),

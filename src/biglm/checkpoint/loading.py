@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..model import BiGLMConfig, BiGLMForMaskedLM
+from ..model import BiGLMConfig, BiGLMForConditionalGeneration, BiGLMForMaskedLM
 from .layout import latest_checkpoint, run_dir_of
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -44,16 +44,22 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     """Return ``(model, tokenizer)`` in eval mode from ``path``.
 
     ``path`` is either a Hugging Face directory (config.json + model.safetensors + tokenizer files, as
-    written by `biglm export` or `save_pretrained`) or a training run / checkpoint directory written by
-    `biglm pretrain` (the latest checkpoint of a run is used).
+    written by `biglm export` or `save_pretrained`), a training run / checkpoint directory written by
+    `biglm pretrain` (the latest checkpoint of a run is used), or a `biglm finetune` run (its best epoch,
+    ``RUN/best``). A directory saved as ``BiGLMForConditionalGeneration`` (a CMLM seq2seq fine-tune) loads
+    as that class, so decoding uses its length head.
     """
     from transformers import AutoTokenizer
 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no model at {path}: pass a directory written by `biglm export` or `biglm pretrain`.")
+    if (path / "task.json").is_file() and (path / "best" / "config.json").is_file():
+        path = path / "best"  # a fine-tuning run: its best epoch's export
     if (path / "config.json").exists() and any(path.glob("*.safetensors")):
-        model = BiGLMForMaskedLM.from_pretrained(path, dtype=dtype)
+        archs = BiGLMConfig.from_pretrained(path).architectures or []
+        cls = BiGLMForConditionalGeneration if BiGLMForConditionalGeneration.__name__ in archs else BiGLMForMaskedLM
+        model = cls.from_pretrained(path, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
     else:
         model, tokenizer = load_inference_checkpoint(path)

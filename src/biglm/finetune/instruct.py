@@ -4,10 +4,13 @@ Instruction tuning is conditional generation on a mixture: the instruction, rend
 template (`biglm.generation.chat`), is the prefix (never masked); the response is the suffix with a
 uniform share masked, the loss on the response only (the CMLM training of `biglm.finetune.seq2seq`).
 Two ways to know where a response ends (``length_mode``):
-- ``eos`` (default, LLaDA's SFT practice): each response is padded with EOS up to a multiple of
-  ``bucket`` tokens (at least one EOS) and the EOS slots are trained like any other token, so
-  inference writes a fixed ``answer_length`` slots and cuts at the first EOS. The model is the plain
-  masked LM: nothing is added.
+- ``eos`` (default, LLaDA's SFT practice): each response is padded with EOS to ``max_target_length``
+  tokens (at least one EOS) and the EOS slots are trained like any other token, so inference writes
+  that many slots and cuts at the first EOS. The model is the plain masked LM: nothing is added.
+  Every response is padded to the one length inference writes, not to a multiple of a smaller bucket:
+  the slots past a response's padded length are never trained, and decoding a longer answer than
+  the model saw for that prompt goes wrong (a 2x128 model overfitting 8 Flan CoT pairs: 8/8 exact at
+  their padded lengths of 24-32, 3/8 in 32 slots when padded to multiples of 8).
 - ``head``: the CMLM length head (`BiGLMForConditionalGeneration`), no EOS padding; inference decodes the
   head's top-``length_beam`` lengths. The compared alternative.
 Paper settings (the recipe's loop): lr 5e-5, linear decay, 5 epochs, the best epoch on a held-in
@@ -48,7 +51,8 @@ class InstructSettings(Seq2SeqSettings):
     """Instruction tuning: Flan rows or a rendered FLAN-style mixture; EOS padding or a length head."""
 
     train: str = ""
-    """Flan-collection rows {inputs, targets, task_name}: a local .jsonl file or hf:OWNER/NAME[:CONFIG][@SPLIT]"""
+    """Flan-collection rows {inputs, targets, task_name}: a local .jsonl file or hf:OWNER/NAME[:CONFIG][@SPLIT]
+    (neither this nor mixture: the shared Flan v2 CoT rows, flan/flan_cot_tiny.jsonl)"""
     mixture: str = ""
     """instead of train: a YAML mixture spec rendered with FLAN's templates (tasks, per_task, exclude_eval...)"""
     validation_fraction: float = 0.05
@@ -58,22 +62,19 @@ class InstructSettings(Seq2SeqSettings):
     target_template: str = "{targets}"
     """the response text"""
     max_target_length: int = 128
-    """longest response in tokens, the EOS padding included (eos) / the length head's largest length (head)"""
+    """eos: the answer length, every response padded with EOS to it (at least one EOS) and inference writing that
+    many slots (saved as the model's max_new_tokens); head: the length head's largest length"""
     length_mode: Literal["eos", "head"] = "eos"
-    """eos: responses padded with EOS to a bucket, EOS slots trained, fixed-length decoding cut at EOS;
-    head: the CMLM length head"""
-    bucket: int = 16
-    """eos: responses are padded with EOS to a multiple of this many tokens (at least one EOS)"""
-    answer_length: int | None = None
-    """eos: answer slots written at validation and saved as the model's max_new_tokens (unset: max_target_length)"""
+    """eos: responses padded with EOS to max_target_length, EOS slots trained, fixed-length decoding cut at the
+    first EOS; head: the CMLM length head"""
     validation_name: str = "held-in"
     """how results name the validation split"""
 
 
-def pad_with_eos(ids: Sequence[int], *, eos_id: int, bucket: int) -> list[int]:
-    """``ids`` followed by EOS up to the next multiple of ``bucket`` (at least one EOS)."""
-    n = len(ids) + 1
-    return list(ids) + [eos_id] * (-(-n // bucket) * bucket - len(ids))
+def pad_with_eos(ids: Sequence[int], *, eos_id: int, length: int) -> list[int]:
+    """``ids`` followed by EOS up to ``length`` tokens, and at least one EOS (so longer than ``length`` when
+    ``ids`` has ``length`` tokens or more: the task refuses or drops such a response, it never cuts it)."""
+    return list(ids) + [eos_id] * max(1, length - len(ids))
 
 
 def load_mixture_spec(path: str | Path) -> dict[str, Any]:
@@ -127,15 +128,11 @@ class InstructTask(Seq2SeqTask):
 
     def __init__(self, settings: InstructSettings, *, name: str = "flan") -> None:
         s = settings
+        if not s.train and not s.mixture and name == "flan" and _shared_flan_rows().is_file():
+            s.train = str(_shared_flan_rows())  # the recipe's default data
         if bool(s.train) == bool(s.mixture):
             raise ConfigError(f"task {name}: give exactly one of --task.train (Flan-collection rows) and --task.mixture "
                               "(a FLAN-style mixture spec)")
-        if s.bucket < 1:
-            raise ConfigError(f"--task.bucket must be at least 1, got {s.bucket}")
-        if s.length_mode == "eos" and s.bucket > s.max_target_length:
-            raise ConfigError(f"--task.bucket {s.bucket} exceeds --task.max_target_length {s.max_target_length}")
-        if s.answer_length is not None and not 1 <= s.answer_length:
-            raise ConfigError(f"--task.answer_length must be at least 1 (or unset), got {s.answer_length}")
         if s.mixture:
             self._mixture = load_mixture_spec(s.mixture)  # a bad spec fails before any model work
         super().__init__(s, name=name)
@@ -157,10 +154,17 @@ class InstructTask(Seq2SeqTask):
         sources, targets = super()._pairs(rows, source)
         return [render_chat(self.tokenizer, [{"role": "user", "content": x}]) for x in sources], targets
 
+    _cut_rule = "their end kept: the question and the chat template's answer cue"
+
+    def _cut_source(self, ids: list[int]) -> list[int]:
+        """A chat-templated instruction over max_source_length tokens keeps its end (the template's answer cue and,
+        in FLAN, the question), as `biglm generate`, `biglm chat` and the server cut a long prompt."""
+        return ids[len(ids) - self.settings.max_source_length:]
+
     def _finish_target(self, ids: list[int]) -> list[int]:
         if self.settings.length_mode == "head":
             return ids
-        return pad_with_eos(ids, eos_id=self.tokenizer.eos_token_id, bucket=self.settings.bucket)
+        return pad_with_eos(ids, eos_id=self.tokenizer.eos_token_id, length=self.settings.max_target_length)
 
     def prepare(self, tokenizer: Any) -> None:
         if self.settings.length_mode == "eos" and tokenizer.eos_token_id is None:
@@ -176,6 +180,8 @@ class InstructTask(Seq2SeqTask):
         if s.max_source_length + s.max_target_length > room:
             raise ConfigError(f"--task.max_source_length {s.max_source_length} + --task.max_target_length "
                               f"{s.max_target_length} exceed the model's max_position_embeddings={room}: lower them")
+        if isinstance(base, BiGLMForConditionalGeneration):  # a seq2seq start: its length head would pick lengths
+            return base.to_masked_lm()
         return base  # EOS padding: the masked LM itself, nothing new
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
@@ -187,27 +193,25 @@ class InstructTask(Seq2SeqTask):
         return masked_lm_loss(out.logits, mb)
 
     # ------------------------------------------------------------------ evaluation
-    def answer_length(self) -> int:
-        return self.settings.answer_length or self.settings.max_target_length
-
-    def predict(self, model: torch.nn.Module) -> tuple[list[str], list[int]]:
+    def predict(self, model: torch.nn.Module, *, batch_size: int = 32) -> tuple[list[str], list[int]]:
         if self.settings.length_mode == "head":
-            return super().predict(model)
+            return super().predict(model, batch_size=batch_size)
         from ..generation import DecodingConfig, generate_ids, left_pad
 
         device = next(model.parameters()).device
-        cfg = DecodingConfig(max_new_tokens=self.answer_length(), steps=self.settings.decode_steps)
+        cfg = DecodingConfig(max_new_tokens=self.settings.max_target_length, steps=self.settings.decode_steps,
+                             length_head=False)  # the trained length, never a head's
         prompts = [f["source_ids"] for f in self._val]
         texts = []
-        for i in range(0, len(prompts), 16):  # one fixed length for all: prompts batch with left padding
-            ids, mask = left_pad(prompts[i:i + 16], pad_id=self.tokenizer.pad_token_id, device=device)
+        for i in range(0, len(prompts), batch_size):  # one fixed length for all: prompts batch with left padding
+            ids, mask = left_pad(prompts[i:i + batch_size], pad_id=self.tokenizer.pad_token_id, device=device)
             out = generate_ids(model, ids, mask, config=cfg)
             texts += self.tokenizer.batch_decode(out.token_lists(), skip_special_tokens=True)
         return [t.strip() for t in texts], []
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, *, batch_size: int, device: torch.device) -> dict[str, float]:
-        predictions, top1 = self.predict(model)
+        predictions, top1 = self.predict(model, batch_size=batch_size)
         from .genmetrics import rouge
 
         refs = [t.strip() for t in self.val_references]
@@ -224,7 +228,7 @@ class InstructTask(Seq2SeqTask):
         params = super().decoding_params()
         params.update(length_mode=self.settings.length_mode, chat_template=True)
         if self.settings.length_mode == "eos":
-            params.update(max_new_tokens=self.answer_length(), length_beam=1)
+            params.update(max_new_tokens=self.settings.max_target_length, length_beam=1)
         return params
 
     def export(self, model: torch.nn.Module, tokenizer: Any, out_dir: Path) -> None:
@@ -240,11 +244,14 @@ class InstructTask(Seq2SeqTask):
         return out
 
 
+def _shared_flan_rows() -> Path:
+    return _default_flan_file().parent / "flan_cot_tiny.jsonl"
+
+
 def _flan() -> InstructSettings:
-    # the shared Flan v2 CoT rows (Flan-collection schema) when present; the hub's full collection is
+    # no data named: the shared Flan v2 CoT rows (Flan-collection schema); the hub's full collection is
     # --task.train hf:OWNER/NAME (e.g. a Flan-collection export), or --task.mixture renders one locally
-    local = _default_flan_file().parent / "flan_cot_tiny.jsonl"
-    return InstructSettings(train=str(local) if local.is_file() else "", max_target_length=192, bucket=32)
+    return InstructSettings(max_target_length=192)
 
 
 def _register() -> None:

@@ -17,8 +17,9 @@ Notable features
   lacks is refused, naming the field, the template and the columns. A YAML task file (``kind: seq2seq``)
   takes the same settings.
 - Checked before any model work: an empty (or null) source or target is refused naming the row; a source
-  longer than ``max_source_length`` loses its end (XSum's lead carries the summary), with ONE warning
-  counting them; a target longer than ``max_target_length`` is refused with the count and the first rows
+  longer than ``max_source_length`` keeps its start (XSum's lead carries the summary) and the template's text
+  after its last field (the ``\nSummary:`` cue), so a cut source still ends as the template does, with ONE
+  warning counting them; a target longer than ``max_target_length`` is refused with the count and the first rows
   (it is never cut: the model would learn to stop mid-sentence) unless ``long_targets: drop``, which drops
   them with a counted message. Validation targets are never cut or dropped (only their text is scored).
 - Masks use torch's global RNG, which the loop's checkpoints save and restore, so a killed run resumes
@@ -138,24 +139,28 @@ def _check_template(template: str, columns: Sequence[str], *, source: str, what:
 
 @torch.no_grad()
 def decode_with_length_head(model: BiGLMForConditionalGeneration, prompts: Sequence[Sequence[int]], *,
-                            beam: int, steps: int, use_cache: bool = True) -> tuple[list[list[int]], list[int]]:
+                            beam: int, steps: int, use_cache: bool = True, batch_size: int = 32,
+                            ) -> tuple[list[list[int]], list[int]]:
     """Answers (token ids, cut at the first EOS) for each prompt, and each prompt's top-1 predicted length.
 
     The length head proposes the ``beam`` most likely lengths of each prompt; Mask-Predict with ``steps``
     iterations decodes all of them side by side on the prompt's exact prefix cache, and the candidate with
-    the highest mean log-probability is kept (`biglm.generation.generate_ids`).
+    the highest mean log-probability is kept (`biglm.generation.generate_ids` with a (B, beam) length table).
+    Prompts go ``batch_size`` at a time, left-padded.
     """
-    from ..generation import DecodingConfig, generate_ids
+    from ..generation import DecodingConfig, generate_ids, left_pad
 
     device = next(model.parameters()).device
-    cfg = DecodingConfig(max_new_tokens=int(model.config.max_target_length), steps=steps, use_cache=use_cache)
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    cfg = DecodingConfig(max_new_tokens=int(model.config.max_target_length), steps=steps, use_cache=use_cache,
+                         length_beam=beam)
     answers, top1 = [], []
-    for p in prompts:  # one prompt per call: each has its own candidate lengths
-        ids = torch.tensor([list(p)], dtype=torch.long, device=device)
-        lengths = model.predict_lengths(ids, None, beam=beam)[0].tolist()
-        top1.append(int(lengths[0]))
-        out = generate_ids(model, ids, None, config=cfg, lengths=lengths)
-        answers.append(out.token_lists()[0])
+    for i in range(0, len(prompts), batch_size):
+        ids, mask = left_pad(prompts[i:i + batch_size], pad_id=pad, device=device)
+        lengths = model.predict_lengths(ids, mask, beam=beam)  # (B, beam), most likely first
+        top1 += lengths[:, 0].tolist()
+        out = generate_ids(model, ids, mask, config=cfg, lengths=lengths)
+        answers += out.token_lists()
     return answers, top1
 
 
@@ -222,6 +227,7 @@ class Seq2SeqTask:
             raise ConfigError("the tokenizer has no mask token: a BiGLM tokenizer is needed (Mask-Predict starts from masks)")
         self.tokenizer = tokenizer
         self.truncated_sources = self.dropped_targets = 0
+        self._tail: list[int] | None = None
         train_src = s.train or getattr(s, "mixture", "")  # instruction tuning may render its training mixture
         rows = self._read(train_src, "train")
         if s.validation:
@@ -247,8 +253,8 @@ class Seq2SeqTask:
         self.val_references = targets
         self.val_sources = sources
         if self.truncated_sources:
-            log.warning("%s: %d source(s) longer than max_source_length=%d were cut from the right (their end dropped)",
-                        self.name, self.truncated_sources, s.max_source_length)
+            log.warning("%s: %d source(s) longer than max_source_length=%d were cut (%s)", self.name,
+                        self.truncated_sources, s.max_source_length, self._cut_rule)
         if not self._train:
             raise TaskDataError(f"{train_src}: no training pair left after dropping long targets")
 
@@ -275,11 +281,24 @@ class Seq2SeqTask:
                 continue
             if len(a) > s.max_source_length:
                 self.truncated_sources += 1
-                a = a[:s.max_source_length]
+                a = self._cut_source(list(a))
             if not b:
                 raise TaskDataError(f"{source}: row {i}'s target tokenises to nothing; give it a non-empty target")
             out.append({"source_ids": list(a), "target_ids": list(b)})
         return out
+
+    _cut_rule = "their start and the template's ending kept"
+
+    def _cut_source(self, ids: list[int]) -> list[int]:
+        """A source over max_source_length tokens: its start (a news lead carries the summary), then the tokens of
+        the template's text after its last field (e.g. ``\nSummary:``), so the prompt still ends with its cue."""
+        n = self.settings.max_source_length
+        if self._tail is None:
+            last = list(_PLACEHOLDER.finditer(self.settings.source_template))[-1]
+            text = self.settings.source_template[last.end():]
+            self._tail = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+        tail = self._tail
+        return ids[:n] if len(tail) >= n else ids[:n - len(tail)] + tail
 
     def _finish_target(self, ids: list[int]) -> list[int]:
         """The trained suffix of a target's tokens (instruction tuning pads it with EOS here)."""
@@ -339,11 +358,11 @@ class Seq2SeqTask:
         return tokens + self.settings.length_loss_weight * length_loss(out.length_logits, batch["target_len"])
 
     # ------------------------------------------------------------------ evaluation
-    def predict(self, model: torch.nn.Module) -> tuple[list[str], list[int]]:
+    def predict(self, model: torch.nn.Module, *, batch_size: int = 32) -> tuple[list[str], list[int]]:
         """Decoded validation targets (text) and the top-1 predicted lengths."""
         s = self.settings
         ids, top1 = decode_with_length_head(model, [f["source_ids"] for f in self._val], beam=s.length_beam,
-                                            steps=s.decode_steps)
+                                            steps=s.decode_steps, batch_size=batch_size)
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         return [t.strip() for t in texts], top1
 
@@ -361,7 +380,7 @@ class Seq2SeqTask:
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, *, batch_size: int, device: torch.device) -> dict[str, float]:
-        predictions, top1 = self.predict(model)
+        predictions, top1 = self.predict(model, batch_size=batch_size)
         scores = self.score(predictions, self.val_references)
         true = [len(f["target_ids"]) for f in self._val]
         scores["length_accuracy"] = 100.0 * sum(a == b for a, b in zip(top1, true)) / len(true)

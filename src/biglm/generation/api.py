@@ -121,8 +121,10 @@ def _check_model(model: torch.nn.Module, config: DecodingConfig) -> int:
     if getattr(model_cfg, "mask_token_id", None) is None:
         raise ValueError("the model has no mask_token_id: set model.config.mask_token_id = tokenizer.mask_token_id "
                          "(iterative unmasking starts from an all-mask answer).")
-    uses_length_head(model, config)  # length_head=True on a model without one fails here, before any work
-    room = model_cfg.max_position_embeddings - config.max_new_tokens
+    answer = config.max_new_tokens
+    if uses_length_head(model, config):  # (length_head=True on a model without one fails here, before any work)
+        answer = min(answer, int(getattr(model_cfg, "max_target_length", answer)))  # the head's longest answer
+    room = model_cfg.max_position_embeddings - answer
     if room < 0:
         raise ValueError(f"max_new_tokens={config.max_new_tokens} exceeds the model's max_position_embeddings="
                          f"{model_cfg.max_position_embeddings}.")

@@ -9,15 +9,19 @@ The options are the fields of `GenerateArgs`: the checkpoint, ``--prompt`` (repe
 ``--device``/``--dtype``/``--show_steps`` and every `DecodingConfig` field (help = the field's
 docstring; booleans as ``--early_stop`` or ``--early_stop false``), parsed by `biglm.config` like
 every command and validated before the model is loaded. The default is the published Mask-Predict (T model calls);
-``--early-stop`` opts in to ending a row once an iteration changes nothing.
+``--early-stop`` opts in to ending a row once an iteration changes nothing. A fine-tuned model carries the decoding
+settings it was validated with (``max_new_tokens``, ``steps``, ``length_beam`` in ``config.task_specific_params``);
+an option not given on the command line takes the model's value. A model with a length head (a CMLM seq2seq
+fine-tune) picks each answer's length with it (``--length_head false`` to use the length beam instead).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -50,6 +54,24 @@ class GenerateArgs(DecodingConfig):
             raise ConfigError("missing CHECKPOINT: a directory written by `biglm export` or `biglm pretrain`")
         if not self.prompt:
             raise ConfigError("missing --prompt TEXT (repeat it for a batch)")
+
+
+A = TypeVar("A", bound=DecodingConfig)
+SAVED_FIELDS = ("max_new_tokens", "steps", "length_beam")  # what a fine-tuning export records for decoding
+
+
+def saved_decoding(model_config) -> dict[str, Any]:
+    """The `DecodingConfig` values a fine-tuned model was saved with (``task_specific_params["seq2seq"]``)."""
+    params = (getattr(model_config, "task_specific_params", None) or {}).get("seq2seq") or {}
+    return {k: params[k] for k in SAVED_FIELDS if isinstance(params.get(k), int)}
+
+
+def with_saved_decoding(cls: type[A], argv: list[str], args: A, model, *, prog: str) -> A:
+    """``args`` parsed again over the model's saved decoding settings: flags on the command line still win."""
+    saved = saved_decoding(model.config)
+    if not saved:
+        return args
+    return parse_cli(cls, argv, prog=prog, positionals=("checkpoint",), base=dataclasses.replace(args, **saved))
 
 
 def _decoding_config(args: GenerateArgs) -> DecodingConfig:
@@ -87,7 +109,6 @@ def main(argv: list[str]) -> int:
         args = parse_cli(GenerateArgs, argv, prog="biglm generate", doc=__doc__, positionals=("checkpoint",))
     except SystemExit as e:  # --help (0) or a bad option (2, message printed): callers want a return code
         return int(e.code or 0)
-    config = _decoding_config(args)
     path = Path(args.checkpoint)
     if not path.exists():
         print(f"biglm generate: no checkpoint at {path}: pass a directory written by `biglm export` "
@@ -101,6 +122,11 @@ def main(argv: list[str]) -> int:
     except (FileNotFoundError, OSError, ValueError) as e:
         print(f"biglm generate: cannot load {path}: {e}", file=sys.stderr)
         return 2
+    try:
+        args = with_saved_decoding(GenerateArgs, argv, args, model, prog="biglm generate")
+    except SystemExit as e:
+        return int(e.code or 0)
+    config = _decoding_config(args)
     mask_id = model.config.mask_token_id
     on_step = _step_printer(tokenizer, mask_id) if args.show_steps and mask_id is not None else None
     try:

@@ -88,6 +88,17 @@ class BiGLMForConditionalGeneration(BiGLMForMaskedLM):
         model.model.validate_inputs = mlm.model.validate_inputs
         return model.to(device=param.device, dtype=param.dtype)
 
+    def to_masked_lm(self) -> BiGLMForMaskedLM:
+        """The masked LM alone (encoder and MLM head shared with this model, no length head): for a use that
+        must not decode with the head (instruction tuning with EOS padding started from a seq2seq model)."""
+        config = copy.deepcopy(self.config)
+        config.architectures = [BiGLMForMaskedLM.__name__]
+        del config.max_target_length
+        param = next(self.parameters())
+        mlm = BiGLMForMaskedLM(config).to(device=param.device, dtype=param.dtype)
+        mlm.model, mlm.lm_head = self.model, self.lm_head
+        return mlm
+
     # ------------------------------------------------------------------ length head
     def length_logits(self, hidden: torch.Tensor, prefix_valid: torch.Tensor) -> torch.Tensor:
         """Length logits (B, max_target_length+1) from final hidden states (B, L, h) and the prefix positions."""
