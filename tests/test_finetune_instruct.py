@@ -94,9 +94,14 @@ def _cfg(root: Path, out: Path, **kw) -> FinetuneConfig:
 def tuned(flan, tmp_path_factory):
     """Overfit the pairs (train = them REPEATS times, validation = the pairs): (tuner, result, random scores)."""
     task = InstructTask(_settings(flan, train=str(flan / "train.jsonl")), name="flan")
-    tuner = FineTuner(task, _cfg(flan, tmp_path_factory.mktemp("flan_run")), info=SINGLE, echo=lambda s: None)
-    before = tuner.evaluate()
-    result = tuner.train()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ~40 s on one free core; two threads on a busy 2-core machine spin far longer
+    try:
+        tuner = FineTuner(task, _cfg(flan, tmp_path_factory.mktemp("flan_run")), info=SINGLE, echo=lambda s: None)
+        before = tuner.evaluate()
+        result = tuner.train()
+    finally:
+        torch.set_num_threads(threads)
     tuner.raw_model.eval()
     return tuner, result, before
 
@@ -216,3 +221,21 @@ def test_a_mixture_with_an_evaluation_set_is_refused(flan, tmp_path):
         FineTuner(InstructTask(InstructSettings(train="", mixture=str(spec), validation_fraction=0.2)),
                   _cfg(flan, tmp_path / "out"), info=SINGLE, echo=lambda s: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_eos_mode_started_from_a_seq2seq_model_drops_its_length_head(flan):
+    """EOS padding decodes at one fixed length: a seq2seq start becomes the plain masked LM (same weights), so no
+    decoding (validation, export, generate) asks its untrained-for-this head for lengths."""
+    from biglm import BiGLMForMaskedLM
+    from biglm.checkpoint import load_model
+    from biglm.model.seq2seq import BiGLMForConditionalGeneration
+
+    mlm, tok = load_model(flan / "model")
+    s2s = BiGLMForConditionalGeneration.from_masked_lm(mlm, max_target_length=MAX_TARGET)
+    built = InstructTask(_settings(flan)).build_model(s2s, tok)
+    assert type(built) is BiGLMForMaskedLM and built.model is s2s.model and "length_head" not in built.state_dict()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(built(ids).logits, s2s(ids).logits)
+    head = InstructTask(_settings(flan, length_mode="head")).build_model(mlm, tok)
+    assert type(head) is BiGLMForConditionalGeneration and head.config.max_target_length == MAX_TARGET
