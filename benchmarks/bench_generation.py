@@ -250,11 +250,11 @@ def speed_markdown(report: dict) -> str:
 # --- quality --------------------------------------------------------------------------------------------------
 
 
-def _prompts(args: argparse.Namespace, vocab_size: int) -> tuple[torch.Tensor, list[list[int]]]:
+def _prompts(args: argparse.Namespace) -> tuple[torch.Tensor, list[list[int]]]:
     """(prompts (B, P), held-out continuations) from the first long-enough documents of the validation shard."""
     from biglm.data.shards import ShardReader
 
-    path = Path(args.val_shard) if args.val_shard else next(iter(sorted((Path(args.checkpoint) / "data").glob("val-*.bin"))))
+    path = Path(args.val_shard) if args.val_shard else sorted((Path(args.checkpoint) / "data").glob("val-*.bin"))[0]
     shard = ShardReader(path, expected_vocab_size=None)
     n, P = max(args.new_tokens), args.prompt_len
     prompts, refs = [], []
@@ -296,7 +296,7 @@ def quality(args: argparse.Namespace) -> dict:
 
     model, tokenizer = load_model(args.checkpoint)
     n = max(args.new_tokens)
-    prompts, refs = _prompts(args, model.config.vocab_size)
+    prompts, refs = _prompts(args)
     P = prompts.shape[1]
     print(f"quality: {prompts.shape[0]} prompts of {P} tokens, N = {n}, {args.checkpoint}", flush=True)
     scores: dict[tuple[int, tuple[int, ...]], float] = {}  # (prompt, answer) -> chain log-prob, computed once

@@ -184,7 +184,8 @@ def run(args: argparse.Namespace) -> dict:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return dict(settings=dict(checkpoint=args.checkpoint, random_weights=args.random_weights, threads=args.threads, max_batch_rows=args.max_batch_rows,
+    return dict(settings=dict(checkpoint=args.checkpoint, random_weights=args.random_weights, threads=args.threads,
+                              max_batch_rows=args.max_batch_rows,
                               max_queue=args.max_queue, seconds=args.seconds, request=body), results=rows)
 
 
