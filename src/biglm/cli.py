@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("biglm.data.cli", "tokenise text sources into binary token shards (data prepare ...)"),
     "pretrain": ("biglm.training.cli", "pre-train a BiGLM from a recipe (no argument: the built-in default)"),
     "recipes": ("biglm.training.cli_recipes", "list the pre-training recipes of the paper"),
-    "finetune": ("biglm.finetune.cli", "fine-tune on a task (classification by prompt, SQuAD, retrieval)"),
+    "finetune": ("biglm.finetune.cli", "fine-tune on a task (classification by prompt, SQuAD, retrieval, CMLM seq2seq, FLAN instruction tuning)"),
     "tasks": ("biglm.finetune.cli_tasks", "list the fine-tuning tasks"),
     "export": ("biglm.checkpoint.cli", "export a pre-training run (or a fine-tuning run's best epoch) as a Hugging Face directory"),
     "generate": ("biglm.generation.cli", "generate text by iterative unmasking (Mask-Predict)"),
