@@ -52,7 +52,6 @@ Results go to ``benchmarks/results/<out>.json`` (with the machine, torch version
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -65,9 +64,8 @@ from biglm.generation import DecodingConfig, generate_ids
 from biglm.model import count_parameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
+from common import machine, write_report  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BIGLM_VARIANTS = {  # name -> DecodingConfig fields on top of the strategy and T
     "one-block": {},
@@ -420,10 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     report = dict(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), machine=machine(torch.device(args.device)))
     report.update(speed(args) if args.mode == "speed" else quality(args))
     stem = args.out or f"bench_generation_{args.mode}_{'quick_' if args.quick else ''}{torch.device(args.device).type}"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / f"{stem}.md").write_text(to_markdown(report))
-    print(f"wrote {RESULTS / stem}.json and .md")
+    write_report(stem, report, to_markdown(report))
     return 0
 
 

@@ -63,9 +63,8 @@ from biglm.model import count_parameters
 from biglm.model.seq2seq import BiGLMForConditionalGeneration
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
+from common import machine, write_report  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -387,10 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     report = dict(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), machine=machine(torch.device("cpu")))
     report.update(speed(args) if args.mode == "speed" else quality(args))
     stem = args.out or f"seq2seq-{args.mode}-cpu"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / f"{stem}.md").write_text(to_markdown(report))
-    print(f"wrote {RESULTS / stem}.json and .md")
+    write_report(stem, report, to_markdown(report))
     return 0
 
 

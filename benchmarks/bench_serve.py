@@ -38,9 +38,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
+from common import machine, write_report  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROMPTS = ["The following example shows how to", "This module provides", "Return the value of the",
            "If the argument is omitted, the", "A new instance of the class is", "The default encoding is",
            "Changed in version 3.2: the", "Raise an exception when the"]
@@ -225,10 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     report = dict(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), machine=machine())
     report.update(run(args))
     stem = args.out or "bench_serve_cpu"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / f"{stem}.md").write_text(to_markdown(report))
-    print(f"wrote {RESULTS / stem}.json and .md")
+    write_report(stem, report, to_markdown(report))
     return 0
 
 

@@ -75,3 +75,11 @@ def write_result(name: str, payload: dict, *, stem: str | None = None) -> Path:
     path = RESULTS / f"{stem or f'{name}-{tag}'}.json"
     path.write_text(json.dumps({"machine": machine(), **payload}, indent=2))
     return path
+
+
+def write_report(stem: str, report: dict, markdown: str) -> None:
+    """Write ``results/<stem>.json`` (``report`` as is, machine included by the caller) and ``results/<stem>.md``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{stem}.md").write_text(markdown)
+    print(f"wrote {RESULTS / stem}.json and .md")

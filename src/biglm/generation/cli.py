@@ -103,25 +103,34 @@ def _step_printer(tokenizer, mask_id: int):
     return show
 
 
+def load_for_cli(path: Path, *, prog: str, device: str | None, dtype: str | None):
+    """``(model, tokenizer)`` from a command's checkpoint argument, or None after one line on stderr naming the
+    problem (a missing path, or a directory that holds no loadable model)."""
+    if not path.exists():
+        print(f"{prog}: no checkpoint at {path}: pass a fine-tuning run, a directory written by `biglm export` "
+              "or `biglm pretrain` (or a Hugging Face model directory).", file=sys.stderr)
+        return None
+    from ..checkpoint import load_model
+
+    try:
+        return load_model(path, device=device, dtype=_DTYPES.get(dtype) if dtype else None)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        print(f"{prog}: cannot load {path}: {e}", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str]) -> int:
     """Entry point of `biglm generate`; ``argv`` excludes the word "generate"."""
     try:
         args = parse_cli(GenerateArgs, argv, prog="biglm generate", doc=__doc__, positionals=("checkpoint",))
     except SystemExit as e:  # --help (0) or a bad option (2, message printed): callers want a return code
         return int(e.code or 0)
-    path = Path(args.checkpoint)
-    if not path.exists():
-        print(f"biglm generate: no checkpoint at {path}: pass a directory written by `biglm export` "
-              "or `biglm pretrain` (or a Hugging Face model directory).", file=sys.stderr)
-        return 2
-    from ..checkpoint import load_model
     from .api import generate
 
-    try:
-        model, tokenizer = load_model(path, device=args.device, dtype=_DTYPES.get(args.dtype) if args.dtype else None)
-    except (FileNotFoundError, OSError, ValueError) as e:
-        print(f"biglm generate: cannot load {path}: {e}", file=sys.stderr)
+    loaded = load_for_cli(Path(args.checkpoint), prog="biglm generate", device=args.device, dtype=args.dtype)
+    if loaded is None:
         return 2
+    model, tokenizer = loaded
     try:
         args = with_saved_decoding(GenerateArgs, argv, args, model, prog="biglm generate")
     except SystemExit as e:

@@ -30,7 +30,7 @@ import torch
 from ..config import ConfigError, parse_cli
 from .api import generate
 from .chat import render_chat
-from .cli import _DTYPES, _decoding_config, _render, with_saved_decoding
+from .cli import _decoding_config, _render, load_for_cli, with_saved_decoding
 from .config import DecodingConfig
 from .decoding import StepInfo
 
@@ -120,18 +120,10 @@ def main(argv: list[str]) -> int:
         args = parse_cli(ChatArgs, argv, prog=PROG, doc=__doc__, positionals=("checkpoint",))
     except SystemExit as e:
         return int(e.code or 0)
-    path = Path(args.checkpoint)
-    if not path.exists():
-        print(f"{PROG}: no model at {path}: pass a fine-tuning run, a directory written by `biglm export` "
-              "or `biglm pretrain` (or a Hugging Face model directory).", file=sys.stderr)
+    loaded = load_for_cli(Path(args.checkpoint), prog=PROG, device=args.device, dtype=args.dtype)
+    if loaded is None:
         return 2
-    from ..checkpoint import load_model
-
-    try:
-        model, tokenizer = load_model(path, device=args.device, dtype=_DTYPES.get(args.dtype) if args.dtype else None)
-    except (FileNotFoundError, OSError, ValueError) as e:
-        print(f"{PROG}: cannot load {path}: {e}", file=sys.stderr)
-        return 2
+    model, tokenizer = loaded
     try:
         args = with_saved_decoding(ChatArgs, argv, args, model, prog=PROG)
     except SystemExit as e:
