@@ -170,6 +170,15 @@ def test_empty_targets_counted(tmp_path):
     assert data.dropped_empty == 2 and data.dataset["inputs"] == ["a"]
 
 
+def test_default_exclusion_covers_genset(shared_data):
+    """With no exclude_eval, the default Genset file (WikiAuto, which --suite multitask generates on) is an
+    evaluation set too: a mixture task reading it is refused, naming the file."""
+    wikiauto = shared_data / "finetune" / "wikiauto" / "valid.jsonl"
+    task = MixtureTask("wiki_auto", str(wikiauto), field_map={"text": "source"})
+    with pytest.raises(TaskDataError, match="evaluation set .*wikiauto/valid.jsonl"):
+        render_mixture([task], templates_file=shared_data / "finetune" / "flan" / "templates_flan_v2.json")
+
+
 def test_read_flan_cot_tiny(shared_data):
     data = read_flan_collection(shared_data / "finetune" / "flan" / "flan_cot_tiny.jsonl")
     assert len(data.dataset) + data.dropped_empty == 2100

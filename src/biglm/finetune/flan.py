@@ -14,8 +14,9 @@ Notable features
   a classification family without option strings; an evaluation set in the mixture.
 - Evaluation sets stay out (``exclude_eval``): a task whose source is an excluded file, lies in
   an excluded folder, has the same bytes as one of their files (sha256, size first), or whose
-  name / hub dataset is excluded, is refused, naming the set. The default is the shared eval
-  folder (``../shared/data/eval``, hub layout ``OWNER__NAME``, what ``--suite multitask`` reads).
+  name / hub dataset is excluded, is refused, naming the set. The default is what ``--suite
+  multitask`` reads: the shared eval folder (``../shared/data/eval``, hub layout ``OWNER__NAME``)
+  and the default Genset file (WikiAuto's ``valid.jsonl``).
 - ``{options_}`` as FLAN renders it: ``options_style="flan2021"`` is FLAN 2021's fixed
   ``OPTIONS:\\n- a\\n- b`` (``PromptTemplate.options_text``); ``"flan_v2"`` draws the header
   from the file's ``OPT_START_STRING_CANDIDATES`` per example as FLAN v2 does, items keeping
@@ -149,9 +150,12 @@ class MixtureTask:
 
 
 def default_eval_sets() -> list[Path]:
-    """The shared evaluation folder (``../shared/data/eval``) when present: what ``--suite multitask`` reads."""
+    """What ``--suite multitask`` reads by default, where present: the shared evaluation folder
+    (``../shared/data/eval``) and the default Genset files (WikiAuto, ``../shared/data/finetune/wikiauto``)."""
+    from ..scoring.multitask import default_gensets
+
     shared = _default_flan_file().parents[2] / "eval"
-    return [shared] if shared.is_dir() else []
+    return [shared] + [Path(g.path) for g in default_gensets(shared)] if shared.is_dir() else []
 
 
 @dataclasses.dataclass
