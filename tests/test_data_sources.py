@@ -66,6 +66,16 @@ def test_missing_and_empty_sources_explained(tmp_path: Path) -> None:
     (tmp_path / "x.csv").write_text("a,b")
     with pytest.raises(SourceError, match="unsupported file type"):
         iter_documents(str(tmp_path / "x.csv"))
+    # several sources: the last one is checked at the call, before the first is read (a reader that stops
+    # early, as `biglm tokenizer train --limit_bytes` does, would otherwise never see it)
+    good = tmp_path / "good.txt"
+    good.write_text("one paragraph\n\nanother\n")
+    with pytest.raises(SourceError, match="unsupported file type"):
+        iter_sources([str(good), str(tmp_path / "x.csv")])
+    # WikiText's .raw files are plain text
+    (tmp_path / "wiki.test.raw").write_text(" = Title = \n\n Body text .\n")
+    assert list(iter_sources([str(good), str(tmp_path / "wiki.test.raw")])) == [
+        "one paragraph", "another", "= Title =", "Body text ."]
 
 
 def test_hub_spec_parsing() -> None:

@@ -4,12 +4,12 @@ A source spec is one of
 - ``builtin``: the built-in corpus (``biglm.data.builtin``), no download;
 - ``hf:OWNER/NAME[:CONFIG][@SPLIT]``: a Hugging Face hub dataset, streamed
   (``datasets.load_dataset(NAME, CONFIG, split=SPLIT or "train", streaming=True)``);
-- a path to a ``.txt``, ``.jsonl``/``.json`` or ``.parquet`` file, or a folder searched
-  recursively for them (files in sorted path order, hidden files skipped).
+- a path to a ``.txt`` (or ``.raw``, WikiText's plain-text files), ``.jsonl``/``.json`` or ``.parquet``
+  file, or a folder searched recursively for them (files in sorted path order, hidden files skipped).
 
 Local files go through the same ``datasets`` streaming loaders as the hub (``text``,
 ``json``, ``parquet``), so local tests exercise the hub code path. Document rules:
-- ``.txt``, ``txt_mode="paragraph"`` (default): a document is a block of text between blank
+- ``.txt``/``.raw``, ``txt_mode="paragraph"`` (default): a document is a block of text between blank
   lines, which is one story in TinyStories and one paragraph in books or WikiText;
   ``"document"``: one document per file; ``"line"``: one per line.
 - ``.jsonl``/``.parquet``/hub: one document per row, from ``text_field`` (default "text").
@@ -19,6 +19,7 @@ Leading and trailing whitespace is stripped and empty documents are skipped.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Literal
 TxtMode = Literal["paragraph", "document", "line"]
 
 # file suffix -> datasets packaged loader
-_LOADERS: dict[str, str] = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_LOADERS: dict[str, str] = {".txt": "text", ".raw": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
 class SourceError(ValueError):
@@ -159,6 +160,8 @@ def _stripped(spec: str, raw: Iterator[str]) -> Iterator[str]:
 
 
 def iter_sources(specs: list[str], **kwargs: object) -> Iterator[str]:
-    """Yield the documents of several specs one after the other (``kwargs`` as for ``iter_documents``)."""
-    for spec in specs:
-        yield from iter_documents(spec, **kwargs)  # type: ignore[arg-type]
+    """The documents of several specs one after the other (``kwargs`` as for ``iter_documents``).
+
+    Every spec is checked at the call, before any is read: a missing path or an unsupported file in the
+    last spec fails at once, also when a reader stops early (``biglm tokenizer train --limit_bytes``)."""
+    return itertools.chain.from_iterable([iter_documents(spec, **kwargs) for spec in specs])  # type: ignore[arg-type]
