@@ -35,6 +35,8 @@ Quality (``--mode quality --model DIR``): a fine-tuned seq2seq export (``biglm f
   sources, at each ``--batch`` size (1: one source at a time, the f418a9e library loop; 32: left-padded
   batches with a (B, beam) length table); ROUGE-1/2/L (`biglm.finetune.genmetrics.rouge`) against the
   references, seconds per source, mean answer length, and the share of answers equal to the batch-1 answers.
+- A model-free row for scale: LEAD-1, the first sentence of the source's first field (XSum's LEAD baseline; for
+  one-sentence sources such as SQuAD-QG's, copying the source).
 
 Usage
     python benchmarks/bench_seq2seq.py --threads 1 --preset biglm-124m --layers 2 --vocab-size 8192 \\
@@ -237,8 +239,15 @@ def speed_markdown(report: dict) -> str:
 # --- quality --------------------------------------------------------------------------------------------------
 
 
-def _sources(args: argparse.Namespace, tokenizer, task: dict) -> tuple[list[list[int]], list[str]]:
-    """Source ids (cut as fine-tuning cuts them) and reference texts of the first K rows of ``--data``."""
+def _lead(text: str) -> str:
+    """The first sentence of ``text`` (up to the first ., ! or ? followed by a space): LEAD-1 for a document, the
+    whole source for a one-sentence source (QG's copy-the-source baseline)."""
+    return re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0]
+
+
+def _sources(args: argparse.Namespace, tokenizer, task: dict) -> tuple[list[list[int]], list[str], list[str]]:
+    """Source ids (cut as fine-tuning cuts them), reference texts and the LEAD-1 baseline (`_lead` of the source
+    template's first field) of the first K rows of ``--data``."""
     src_t = args.source_template or task.get("source_template", "{source}")
     tgt_t = args.target_template or task.get("target_template", "{target}")
     limit = int(task.get("max_source_length", 512))
@@ -259,7 +268,8 @@ def _sources(args: argparse.Namespace, tokenizer, task: dict) -> tuple[list[list
         if len(ids) > limit:
             ids = ids[:limit] if len(tail) >= limit else ids[:limit - len(tail)] + tail
         sources.append(ids)
-    return sources, [fill(tgt_t, r).strip() for r in rows]
+    first_field = _PLACEHOLDER.search(src_t).group(1)
+    return sources, [fill(tgt_t, r).strip() for r in rows], [_lead(str(r[first_field])) for r in rows]
 
 
 def quality(args: argparse.Namespace) -> dict:
@@ -275,7 +285,7 @@ def quality(args: argparse.Namespace) -> dict:
         task_file = Path(args.model) / "best" / "biglm_task.json"
     saved = json.loads(task_file.read_text()) if task_file.is_file() else {}
     task = {**saved.get("settings", {}), **saved.get("decoding", {})}  # templates and max_source_length
-    sources, refs = _sources(args, tokenizer, task)
+    sources, refs, leads = _sources(args, tokenizer, task)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     N = int(model.config.max_target_length)
     print(f"quality: {len(sources)} sources (mean {statistics.mean(map(len, sources)):.0f} tokens), length beam "
@@ -308,7 +318,10 @@ def quality(args: argparse.Namespace) -> dict:
             print(f"  T={steps:<3} batch={batch:<3} {seconds / len(sources):7.3f} s/source  R1 {scores['rouge1']:5.2f}  "
                   f"R2 {scores['rouge2']:5.2f}  RL {scores['rougeL']:5.2f}  len {rows[-1]['mean_answer_tokens']:.1f}  "
                   f"same {same:.2f}", flush=True)
-    return dict(mode="quality", settings=dict(model=args.model, data=args.data, examples=len(sources), beam=args.beam,
+    lead = rouge(predictions=leads, references=refs)
+    print(f"  LEAD-1 (first sentence of the source)  R1 {lead['rouge1']:5.2f}  R2 {lead['rouge2']:5.2f}  "
+          f"RL {lead['rougeL']:5.2f}", flush=True)
+    return dict(mode="quality", lead_baseline=lead, settings=dict(model=args.model, data=args.data, examples=len(sources), beam=args.beam,
                                               max_target_length=N, source_template=task.get("source_template"),
                                               max_source_length=task.get("max_source_length"),
                                               mean_source_tokens=statistics.mean(map(len, sources)),
@@ -327,6 +340,10 @@ def quality_markdown(report: dict) -> str:
         lines.append(f"| {r['steps']} | {r['batch']} | {r['seconds_per_source']:.3f} | {r['rouge1']:.2f} | "
                      f"{r['rouge2']:.2f} | {r['rougeL']:.2f} | {r['mean_answer_tokens']:.1f} | "
                      f"{r['same_as_first_batch']:.2f} |")
+    if report.get("lead_baseline"):
+        b = report["lead_baseline"]
+        lines.append(f"| LEAD-1 (source's first sentence, no model) | | | {b['rouge1']:.2f} | {b['rouge2']:.2f} | "
+                     f"{b['rougeL']:.2f} | | |")
     return "\n".join(lines)
 
 

@@ -10,8 +10,8 @@ D=../shared/data/finetune
 W=${W:-runs/demo9}
 mkdir -p "$W"
 
-# Pre-training data: a tokenizer, shards (Gutenberg apart: its books are few and long), the validation split of
-# the rest. WikiText's .raw file is read as text.
+# Pre-training data: a tokenizer, shards; Gutenberg prepared apart and used for training only (--val_data names the
+# other folder's held-out documents). WikiText's .raw file is read as text.
 biglm tokenizer train --input $S/tinystories/TinyStories-train.head.txt,$S/gutenberg,$S/brown,$S/wikitext2/wiki.test.raw,$S/state_union \
     --vocab_size 8192 --limit_bytes 16000000 --out $W/tok
 biglm data prepare $S/tinystories/TinyStories-train.head.txt $S/brown $S/inaugural $S/state_union \
@@ -41,8 +41,24 @@ OMP_NUM_THREADS=2 biglm finetune flan --model $W/pretrain --task.mixture docs/ex
     --task.max_source_length 192 --task.max_target_length 48 --task.long_targets drop --epochs 5 $FT --out_dir $W/ft-flan
 # Table 5's row for it; --limit keeps the CPU time to minutes (a quick check: the table says so).
 biglm eval --suite multitask --data_dir ../shared/data/eval --model_args pretrained=$W/ft-flan/best \
-    --limit 40 --output_path $W/multitask
+    --limit 40 --output_path $W/multitask-flan
 
-# Quality against speed for T = 4/10/16 on the SQuAD-QG model (its held-out test rows).
+# The pre-trained model through the same suite: the peer that shows what the FLAN tuning changed.
+biglm eval --suite multitask --data_dir ../shared/data/eval --model_args pretrained=$W/pretrain \
+    --limit 40 --output_path $W/multitask-base
+
+# Quality against speed for T = 4/10/16, with the LEAD-1 / copy-the-source row: SQuAD-QG's first 300 test rows (its
+# validation rows), and XSum's 100 held-out rows (the split `--task.validation_fraction 0.1` made, seed 0).
 python benchmarks/bench_seq2seq.py --mode quality --model $W/ft-squad-qg/best --data $D/squad_qg/test.jsonl \
-    --examples 64 --steps 4 10 16 --batch 1 32 --threads 1 --out seq2seq-quality-demo9
+    --examples 300 --steps 4 10 16 --batch 1 32 --threads 1 --out seq2seq-quality-qg-demo9
+python - "$D/xsum/test.subset1000.jsonl" "$W/xsum_heldout.jsonl" <<'PY'
+import json, random, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+order = list(range(len(rows)))
+random.Random(0).shuffle(order)  # biglm.finetune.seq2seq's held-out split
+held = set(order[:round(0.1 * len(rows))])
+with open(sys.argv[2], "w") as f:
+    f.writelines(json.dumps(r) + "\n" for i, r in enumerate(rows) if i in held)
+PY
+python benchmarks/bench_seq2seq.py --mode quality --model $W/ft-xsum/best --data $W/xsum_heldout.jsonl \
+    --examples 100 --steps 4 10 16 --batch 1 32 --threads 1 --out seq2seq-quality-xsum-demo9
