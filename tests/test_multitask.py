@@ -17,8 +17,8 @@ pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra")
 from biglm.finetune.genmetrics import bleu2, distinct_n  # noqa: E402
 from biglm.generation import DecodingConfig  # noqa: E402
 from biglm.scoring.multitask import (  # noqa: E402
-    SUPERGLUE_TASKS, GensetSpec, discover_superglue, genset_prompt, load_genset, parse_genset, run_multitask,
-    select_instances)
+    SUPERGLUE_TASKS, GensetSpec, discover_superglue, genset_prompt, load_genset, multitask_table, parse_genset,
+    run_multitask, select_instances)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -78,6 +78,17 @@ def test_table_has_table5_layout_and_names_what_the_average_covers(run, checkpoi
             in lines)
     assert "- limit=4 documents per lm-eval task: a quick check, not a reportable number." in lines
     assert (run.out / "multitask.md").read_text() == s["table"] + "\n"
+
+
+def test_table_of_selected_columns_says_what_did_not_run(run):
+    """--suite_tasks Genset: the table does not call the unselected SuperGLUE tasks "absent" nor MMLU "0 subjects"."""
+    s = {**run.summary, "parts": ["Genset"], "mmlu": {"zero_shot": None, "few_shot": None, "fewshot": 5, "subjects": []},
+         "superglue": {"average": None, "covered": [], "tasks": {}, "metrics": {}}}
+    lines = multitask_table(s).splitlines()
+    assert _cells(lines[2])[1:3] == ["— / —", "—"]
+    assert not any(line.startswith(("- MMLU", "- SuperGLUE")) for line in lines)
+    assert "- not run (not among the selected columns): MMLU, SuperGLUE." in lines
+    assert any(line.startswith("- Genset: wikiauto (3), para (3), seed 7") for line in lines)
 
 
 def test_superglue_average_is_the_mean_over_the_tasks_found(run):

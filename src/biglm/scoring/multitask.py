@@ -321,13 +321,20 @@ def multitask_table(summary: dict[str, Any]) -> str:
     labels = {t.config: t.label for t in SUPERGLUE_TASKS}
     covered = [labels[c] for c in sg["covered"]]
     absent = [t.label for t in SUPERGLUE_TASKS if t.config not in sg["covered"]]
+    ran = summary.get("parts", PARTS)
     lines = [format_table(header, row), ""]
-    lines.append(f"- MMLU: {len(mm['subjects'])} subjects, zero-shot / {mm['fewshot']}-shot (examples from dev), "
-                 "accuracy weighted by subject size.")
-    lines.append(f"- SuperGLUE average over {len(covered)} of {len(SUPERGLUE_TASKS)} tasks: "
-                 f"{', '.join(covered) or 'none'}" + (f" (absent: {', '.join(absent)})" if absent else "") + ".")
-    sets = ", ".join(f"{s['name']} ({s['n']})" for s in gs["sets"]) or "none"
-    lines.append(f"- Genset: {sets}, seed {gs['seed']}; B-2 = sacrebleu BLEU-2 (%), D-2 = Distinct-2 (fraction).")
+    if "MMLU" in ran:
+        lines.append(f"- MMLU: {len(mm['subjects'])} subjects, zero-shot / {mm['fewshot']}-shot (examples from dev), "
+                     "accuracy weighted by subject size.")
+    if "SuperGLUE" in ran:
+        lines.append(f"- SuperGLUE average over {len(covered)} of {len(SUPERGLUE_TASKS)} tasks: "
+                     f"{', '.join(covered) or 'none'}" + (f" (absent: {', '.join(absent)})" if absent else "") + ".")
+    if "Genset" in ran:
+        sets = ", ".join(f"{s['name']} ({s['n']})" for s in gs["sets"]) or "none"
+        lines.append(f"- Genset: {sets}, seed {gs['seed']}; B-2 = sacrebleu BLEU-2 (%), D-2 = Distinct-2 (fraction).")
+    not_run = [p for p in PARTS if p not in ran]
+    if not_run:
+        lines.append(f"- not run (not among the selected columns): {', '.join(not_run)}.")
     if gs["sets"] and gs["distinct2"] is None:
         lines.append("- D-2 —: no output has two tokens, so Distinct-2 is undefined.")
     if summary.get("limit") is not None:
@@ -419,6 +426,7 @@ def run_multitask(
         "model": Path(pretrained).name,
         "pretrained": str(pretrained),
         "limit": limit,
+        "parts": [p for p in PARTS if p in parts],
         "mmlu": {"zero_shot": _value(zero, plan.mmlu_task, "acc") if plan.mmlu_task else None,
                  "few_shot": _value(few, plan.mmlu_task, "acc") if plan.mmlu_task else None,
                  "fewshot": mmlu_fewshot, "subjects": plan.mmlu_subjects},
