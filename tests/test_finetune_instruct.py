@@ -239,3 +239,28 @@ def test_eos_mode_started_from_a_seq2seq_model_drops_its_length_head(flan):
         torch.testing.assert_close(built(ids).logits, s2s(ids).logits)
     head = InstructTask(_settings(flan, length_mode="head")).build_model(mlm, tok)
     assert type(head) is BiGLMForConditionalGeneration and head.config.max_target_length == MAX_TARGET
+
+
+def test_run_finetune_is_the_python_entry_point(flan, tmp_path):
+    """`biglm.finetune.run_finetune`: the loop from Python without building a DistInfo; it returns the per-epoch
+    validation, exports the best epoch (with the chat template) and leaves no process group behind."""
+    import torch.distributed as dist
+
+    import biglm.finetune as public
+    from biglm.checkpoint import load_model
+    from biglm.config import ConfigError
+    from biglm.finetune import run_finetune
+
+    assert (public.InstructTask, public.InstructSettings, public.FinetuneConfig) == (InstructTask, InstructSettings,
+                                                                                     FinetuneConfig)
+    task = InstructTask(_settings(flan, train=str(flan / "train.jsonl"), max_train_examples=64), name="flan")
+    lines: list[str] = []
+    result = run_finetune(task, _cfg(flan, tmp_path / "out", epochs=1), echo=lines.append)
+    assert [e for e, _ in result.evals] == [1] and result.best_epoch == 1 and not result.interrupted
+    assert result.best == result.evals[0][1]["rougeL"]
+    assert any(line.startswith("[biglm] best epoch 1") for line in lines)
+    model, tok = load_model(tmp_path / "out" / "best")
+    assert tok.chat_template and type(model).__name__ == "BiGLMForMaskedLM"  # eos mode: the plain masked LM
+    assert not (dist.is_available() and dist.is_initialized())
+    with pytest.raises(ConfigError, match="global_batch"):  # bad settings fail before any work
+        run_finetune(task, _cfg(flan, tmp_path / "bad", global_batch=0))

@@ -6,6 +6,9 @@
   FLAN v2 patterns, plain promptsource templates) with label-word checks against a tokenizer.
 - ``data``: checked readers for classification sets, SQuAD v1.1 and BEIR, through ``datasets``.
 - ``qa``: SQuAD windows (384 tokens, stride 128) and n-best answer search from start/end logits.
+- ``loop``: the one fine-tuning loop (`FineTuner`); `run_finetune(task, cfg)` is the Python entry point that
+  ``biglm finetune`` also uses (single process or one torchrun rank). Tasks: ``classification``, ``squad_task``,
+  ``retrieval``, ``seq2seq`` (CMLM), ``instruct`` (FLAN).
 
 Names are imported lazily (PEP 562): ``biglm.finetune.metrics`` alone does not import ``datasets``.
 """
@@ -28,6 +31,9 @@ _EXPORTS: dict[str, str] = {
     "load_squad": "data", "SquadData": "data", "split_by_article": "data", "load_beir": "data", "BeirData": "data",
     # qa
     "QAWindows": "qa", "build_qa_features": "qa", "postprocess_qa_predictions": "qa", "PredictedAnswer": "qa",
+    # the loop, and the tasks of conditional generation / instruction tuning (Python entry: run_finetune)
+    "run_finetune": "loop", "FineTuner": "loop", "FinetuneResult": "loop", "FinetuneConfig": "config",
+    "Seq2SeqSettings": "seq2seq", "Seq2SeqTask": "seq2seq", "InstructSettings": "instruct", "InstructTask": "instruct",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -46,6 +52,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from biglm.finetune.config import FinetuneConfig
+    from biglm.finetune.instruct import InstructSettings, InstructTask
+    from biglm.finetune.loop import FineTuner, FinetuneResult, run_finetune
+    from biglm.finetune.seq2seq import Seq2SeqSettings, Seq2SeqTask
     from biglm.finetune.data import (
         BeirData,
         ClassificationData,

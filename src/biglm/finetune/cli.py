@@ -95,18 +95,13 @@ def main(argv: list[str]) -> int:
         print(yaml.safe_dump({"finetune": to_dict(cfg), "task": to_dict(settings)}, sort_keys=False), end="")
         return 0
     from ..checkpoint import CheckpointError
-    from ..training.distributed import destroy_distributed, init_distributed
     from ..training.parts import NonFiniteLossError
     from .data import TaskDataError
-    from .loop import FineTuner
+    from .loop import run_finetune
     from .templates import TemplateError
 
-    info = None
     try:
-        info = init_distributed(cfg.device)
-        cfg.validate(world_size=info.world_size)
-        tuner = FineTuner(task, cfg, info=info)
-        tuner.train()
+        run_finetune(task, cfg)
         for note in [*(getattr(settings, "notes", []) or []), *task.describe().get("notes", [])]:
             print(f"[biglm] note: {note}")
         return 0
@@ -116,9 +111,6 @@ def main(argv: list[str]) -> int:
     except (ConfigError, TaskDataError, TemplateError, CheckpointError, FileNotFoundError, ValueError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    finally:
-        if info is not None:
-            destroy_distributed()
 
 
 @dataclasses.dataclass

@@ -279,4 +279,24 @@ class FineTuner:
         return result
 
 
-__all__ = ["FineTuner", "FinetuneResult"]
+def run_finetune(task: FinetuneTask, cfg: FinetuneConfig, *, echo: Callable[[str], None] | None = None) -> FinetuneResult:
+    """Fine-tune ``task`` with ``cfg`` from Python, as ``biglm finetune`` does: in this process, or as one rank when
+    started by torchrun (the process group is started here and torn down at the end, also on error).
+
+        from biglm.finetune import FinetuneConfig, Seq2SeqSettings, Seq2SeqTask, run_finetune
+        task = Seq2SeqTask(Seq2SeqSettings(train="pairs.jsonl", validation="val.jsonl"), name="squad-qg")
+        result = run_finetune(task, FinetuneConfig(model="runs/default", out_dir="runs/qg", epochs=4, lr=5e-4))
+        result.best_epoch, result.best          # the best epoch's metric; its model is in runs/qg/best
+    """
+    from ..training.distributed import destroy_distributed, init_distributed
+
+    cfg.validate()
+    info = init_distributed(cfg.device)
+    try:
+        cfg.validate(world_size=info.world_size)
+        return FineTuner(task, cfg, info=info, echo=echo).train()
+    finally:
+        destroy_distributed()
+
+
+__all__ = ["FineTuner", "FinetuneResult", "run_finetune"]
