@@ -64,7 +64,7 @@ from biglm.generation import DecodingConfig, generate_ids
 from biglm.model import count_parameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, write_report  # noqa: E402
+from common import machine, markdown_header, write_report  # noqa: E402
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BIGLM_VARIANTS = {  # name -> DecodingConfig fields on top of the strategy and T
@@ -362,12 +362,7 @@ def quality_markdown(report: dict) -> str:
 
 
 def to_markdown(report: dict) -> str:
-    m = report["machine"]
-    head = [f"# Generation benchmark ({report['mode']})", "", f"- command: `{report['command']}`",
-            f"- machine: {m['cpu']}, {m['cpu_cores']} cores (torch threads {m['torch_threads']}, load average "
-            f"{m['load_avg_1m_at_start']} at start)" + (f", GPU {m['gpu']}" if m["gpu"] else ""),
-            f"- torch {m['torch']}, transformers {m['transformers']}, python {m['python']}, git {m['git_commit'][:12]}"
-            + (" (dirty)" if m["git_dirty"] else "")]
+    head = markdown_header(f"Generation benchmark ({report['mode']})", report)
     body = speed_markdown(report) if report["mode"] == "speed" else quality_markdown(report)
     return "\n".join(head) + "\n" + body + "\n"
 

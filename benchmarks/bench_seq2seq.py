@@ -60,12 +60,13 @@ from pathlib import Path
 import torch
 
 from biglm import BiGLMConfig
+from biglm.finetune.seq2seq import cut_source, render_rows, template_tail
 from biglm.generation import DecodingConfig, generate_ids, left_pad
 from biglm.model import count_parameters
 from biglm.model.seq2seq import BiGLMForConditionalGeneration
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, write_report  # noqa: E402
+from common import machine, markdown_header, write_report  # noqa: E402
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -258,18 +259,14 @@ def _sources(args: argparse.Namespace, tokenizer, task: dict) -> tuple[list[list
                 rows.append(json.loads(line))
             if len(rows) == args.examples:
                 break
-    fill = lambda t, r: _PLACEHOLDER.sub(lambda m: str(r[m.group(1)]), t)  # noqa: E731
-    last = list(_PLACEHOLDER.finditer(src_t))[-1]
-    tail_text = src_t[last.end():]
+    tail_text = template_tail(src_t)
     tail = list(tokenizer(tail_text, add_special_tokens=False)["input_ids"]) if tail_text else []
-    sources = []
-    for r in rows:
-        ids = list(tokenizer(fill(src_t, r), add_special_tokens=False)["input_ids"])
-        if len(ids) > limit:
-            ids = ids[:limit] if len(tail) >= limit else ids[:limit - len(tail)] + tail
-        sources.append(ids)
+    texts = render_rows(rows, src_t, source=args.data, what="source")
+    sources = [cut_source(tokenizer(t, add_special_tokens=False)["input_ids"], max_length=limit, tail=tail)
+               for t in texts]
     first_field = _PLACEHOLDER.search(src_t).group(1)
-    return sources, [fill(tgt_t, r).strip() for r in rows], [_lead(str(r[first_field])) for r in rows]
+    refs = [t.strip() for t in render_rows(rows, tgt_t, source=args.data, what="target")]
+    return sources, refs, [_lead(str(r[first_field])) for r in rows]
 
 
 def quality(args: argparse.Namespace) -> dict:
@@ -351,13 +348,8 @@ def quality_markdown(report: dict) -> str:
 
 
 def to_markdown(report: dict) -> str:
-    m = report["machine"]
-    head = [f"# Seq2seq decoding benchmark ({report['mode']})", "", f"- command: `{report['command']}`",
-            f"- machine: {m['cpu']}, {m['cpu_cores']} cores (torch threads {m['torch_threads']}, load average "
-            f"{m['load_avg_1m_at_start']} at start: a shared machine, absolute times are loaded ones; compare rows "
-            "of this run only)" + (f", GPU {m['gpu']}" if m["gpu"] else ""),
-            f"- torch {m['torch']}, transformers {m['transformers']}, python {m['python']}, git {m['git_commit'][:12]}"
-            + (" (dirty)" if m["git_dirty"] else "")]
+    head = markdown_header(f"Seq2seq decoding benchmark ({report['mode']})", report,
+                           load_note=": a shared machine, absolute times are loaded ones; compare rows of this run only")
     body = speed_markdown(report) if report["mode"] == "speed" else quality_markdown(report)
     return "\n".join(head) + "\n" + body + "\n"
 

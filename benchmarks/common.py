@@ -83,3 +83,14 @@ def write_report(stem: str, report: dict, markdown: str) -> None:
     (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
     (RESULTS / f"{stem}.md").write_text(markdown)
     print(f"wrote {RESULTS / stem}.json and .md")
+
+
+def markdown_header(title: str, report: dict, *, load_note: str = "") -> list[str]:
+    """The first lines of a results ``.md``: title, command, machine (``load_note`` after its load average),
+    versions and commit, from ``report["command"]`` and ``report["machine"]`` (`machine()`)."""
+    m = report["machine"]
+    return [f"# {title}", "", f"- command: `{report['command']}`",
+            f"- machine: {m['cpu']}, {m['cpu_cores']} cores (torch threads {m['torch_threads']}, load average "
+            f"{m['load_avg_1m_at_start']} at start{load_note})" + (f", GPU {m['gpu']}" if m["gpu"] else ""),
+            f"- torch {m['torch']}, transformers {m['transformers']}, python {m['python']}, git {m['git_commit'][:12]}"
+            + (" (dirty)" if m["git_dirty"] else "")]

@@ -62,20 +62,26 @@ def synthetic_data(tmp_path_factory):
     return root
 
 
+def save_random_model(out: Path, tok, **config) -> Path:
+    """A random BiGLM of the ``tiny`` preset (``config`` overrides its fields) for tokenizer ``tok``, seeded with 0,
+    saved with the tokenizer as a Hugging Face directory ``out``."""
+    from biglm import BiGLMConfig, BiGLMForMaskedLM
+
+    torch.manual_seed(0)
+    cfg = BiGLMConfig.from_preset("tiny", vocab_size=len(tok), mask_token_id=tok.mask_token_id,
+                                  pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                                  eos_token_id=tok.eos_token_id, **config)
+    BiGLMForMaskedLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory) -> Path:
     """A random tiny BiGLM (256-token window) with a small byte-level BPE tokenizer, saved as a HF directory."""
-    from biglm import BiGLMConfig, BiGLMForMaskedLM
     from biglm.data.tokenizer import train_tokenizer
 
     src = SHARED_DATA / "pretrain" / "tinyshakespeare" / "input.txt"
     text = src.read_text()[:20000].split("\n\n") if src.is_file() else ["the quick brown fox jumps over the lazy dog"] * 50
     tok = train_tokenizer(texts=text, vocab_size=300)
-    torch.manual_seed(0)
-    cfg = BiGLMConfig.from_preset("tiny", vocab_size=len(tok), mask_token_id=tok.mask_token_id,
-                                  pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                                  eos_token_id=tok.eos_token_id)
-    out = tmp_path_factory.mktemp("ckpt")
-    BiGLMForMaskedLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_random_model(tmp_path_factory.mktemp("ckpt"), tok)

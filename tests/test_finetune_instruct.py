@@ -52,9 +52,8 @@ def _write(path: Path, rows: list[dict]) -> Path:
 
 @pytest.fixture(scope="module")
 def flan(tmp_path_factory):
-    from conftest import SHARED_DATA
+    from conftest import SHARED_DATA, save_random_model
 
-    from biglm import BiGLMConfig, BiGLMForMaskedLM
     from biglm.data import train_tokenizer
 
     if not SHARED_DATA.is_dir():
@@ -66,13 +65,8 @@ def flan(tmp_path_factory):
     _write(root / "train.jsonl", rows * REPEATS)
     tok = train_tokenizer(texts=[r["inputs"] for r in rows] + [r["targets"] for r in rows] + ["User: Assistant:"] * 4,
                           vocab_size=1000)
-    torch.manual_seed(0)
-    config = BiGLMConfig.from_preset("tiny", vocab_size=len(tok), hidden_size=128, intermediate_size=256,
-                                     max_position_embeddings=MAX_SOURCE + MAX_TARGET, pad_token_id=tok.pad_token_id,
-                                     mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
-                                     bos_token_id=tok.bos_token_id)
-    BiGLMForMaskedLM(config).save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
+    save_random_model(root / "model", tok, hidden_size=128, intermediate_size=256,
+                      max_position_embeddings=MAX_SOURCE + MAX_TARGET)
     return root
 
 

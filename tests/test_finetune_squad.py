@@ -63,6 +63,8 @@ def _squad(places: list[str], seed: int) -> dict:
 def squad(tmp_path_factory):
     """train.json (18 articles, 108 questions), dev.json (8 other articles, 48 questions), a tokenizer trained on
     them and a random tiny BiGLM saved with it (root/model)."""
+    from conftest import save_random_model
+
     from biglm.data import train_tokenizer
 
     root = tmp_path_factory.mktemp("squad")
@@ -72,12 +74,7 @@ def squad(tmp_path_factory):
     texts = [p["context"] + " " + " ".join(q["question"] for q in p["qas"])
              for d in (train, dev) for a in d["data"] for p in a["paragraphs"]]
     tok = train_tokenizer(texts=texts * 3, vocab_size=700)
-    torch.manual_seed(0)
-    config = BiGLMConfig.from_preset("tiny", vocab_size=len(tok), max_position_embeddings=256,
-                                     pad_token_id=tok.pad_token_id, mask_token_id=tok.mask_token_id,
-                                     eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
-    BiGLMForMaskedLM(config).save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
+    save_random_model(root / "model", tok, max_position_embeddings=256)
     return root
 
 

@@ -126,6 +126,20 @@ def render_rows(rows: Sequence[dict[str, Any]], template: str, *, source: str, w
     return out
 
 
+def template_tail(template: str) -> str:
+    """The template's text after its last field (``"\nSummary:"`` of ``"{document}\nSummary:"``)."""
+    return template[list(_PLACEHOLDER.finditer(template))[-1].end():]
+
+
+def cut_source(ids: Sequence[int], *, max_length: int, tail: Sequence[int]) -> list[int]:
+    """A source of more than ``max_length`` tokens cut to its start followed by ``tail`` (the tokens of
+    `template_tail`), so the prompt still ends with the template's cue; shorter sources are kept whole."""
+    ids = list(ids)
+    if len(ids) <= max_length:
+        return ids
+    return ids[:max_length] if len(tail) >= max_length else ids[:max_length - len(tail)] + list(tail)
+
+
 def _check_template(template: str, columns: Sequence[str], *, source: str, what: str) -> None:
     names = _fields(template)
     if not names:
@@ -292,13 +306,10 @@ class Seq2SeqTask:
     def _cut_source(self, ids: list[int]) -> list[int]:
         """A source over max_source_length tokens: its start (a news lead carries the summary), then the tokens of
         the template's text after its last field (e.g. ``\nSummary:``), so the prompt still ends with its cue."""
-        n = self.settings.max_source_length
         if self._tail is None:
-            last = list(_PLACEHOLDER.finditer(self.settings.source_template))[-1]
-            text = self.settings.source_template[last.end():]
+            text = template_tail(self.settings.source_template)
             self._tail = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
-        tail = self._tail
-        return ids[:n] if len(tail) >= n else ids[:n - len(tail)] + tail
+        return cut_source(ids, max_length=self.settings.max_source_length, tail=self._tail)
 
     def _finish_target(self, ids: list[int]) -> list[int]:
         """The trained suffix of a target's tokens (instruction tuning pads it with EOS here)."""
