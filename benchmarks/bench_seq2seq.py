@@ -391,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
         args.steps = args.steps or [4, 10, 16]
         if not args.model or not args.data:
             p.error("--mode quality needs --model (a fine-tuned seq2seq model) and --data (a JSONL file)")
+        for flag, path in (("--model", args.model), ("--data", args.data)):
+            if not Path(path).exists():
+                p.error(f"{flag} {path}: no such file or directory")
     torch.set_num_threads(args.threads)
     report = dict(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), machine=machine(torch.device("cpu")))
     report.update(speed(args) if args.mode == "speed" else quality(args))

@@ -187,6 +187,9 @@ def test_bad_flan_input_is_refused_before_training(flan, tmp_path, capsys):
         build(source_template="{question}")
     assert biglm_main(["finetune", "flan", "--model", str(flan / "model"), "--task.length_mode", "words"]) == 2
     assert "length_mode" in capsys.readouterr().err  # choices are checked by the typed parser, before any work
+    assert biglm_main(["finetune", "flan", "--model", str(flan / "model"), "--task.mixture",
+                       str(tmp_path / "missing.yaml")]) == 2
+    assert "--task.mixture" in capsys.readouterr().err and not (tmp_path / "out").exists()
     rows = [json.loads(l) for l in (flan / "pairs.jsonl").read_text().splitlines()]
     long = _write(tmp_path / "long.jsonl", rows + [{"inputs": "x", "targets": " ".join(["word"] * 40)}])
     with pytest.raises(TaskDataError, match=r"1 of \d+ target\(s\) are longer than max_target_length=32"):

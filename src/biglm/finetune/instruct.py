@@ -91,6 +91,9 @@ def load_mixture_spec(path: str | Path) -> dict[str, Any]:
     Relative paths are relative to the spec file.
     """
     path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--task.mixture {path}: no such file; give a FLAN-style mixture spec (YAML, see "
+                          "docs/examples/flan_demo_mix.yaml)")
     data = load_yaml(path) or {}
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), list) or not data["tasks"]:
         raise ConfigError(f"{path}: a mixture spec needs `tasks:`, a list of {{name, source, ...}} (see "
