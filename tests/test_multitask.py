@@ -169,7 +169,7 @@ def test_genset_specs_parse_and_bad_ones_are_named(tmp_path):
     spec_file.write_text("- {name: chat, path: c.jsonl, source: history, target: reply, prompt: 'Reply: {source}'}\n")
     (c,) = parse_genset(str(spec_file))
     assert (c.name, c.prompt) == ("chat", "Reply: {source}")
-    with pytest.raises(ValueError, match="NAME:PATH:SOURCE_FIELD:TARGET_FIELD"):
+    with pytest.raises(ValueError, match="NAME:PATH:SOURCE:TARGET"):
         parse_genset("wikiauto:valid.jsonl")
     with pytest.raises(ValueError, match="has no {source}"):
         GensetSpec(name="x", path="x.jsonl", source="a", target="b", prompt="Simplify:")
@@ -179,6 +179,57 @@ def test_genset_specs_parse_and_bad_ones_are_named(tmp_path):
         load_genset(GensetSpec(name="x", path=str(table), source="src", target="target"), n=2, seed=0)
     with pytest.raises(ValueError, match="row 1 .* empty 'tgt'"):
         load_genset(GensetSpec(name="x", path=str(table), source="src", target="tgt"), n=2, seed=0)
+
+
+# PersonaChat's hub schema (bavard/personachat_truecased): personality and history are lists, the gold reply is
+# the last candidate
+PERSONA_ROWS = [{"personality": [f"i have {k} cats.", "i like to ski."],
+                 "history": [f"hi there {k}", "hello! how are you?"], "candidates": ["i am a robot.", f"great, my {k} cats are asleep."], "conv_id": k} for k in range(5)]
+
+
+@pytest.mark.parametrize("form", ["yaml", "colon"])
+def test_genset_templates_read_dialogue_rows_with_list_fields(tmp_path, form):
+    """Issue 19: a Genset source/target may be a template over the row's fields, a list field's items joined by
+    newlines, given in a YAML file or in the NAME:PATH:SOURCE:TARGET form (\\n a newline, \\: a colon)."""
+    table = tmp_path / "personachat.jsonl"
+    table.write_text("".join(json.dumps(r) + "\n" for r in PERSONA_ROWS))
+    if form == "yaml":
+        spec_file = tmp_path / "sets.yaml"
+        spec_file.write_text(f"- name: personachat\n  path: {table}\n"
+                             '  source: "Persona: {personality}\\nDialogue: {history}"\n'
+                             '  target: "{candidates[-1]}"\n')
+        (spec,) = parse_genset(str(spec_file))
+    else:
+        (spec,) = parse_genset(f"personachat:{table}:Persona\\: {{personality}}\\nDialogue\\: {{history}}:"
+                               "{candidates[-1]}")
+    assert spec.source == "Persona: {personality}\nDialogue: {history}" and spec.target == "{candidates[-1]}"
+    sample = load_genset(spec, n=2, seed=0)
+    k = sample.indices[0]
+    assert sample.sources[0] == (f"Persona: i have {k} cats.\ni like to ski.\n"
+                                 f"Dialogue: hi there {k}\nhello! how are you?")
+    assert sample.references[0] == [f"great, my {k} cats are asleep."]
+    assert spec.prompt.replace("{source}", sample.sources[0]).startswith("Continue the conversation:\n\nPersona: ")
+    # a plain field name keeps working, a list field as the source joined by newlines
+    (plain,) = parse_genset(f"chat:{table}:history:candidates")
+    plain_sample = load_genset(plain, n=1, seed=0)
+    i = plain_sample.indices[0]
+    assert plain_sample.sources == [f"hi there {i}\nhello! how are you?"]
+    assert plain_sample.references == [["i am a robot.", f"great, my {i} cats are asleep."]]
+
+
+def test_genset_template_with_an_unknown_field_is_refused_before_reading_rows(tmp_path):
+    table = tmp_path / "personachat.jsonl"
+    table.write_text("".join(json.dumps(r) + "\n" for r in PERSONA_ROWS))
+    (spec,) = parse_genset(f"pc:{table}:{{persona}}\\n{{history}}:{{candidates[-1]}}")
+    with pytest.raises(ValueError, match=r"no field 'persona' \(named by its source template .*fields: personality, "
+                                         r"history, candidates, conv_id"):
+        load_genset(spec, n=2, seed=0)
+    with pytest.raises(ValueError, match=r"conv_id.* is not a list with an item 0"):
+        load_genset(GensetSpec(name="pc", path=str(table), source="history", target="{conv_id[0]}"), n=1, seed=0)
+    with pytest.raises(ValueError, match="has a '{' without '}'"):
+        GensetSpec(name="pc", path=str(table), source="{history", target="candidates")
+    with pytest.raises(ValueError, match=r"unknown escape \\x"):
+        parse_genset(f"pc:{table}:{{history}}\\x:candidates")
 
 
 def test_discovery_skips_what_it_cannot_score(tmp_path):

@@ -79,8 +79,10 @@ class EvalArgs:
     mmlu_fewshot: int = 5
     """--suite multitask: examples per prompt of the MMLU few-shot column (from dev)"""
     genset: list[str] = field(default_factory=list, metadata={"repeatable": True})
-    """--suite multitask: a generation set as NAME:PATH:SOURCE_FIELD:TARGET_FIELD or a YAML file of {name, path,
-    source, target, prompt}; repeat for several (default: WikiAuto at <data_dir>/../finetune/wikiauto/valid.jsonl)"""
+    """--suite multitask: a generation set as NAME:PATH:SOURCE:TARGET or a YAML file of {name, path, source, target,
+    prompt}; SOURCE/TARGET a field or a template over the row's fields, '{personality}\\n{history}' (lists joined by
+    newlines; in the colon form \\n a newline, \\: a colon); repeat for several (default: WikiAuto at
+    <data_dir>/../finetune/wikiauto/valid.jsonl)"""
     genset_n: int = 100
     """--suite multitask: instances drawn from each generation set"""
     genset_seed: int = 0

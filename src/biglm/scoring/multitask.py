@@ -17,8 +17,10 @@ Notable features
   unknown names are skipped with a line naming why. The average is the unweighted mean of the
   tasks that ran (accuracy; ReCoRD's exact match, which is its accuracy at choosing the entity),
   and the table names the tasks it covers and the ones absent.
-- Genset: `GensetSpec` gives a set by path and fields (source text, target string or list of
-  references) and an instruction prompt, so WikiAuto, QQP or PersonaChat plug in alike.
+- Genset: `GensetSpec` gives a set by path, source and target (a field: source text, target string or list
+  of references; or a template over the row's fields, ``"{personality}\\n{history}"``, list fields joined by
+  newlines, ``{candidates[-1]}`` one item) and an instruction prompt, so WikiAuto, QQP or PersonaChat plug in
+  alike; a field a template names that the set lacks is refused before any row is read.
   `select_instances` draws ``n`` (100) row indices with a seeded ``random.Random`` (the same rows
   for a seed, whatever the run); each prompt goes through the model's chat template when it has one
   (`biglm.generation.chat.render_chat`), the answer is written by `biglm.generation.generate` with
@@ -35,6 +37,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -48,7 +51,7 @@ from .suite import LOCAL_SUFFIX, PAPER_SUITE, _override, _write_mmlu, default_da
 
 __all__ = ["PARTS", "SUPERGLUE_TASKS", "SuperGlueTask", "GensetSpec", "GensetSample", "DEFAULT_GENSET_PROMPTS",
            "discover_superglue", "write_multitask_yamls", "parse_genset", "default_gensets", "select_instances",
-           "load_genset", "run_genset", "multitask_table", "run_multitask"]
+           "render_field_template", "load_genset", "run_genset", "multitask_table", "run_multitask"]
 
 PARTS = ("MMLU", "SuperGLUE", "Genset")
 SUPERGLUE_HUB = "aps__super_glue"
@@ -168,18 +171,99 @@ DEFAULT_GENSET_PROMPTS = {
 }
 
 
+_INDEXED = re.compile(r"^(.+?)\[(-?\d+)\]$")
+
+
+def _template_parts(text: str, *, what: str) -> list[str | tuple[str, int | None]]:
+    """A Genset template cut into literal text and ``(field, index)`` placeholders, as ``str.format`` reads
+    braces: ``{field}`` or ``{field[i]}`` a field, ``{{`` and ``}}`` literal braces. A text without braces is a
+    plain field name: ``[(text, None)]``."""
+    if "{" not in text and "}" not in text:
+        return [(text, None)]
+    parts: list[str | tuple[str, int | None]] = []
+    literal, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c in "{}" and text[i:i + 2] == c * 2:
+            literal.append(c)
+            i += 2
+            continue
+        if c == "}":
+            raise ValueError(f"{what} template {text!r} has a '}}' without '{{': write {{{{ and }}}} for literal "
+                             "braces")
+        if c == "{":
+            end = text.find("}", i)
+            if end < 0 or "{" in text[i + 1:end]:
+                raise ValueError(f"{what} template {text!r} has a '{{' without '}}': write {{field}} for a field, "
+                                 "{{ and }} for literal braces")
+            name, index = text[i + 1:end].strip(), None
+            indexed = _INDEXED.match(name)
+            if indexed:
+                name, index = indexed.group(1), int(indexed.group(2))
+            if not name:
+                raise ValueError(f"{what} template {text!r} has an empty {{}}: name a field, e.g. {{history}}")
+            parts += ["".join(literal), (name, index)]
+            literal, i = [], end + 1
+            continue
+        literal.append(c)
+        i += 1
+    parts.append("".join(literal))
+    if not any(isinstance(p, tuple) for p in parts):
+        raise ValueError(f"{what} template {text!r} names no field: write {{field}} where a field's text goes")
+    return [p for p in parts if p != ""]
+
+
+def _text(value: Any) -> str | None:
+    """A field's text: a string as is, a list of strings joined by newlines (dialogue turns, persona lines)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def render_field_template(template: str, row: dict[str, Any]) -> str:
+    """Fill a Genset source/target template from one row: ``{field}`` is the field's text (a list of strings
+    joined by newlines), ``{field[i]}`` one item of a list field (``[-1]`` the last); a plain field name
+    (no braces) stands for ``{name}``. Raises ``ValueError`` naming what the row lacks."""
+    out = []
+    for part in _template_parts(template, what="genset"):
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        name, index = part
+        shown = name if index is None else f"{name}[{index}]"
+        if name not in row:
+            raise ValueError(f"{{{shown}}}: the row has no field {name!r}")
+        value = row[name]
+        if index is not None:
+            if not isinstance(value, (list, tuple)) or not -len(value) <= index < len(value):
+                raise ValueError(f"{{{shown}}}: {name!r} is not a list with an item {index}")
+            value = value[index]
+        text = _text(value)
+        if text is None:
+            raise ValueError(f"{{{shown}}}: {name!r} is {type(value).__name__}, not text or a list of texts")
+        out.append(text)
+    return "".join(out)
+
+
 @dataclass(frozen=True)
 class GensetSpec:
-    """One generation set of Genset: a data file, its source and target fields, and the instruction."""
+    """One generation set of Genset: a data file, its source and target (fields or templates over the row's
+    fields), and the instruction."""
 
     name: str
     """the set's name (wikiauto, qqp, personachat, ...)"""
     path: str
     """a .jsonl/.json/.csv/.tsv/.parquet file (or hf:OWNER/NAME[:CONFIG][@SPLIT])"""
     source: str
-    """the field holding the input text"""
+    """the input: a field name, or a template over the row's fields such as "{personality}\\n{history}" (a list
+    field's items joined by newlines; {field[i]} one item, [-1] the last)"""
     target: str
-    """the field holding the reference: a string or a list of strings (several references)"""
+    """the reference: a field name (a string, or a list of strings: several references) or a template (one
+    reference, rendered as the source is, e.g. "{candidates[-1]}")"""
     prompt: str = ""
     """the instruction, with {source} where the input goes (default: the set's built-in prompt, else {source})"""
 
@@ -187,16 +271,66 @@ class GensetSpec:
         for key in ("name", "path", "source", "target"):
             if not getattr(self, key):
                 raise ValueError(f"genset {self.name or '?'}: {key} is empty")
+        for key in ("source", "target"):
+            _template_parts(getattr(self, key), what=f"genset {self.name}: {key}")  # malformed braces fail here
         if not self.prompt:
             object.__setattr__(self, "prompt", DEFAULT_GENSET_PROMPTS.get(self.name.lower(), "{source}"))
         if "{source}" not in self.prompt:
             raise ValueError(f"genset {self.name}: prompt {self.prompt!r} has no {{source}}: write where the input "
                              "goes, e.g. 'Simplify: {source}'")
 
+    def fields(self) -> dict[str, list[str]]:
+        """The row fields the source and the target read."""
+        return {key: list(dict.fromkeys(p[0] for p in _template_parts(getattr(self, key), what=key)
+                                        if isinstance(p, tuple))) for key in ("source", "target")}
+
+
+_ESCAPES = {"n": "\n", "t": "\t", ":": ":", "\\": "\\"}
+
+
+def _split_colon_form(spec: str) -> list[str]:
+    """``spec`` cut at the colons not escaped by a backslash, each piece's escapes kept as written."""
+    pieces, cur, i = [], [], 0
+    while i < len(spec):
+        c = spec[i]
+        if c == "\\" and i + 1 < len(spec):
+            cur.append(spec[i:i + 2])
+            i += 2
+            continue
+        if c == ":":
+            pieces.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+        i += 1
+    return pieces + ["".join(cur)]
+
+
+def _unescape(text: str, *, spec: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\":
+            nxt = text[i + 1:i + 2]
+            if nxt not in _ESCAPES:
+                raise ValueError(f"genset {spec!r}: unknown escape \\{nxt} in a SOURCE/TARGET template; the colon "
+                                 "form knows \\n (newline), \\t (tab), \\: (a colon) and \\\\ (a backslash)")
+            out.append(_ESCAPES[nxt])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
 
 def parse_genset(spec: str) -> list[GensetSpec]:
-    """``NAME:PATH:SOURCE_FIELD:TARGET_FIELD`` (the built-in prompt of NAME), or a YAML/JSON file holding a
-    list of ``{name, path, source, target, prompt}`` mappings."""
+    """``NAME:PATH:SOURCE:TARGET`` (the built-in prompt of NAME), or a YAML/JSON file holding a list of
+    ``{name, path, source, target, prompt}`` mappings.
+
+    SOURCE and TARGET are field names or templates over the row's fields (`GensetSpec`). In the colon form they
+    are the last two colon-separated pieces (PATH may hold colons, as ``hf:glue:qqp@validation`` does), and a
+    backslash escapes: ``\\:`` a colon inside a template, ``\\n`` a newline, ``\\t`` a tab, ``\\\\`` a
+    backslash, e.g. ``personachat:pc.jsonl:{personality}\\n{history}:{candidates[-1]}``. In YAML write the
+    template as YAML text (``source: "{personality}\\n{history}"``, double quotes for the newline)."""
     from ..config import ConfigError, from_dict, load_yaml
 
     if spec.lower().endswith((".yaml", ".yml", ".json")) and Path(spec).is_file():
@@ -206,13 +340,14 @@ def parse_genset(spec: str) -> list[GensetSpec]:
             return [from_dict(GensetSpec, dict(item) if isinstance(item, dict) else item) for item in items]
         except ConfigError as e:
             raise ValueError(f"genset file {spec}: {e}") from None
-    name, sep, rest = spec.partition(":")
-    parts = rest.rsplit(":", 2) if sep else []
-    if len(parts) != 3 or not all(parts) or not name:
-        raise ValueError(f"genset {spec!r}: write NAME:PATH:SOURCE_FIELD:TARGET_FIELD (e.g. "
-                         "wikiauto:data/wikiauto/valid.jsonl:source:references) or a YAML file of "
-                         "{name, path, source, target, prompt} mappings")
-    return [GensetSpec(name=name, path=parts[0], source=parts[1], target=parts[2])]
+    pieces = _split_colon_form(spec)
+    if len(pieces) < 4 or not all(pieces[:1] + pieces[-2:]) or not ":".join(pieces[1:-2]):
+        raise ValueError(f"genset {spec!r}: write NAME:PATH:SOURCE:TARGET, SOURCE/TARGET a field or a template "
+                         "(e.g. wikiauto:data/wikiauto/valid.jsonl:source:references, or "
+                         "personachat:pc.jsonl:{personality}\\n{history}:{candidates[-1]} with \\: for a colon "
+                         "and \\n for a newline), or a YAML file of {name, path, source, target, prompt} mappings")
+    return [GensetSpec(name=pieces[0], path=":".join(pieces[1:-2]), source=_unescape(pieces[-2], spec=spec),
+                       target=_unescape(pieces[-1], spec=spec))]
 
 
 def default_gensets(data_dir: str | os.PathLike[str]) -> list[GensetSpec]:
@@ -243,23 +378,39 @@ class GensetSample:
 
 
 def load_genset(spec: GensetSpec, *, n: int, seed: int) -> GensetSample:
-    """Read ``spec``'s set through ``datasets``, check its fields, and draw ``n`` instances (`select_instances`)."""
+    """Read ``spec``'s set through ``datasets``, check its fields, and draw ``n`` instances (`select_instances`).
+
+    The source (and a target template) is rendered from each drawn row (`render_field_template`); a field a
+    template names that the set lacks is refused before any row is read, naming it and the set's fields."""
     from ..finetune.data import load_table
 
     table = load_table(spec.path)
-    for key in ("source", "target"):
-        column = getattr(spec, key)
-        if column not in table.column_names:
-            raise ValueError(f"genset {spec.name}: {spec.path} has no field {column!r} (its {key}); fields: "
-                             f"{', '.join(table.column_names)}")
+    for key, names in spec.fields().items():
+        text = getattr(spec, key)
+        for column in names:
+            if column not in table.column_names:
+                what = f"its {key}" if text == column else f"named by its {key} template {text!r}"
+                raise ValueError(f"genset {spec.name}: {spec.path} has no field {column!r} ({what}); fields: "
+                                 f"{', '.join(table.column_names)}")
     indices = select_instances(len(table), n=n, seed=seed)
     picked = table.select(indices)
+    plain_target = "{" not in spec.target and "}" not in spec.target
     sources, references = [], []
     for i, row in zip(indices, picked):
-        src, tgt = row[spec.source], row[spec.target]
-        refs = [tgt] if isinstance(tgt, str) else list(tgt or [])
-        if not isinstance(src, str) or not src.strip():
+        try:
+            src = render_field_template(spec.source, row)
+        except ValueError as e:
+            raise ValueError(f"genset {spec.name}: row {i} of {spec.path}: source {spec.source!r}: {e}") from None
+        if not src.strip():
             raise ValueError(f"genset {spec.name}: row {i} of {spec.path} has an empty or non-text {spec.source!r}")
+        if plain_target:  # a field: a string or a list of references
+            tgt = row[spec.target]
+            refs = [tgt] if isinstance(tgt, str) else list(tgt or [])
+        else:
+            try:
+                refs = [render_field_template(spec.target, row)]
+            except ValueError as e:
+                raise ValueError(f"genset {spec.name}: row {i} of {spec.path}: target {spec.target!r}: {e}") from None
         if not refs or not all(isinstance(r, str) and r.strip() for r in refs):
             raise ValueError(f"genset {spec.name}: row {i} of {spec.path} has an empty {spec.target!r} "
                              "(a string or a non-empty list of non-empty strings is needed)")
