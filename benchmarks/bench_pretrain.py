@@ -84,7 +84,7 @@ def main() -> None:
                 blk.compile()
         batch.find_positions()  # as Trainer.train_step: masked positions by index, one loss (masked_lm_loss)
         t = timeit(make_step(model, lambda m: masked_lm_loss(
-            m(batch.input_ids, prefix_len=batch.prefix_len, logits_positions=batch.positions).logits, batch)),
+            m(batch.input_ids, **batch.attention(), logits_positions=batch.positions).logits, batch)),
             device=dev, iters=args.iters)
         dense_f, sparse_f = flops_per_token(c, obj, L)
         row = {"preset": name, "B": B, "L": L, "biglm_s_per_step": t, "biglm_tokens_per_s": B * L / t,

@@ -147,7 +147,7 @@ def test_bad_objective_configs(kwargs, match):
 
 
 def test_named_variants_and_unknown():
-    assert set(OBJECTIVES) == {"biglm", "biglm-no-attn", "mlm", "diffusion"}
+    assert set(OBJECTIVES) == {"biglm", "biglm-no-attn", "mlm", "diffusion", "biglm-blocks"}
     with pytest.raises(KeyError, match="unknown objective"):
         get_objective("t5")
     with pytest.raises(ValueError, match="too short"):

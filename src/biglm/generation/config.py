@@ -34,6 +34,7 @@ import functools
 import math
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
@@ -66,13 +67,15 @@ class DecodingConfig:
     length_beam: int = 1
     """candidate answer lengths in [ceil(N/2), N] decoded side by side; the most likely one is kept"""
     block_length: int | None = None
-    """blocks of this many slots, decoded left to right; a finished block joins the prefix cache (unset: one block)"""
+    """blocks of this many slots, decoded left to right; a finished block joins the prefix cache (unset: one block
+    for the paper's models, the largest trained block length for `biglm-blocks` models)"""
     block_suffix: BlockSuffix = "block"
     """with blocks, the suffix each step runs: the current block only, or the block plus all remaining masks (rest)"""
-    block_cache: BlockCache = "exact"
+    block_cache: BlockCache | None = None
     """with blocks, how a finished block joins the prefix cache: exact (prompt + finished blocks re-encoded as
-    one BiGLM prefix, the training condition) or append (only the block is encoded; earlier tokens never see it:
-    cheaper, an approximation)"""
+    one BiGLM prefix) or append (only the block is encoded; earlier tokens never see it: linear cost). Unset:
+    what the model was trained for — exact for the paper's models (append is an approximation there, and
+    warns), append for `biglm-blocks` models (prefix_attention="blocks"), where it is exact"""
     length_head: bool | None = None
     """candidate lengths from the model's length head (unset: use it when the model has one)"""
     threshold: float = 0.9
@@ -126,6 +129,29 @@ class DecodingConfig:
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DecodingConfig))
+
+
+def for_model(config: DecodingConfig, model_config: Any) -> DecodingConfig:
+    """``config`` with the block options a model's training implies filled in (what every decode runs with).
+
+    A ``prefix_attention="blocks"`` model (the `biglm-blocks` objective) decodes block by block with the append
+    cache by default, which is exact for it: blocks of its largest trained length. A paper model keeps one block
+    and the exact (re-encoding) cache; asking it for the append cache warns that this is an approximation."""
+    blocks_model = getattr(model_config, "prefix_attention", "bidirectional") == "blocks"
+    changes: dict[str, Any] = {}
+    if blocks_model:
+        if config.block_cache is None:
+            changes["block_cache"] = "append"
+        if config.block_length is None:
+            changes["block_length"] = max(model_config.prefix_block_lengths)
+    else:
+        if config.block_cache is None:
+            changes["block_cache"] = "exact"
+        elif config.block_cache == "append" and config.block_length is not None:
+            warnings.warn("block_cache='append' on a model trained with a bidirectional prefix is an approximation: "
+                          "earlier prefix tokens never see a finished block, a condition it was not trained on (exact: "
+                          "block_cache='exact', or a biglm-blocks model)", stacklevel=3)
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 @functools.cache

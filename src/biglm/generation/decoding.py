@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from ..model.modeling import PrefixCache
-from .config import DEFAULT_MASK_PREDICT_STEPS, STRATEGIES, DecodingConfig  # noqa: F401  (re-exported)
+from .config import DEFAULT_MASK_PREDICT_STEPS, STRATEGIES, DecodingConfig, for_model  # noqa: F401  (re-exported)
 from .sampling import sample
 
 
@@ -126,9 +126,12 @@ class AnswerDenoiser:
     BiGLM prefix (every prefix token sees the whole prefix), i.e. the training condition with the
     split point at the window's start, so `extend` re-encodes prompt + blocks once per block.
     ``append``: only the new block is encoded, seeing the cache and itself; earlier prefix
-    tokens never see it (block-causal attention, which no training window has: an approximation).
+    tokens never see it (block-causal attention: the training condition of a ``prefix_attention="blocks"``
+    model, an approximation for the paper's bidirectional one).
     Without the cache every call recomputes prompt + answer[:end] from scratch under the same rule:
-    ``prefix_len`` = P + window start (exact), or ``segment_ids`` (append).
+    ``prefix_len`` = P + window start (exact), plus ``prompt_len`` = P and ``block_len`` (append: the
+    `biglm-blocks` attention rule, which a ``prefix_attention="blocks"`` model was trained with, so there
+    append is exact and re-encoding is the approximation).
     """
 
     def __init__(self, model: torch.nn.Module, *, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -180,12 +183,10 @@ class AnswerDenoiser:
             split = self.prompt_len + start
             return self.model(ids, prefix_len=split if split else None, attention_mask=mask,
                               logits_positions=where).logits
-        # prompt = segment 0, committed block j = j + 1, the window = one segment after the last block
-        slot = torch.arange(end, device=ids.device)
-        seg = torch.cat((torch.zeros(self.prompt_len, dtype=torch.long, device=ids.device),
-                         1 + torch.where(slot < start, slot, start) // self.block_length))
-        return self.model(ids, attention_mask=mask, segment_ids=seg.expand(ids.shape[0], -1),
-                          logits_positions=where).logits
+        # the append cache's rule from scratch (biglm-blocks): the prompt sees itself, each committed block the
+        # prompt, earlier blocks and itself, the window everything
+        return self.model(ids, prefix_len=self.prompt_len + start, prompt_len=self.prompt_len,
+                          block_len=self.block_length, attention_mask=mask, logits_positions=where).logits
 
     def extend(self, commit: Commit) -> None:
         """Committed slots join the prefix (without the cache there is nothing to keep: every call
@@ -319,7 +320,7 @@ class DecodeRun:
     def __init__(self, model_config, *, config: DecodingConfig, cand_len: torch.Tensor,
                  generator: torch.Generator, suppress_ids: Sequence[int] = (), on_step: StepCallback | None = None,
                  ) -> None:
-        self.config = config
+        self.config = config = for_model(config, model_config)
         self.batch, K = cand_len.shape
         device = cand_len.device
         self.cand_len = cand_len.reshape(-1)  # (R,), row r = prompt r // K, candidate r % K
@@ -457,8 +458,8 @@ def generate_ids(
                     on_step=on_step)
     with _unchecked(model):
         denoise = AnswerDenoiser(model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, rows=run.rows,
-                                 valid=run.valid, use_cache=cfg.use_cache, block_length=cfg.block_length,
-                                 block_cache=cfg.block_cache)
+                                 valid=run.valid, use_cache=cfg.use_cache, block_length=run.config.block_length,
+                                 block_cache=run.config.block_cache)
         while (item := run.pending) is not None:
             if isinstance(item, Commit):
                 denoise.extend(item)

@@ -191,7 +191,7 @@ class DecodeEngine:
     def _extend(self, req: _Request, item: Commit) -> None:
         """A committed block joins ``req``'s cache, as `decoding.AnswerDenoiser.extend` does it."""
         run = req.run
-        if req.config.block_cache == "append":
+        if run.config.block_cache == "append":  # the run's config: block options resolved for the model
             req.cache = self.model.encode_prefix(item.ids, run.valid[:, item.start:item.end].long(), past=req.cache)
             return
         # exact: prompt + every committed slot re-encoded as one prefix (the answer before the block is final)

@@ -3,7 +3,10 @@
 Notable features
 - One mask rule, written once (`allowed`): query i may see key j iff i >= p or j < p, where p is the
   sample's prefix length; optional "same document only" and key padding. No prefix length means
-  full bidirectional attention.
+  full bidirectional attention. The `biglm-blocks` variant adds a prompt boundary q <= p and a block
+  length b: a prefix query i < q sees j < q (the prompt, both ways); q <= i < p in the block [s, e)
+  (s = q + b*floor((i-q)/b), e = min(s + b, p)) sees j < e (the prompt, earlier blocks, its own block);
+  suffix queries still see everything. q = p is the paper's rule.
 - `eager` is the reference (explicit scores, fp32 softmax); `sdpa` uses PyTorch's fused kernels
   with a boolean mask and `enable_gqa` (the CPU training path); `flex` uses FlexAttention with a
   block mask, so blocks where prefix queries meet suffix keys are skipped (the GPU training path;
@@ -36,6 +39,8 @@ class AttentionMask:
         prefix_len: (B,) long, or None for full bidirectional attention.
         key_valid: (B, Lk) bool (False = padding), or None when nothing is padded.
         doc_ids: (B, Lk) long document index per key position, or None for no document masking.
+        prompt_len, block_len: (B,) long, the `biglm-blocks` rule (with ``prefix_len``), or None for the
+            paper's bidirectional prefix.
     """
 
     batch: int
@@ -45,6 +50,8 @@ class AttentionMask:
     prefix_len: torch.Tensor | None = None
     key_valid: torch.Tensor | None = None
     doc_ids: torch.Tensor | None = None
+    prompt_len: torch.Tensor | None = None
+    block_len: torch.Tensor | None = None
     _dense: torch.Tensor | None = field(default=None, repr=False)
     _block: object | None = field(default=None, repr=False)
 
@@ -59,7 +66,12 @@ class AttentionMask:
         ok = torch.ones_like(q_pos + k_idx, dtype=torch.bool)
         if self.prefix_len is not None:
             p = self.prefix_len[b]
-            ok = (q_pos >= p) | (k_idx < p)
+            if self.prompt_len is None:
+                ok = (q_pos >= p) | (k_idx < p)
+            else:  # biglm-blocks: how far a prefix query sees (see the module docstring)
+                q0, blk = self.prompt_len[b], self.block_len[b]
+                block_end = torch.minimum(q0 + ((q_pos - q0).clamp(min=0) // blk + 1) * blk, p)
+                ok = (q_pos >= p) | (k_idx < torch.where(q_pos < q0, q0, block_end))
         if self.doc_ids is not None:
             ok = ok & (self.doc_ids[b, q_pos] == self.doc_ids[b, k_idx])
         if self.key_valid is not None:

@@ -15,6 +15,7 @@ from typing import Any
 from transformers import PreTrainedConfig
 
 ATTENTION_BACKENDS = ("eager", "sdpa", "flex")
+PREFIX_ATTENTION = ("bidirectional", "blocks")
 
 
 def _mlp_width(hidden: int) -> int:
@@ -77,6 +78,13 @@ class BiGLMConfig(PreTrainedConfig):
         attn_backend: "eager" (reference), "sdpa" (CPU training, and GPU training with attention dropout)
             or "flex" (GPU, no attention dropout); `resolve_attn_backend` picks one for a training run.
         sparse_prediction: compute MLM logits only at labelled positions when labels are given.
+        prefix_attention: what the prefix attends to, as the model was trained. "bidirectional" (the paper's
+            BiGLM): every prefix token sees the whole prefix, so a finished answer block joins the prefix
+            cache exactly only by re-encoding prompt + blocks. "blocks" (the `biglm-blocks` objective): past
+            the prompt, the prefix is cut into blocks that see the prompt, earlier blocks and themselves, so
+            a finished block's keys/values never change and block decoding's append cache is exact.
+        prefix_block_lengths: the block lengths a "blocks" model was trained with (decoding's default
+            block length is the largest); empty for "bidirectional".
     """
 
     model_type = "biglm"
@@ -102,6 +110,8 @@ class BiGLMConfig(PreTrainedConfig):
         bos_token_id: int | None = 1,
         eos_token_id: int | None = 2,
         mask_token_id: int | None = 4,
+        prefix_attention: str = "bidirectional",
+        prefix_block_lengths: list[int] | tuple[int, ...] = (),
         **kwargs: Any,
     ) -> None:
         self.vocab_size = vocab_size
@@ -119,6 +129,8 @@ class BiGLMConfig(PreTrainedConfig):
         self.attn_backend = attn_backend
         self.sparse_prediction = sparse_prediction
         self.mask_token_id = mask_token_id
+        self.prefix_attention = prefix_attention
+        self.prefix_block_lengths = [int(b) for b in prefix_block_lengths]
         # transformers' SDPA integration assumes causal attention when no mask is given.
         self.is_decoder = False
         super().__init__(
@@ -153,6 +165,14 @@ class BiGLMConfig(PreTrainedConfig):
         for name in ("attention_dropout", "hidden_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1).")
+        if self.prefix_attention not in PREFIX_ATTENTION:
+            raise ValueError(f"prefix_attention={self.prefix_attention!r}: choose one of {PREFIX_ATTENTION}.")
+        if self.prefix_attention == "blocks" and (not self.prefix_block_lengths or min(self.prefix_block_lengths) < 1):
+            raise ValueError("prefix_attention='blocks' needs prefix_block_lengths: the block lengths (>= 1) the model "
+                             f"was trained with, got {self.prefix_block_lengths}.")
+        if self.prefix_attention == "bidirectional" and self.prefix_block_lengths:
+            raise ValueError(f"prefix_block_lengths={self.prefix_block_lengths} is set, but prefix_attention is "
+                             "'bidirectional': block lengths belong to 'blocks' models only.")
         if self.vocab_size <= 0 or self.max_position_embeddings <= 0:
             raise ValueError("vocab_size and max_position_embeddings must be positive.")
 

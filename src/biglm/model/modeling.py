@@ -286,21 +286,15 @@ class BiGLMModel(BiGLMPreTrainedModel):
         if values and (values[0] < 0 or values[1] > L):
             raise ValueError(f"prefix_len must lie in [0, L={L}], got [{values[0]}, {values[1]}].")
 
-    def _segment_mask(self, mask: AttentionMask, segment_ids: torch.Tensor, *, prefix_len: torch.Tensor | None,
-                      prefix_cache: PrefixCache | None) -> AttentionMask:
-        # a dense rule the backends read as they read any mask; FlexAttention would need a mask_mod of its own
-        if prefix_len is not None or prefix_cache is not None or mask.doc_ids is not None:
-            raise ValueError("segment_ids is exclusive with prefix_len, prefix_cache and doc_ids.")
-        if self.config.attn_backend == "flex":
-            raise ValueError("segment_ids needs a dense mask: use attn_backend='sdpa' or 'eager' for this reference pass.")
-        seg = segment_ids
-        dense = seg[:, None, :] <= seg[:, :, None]  # (B, Lq, Lk)
-        if mask.key_valid is not None:
-            eye = torch.eye(mask.q_len, dtype=torch.bool, device=seg.device)
-            dense = dense & (mask.key_valid[:, None, :] | eye)  # a padded query still sees itself (no NaN row)
-        mask.key_valid = mask.key_valid if mask.key_valid is not None else torch.ones_like(seg, dtype=torch.bool)
-        mask._dense = dense[:, None]
-        return mask
+    def _check_blocks(self, prefix_len: torch.Tensor | None, prompt_len: torch.Tensor, block_len: torch.Tensor) -> None:
+        if prefix_len is None:
+            raise ValueError("prompt_len/block_len (the biglm-blocks rule) need prefix_len: the blocks cut the prefix.")
+        for name, t in (("prompt_len", prompt_len), ("block_len", block_len)):
+            if t.shape != prefix_len.shape:
+                raise ValueError(f"{name} must have shape (batch,) = {tuple(prefix_len.shape)}, got {tuple(t.shape)}.")
+        bad_prompt = bool(((prompt_len < 0) | (prompt_len > prefix_len)).any())
+        if bad_prompt or bool((block_len < 1).any()):
+            raise ValueError("the biglm-blocks rule needs 0 <= prompt_len <= prefix_len and block_len >= 1 for every row.")
 
     def forward(
         self,
@@ -312,7 +306,8 @@ class BiGLMModel(BiGLMPreTrainedModel):
         prefix_cache: PrefixCache | None = None,
         return_cache: bool = False,
         token_type_ids: torch.Tensor | None = None,  # accepted for tokenizer compatibility; BiGLM has no segments
-        segment_ids: torch.Tensor | None = None,
+        prompt_len: torch.Tensor | int | None = None,
+        block_len: torch.Tensor | int | None = None,
         **kwargs,
     ) -> BaseModelOutput:
         """Encode a batch.
@@ -327,17 +322,21 @@ class BiGLMModel(BiGLMPreTrainedModel):
             prefix_cache: keys/values of an already encoded prefix; ``input_ids`` is then the suffix and
                 every suffix token sees the whole prefix and suffix.
             return_cache: also return this call's keys/values as a `PrefixCache` (``outputs.cache``).
-            segment_ids: (B, L) non-decreasing segment index per token: query i sees key j iff
-                segment[j] <= segment[i] (exclusive with ``prefix_len`` and ``prefix_cache``). This is the
-                attention of block decoding's ``append`` cache (prompt, then each committed block seeing only
-                what precedes it and itself), computed from scratch: the reference that cache is tested against.
+            prompt_len, block_len: (B,) or int, the `biglm-blocks` rule with ``prefix_len``: prefix tokens
+                before ``prompt_len`` see the prompt only; the rest of the prefix is cut into blocks of
+                ``block_len`` that see the prompt, earlier blocks and themselves. Unset: the paper's
+                bidirectional prefix. Block decoding's append cache is this rule computed incrementally.
         """
         B, L = input_ids.shape
         offset = 0 if prefix_cache is None else prefix_cache.length
-        if isinstance(prefix_len, int):
-            prefix_len = torch.full((B,), prefix_len, dtype=torch.long, device=input_ids.device)
+        as_rows = lambda v: torch.full((B,), v, dtype=torch.long, device=input_ids.device) if isinstance(v, int) else v  # noqa: E731
+        prefix_len, prompt_len, block_len = as_rows(prefix_len), as_rows(prompt_len), as_rows(block_len)
+        if (prompt_len is None) != (block_len is None):
+            raise ValueError("prompt_len and block_len come together (the biglm-blocks rule): pass both or neither.")
         if self.validate_inputs:
             self._check_inputs(input_ids, prefix_len, offset)
+            if prompt_len is not None:
+                self._check_blocks(prefix_len, prompt_len, block_len)
             if prefix_cache is not None and prefix_len is not None:
                 raise ValueError("prefix_cache and prefix_len are exclusive: with a cache, the suffix sees everything.")
         key_valid = None if attention_mask is None else attention_mask.bool()
@@ -350,9 +349,8 @@ class BiGLMModel(BiGLMPreTrainedModel):
         elif key_valid is not None and bool(key_valid.all()):
             key_valid = None  # nothing padded: keep the fast unmasked path
         mask = AttentionMask(batch=B, q_len=L, k_len=L + offset, q_offset=offset,
-                             prefix_len=prefix_len, key_valid=key_valid, doc_ids=doc_ids)
-        if segment_ids is not None:
-            mask = self._segment_mask(mask, segment_ids, prefix_len=prefix_len, prefix_cache=prefix_cache)
+                             prefix_len=prefix_len, key_valid=key_valid, doc_ids=doc_ids, prompt_len=prompt_len,
+                             block_len=block_len)
         # build the mask once, outside the (possibly compiled) blocks, for the backend that will read it
         if self.config.attn_backend == "flex":
             mask.block_mask(input_ids.device)

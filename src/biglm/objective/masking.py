@@ -9,7 +9,11 @@ Notable features
   in [0, 1), suffix keys in [2, 3), so ranks count positions within each part.
 - Variants are named configs (`OBJECTIVES`): `biglm`, `biglm-no-attn` (same masks, full attention),
   `mlm` (classic fixed ratio over the whole window, no split), `diffusion` (LLaDA/MDLM: t ~ U(ε, 1),
-  each token masked with probability t, loss weight 1/t). Every Table 8 knob is a field.
+  each token masked with probability t, loss weight 1/t), and `biglm-blocks` (beyond the paper: the same
+  masks, and past a drawn prompt boundary the prefix is cut into blocks that see the prompt, earlier blocks
+  and themselves, so block decoding's append cache is exact). Every Table 8 knob is a field.
+- The blocks' draws come after every draw of the paper's objective, so its masks (and golden files) are
+  the same with or without them.
 - The loss is the (weighted) cross-entropy summed over masked tokens and divided by a count kept
   on device (masked tokens; B·L for `diffusion`, as in LLaDA).
 """
@@ -50,6 +54,12 @@ class ObjectiveConfig:
     """LLaDA/MDLM masking: t ~ U(diffusion_eps, 1) per row, Bernoulli(t) per token, loss weight 1/t"""
     diffusion_eps: float = 1e-3
     """lower bound of t"""
+    prefix_blocks: tuple[int, ...] = ()
+    """biglm-blocks: block lengths, one drawn per window; past a prompt boundary q ~ U{0..p} the prefix is cut
+    into blocks of it (empty: the paper's bidirectional prefix)"""
+    plain_prefix_prob: float = 0.25
+    """biglm-blocks: share of windows drawn with q = p (no blocks), so the model stays a plain BiGLM on
+    understanding inputs"""
 
     def __post_init__(self) -> None:
         if self.diffusion:
@@ -74,6 +84,14 @@ class ObjectiveConfig:
                 )
         elif not self.diffusion and not 0.0 < self.mlm_ratio < 1.0:
             raise ValueError(f"mlm_ratio={self.mlm_ratio} must lie in (0, 1).")
+        if self.prefix_blocks:
+            if not self.prefix_attention:
+                raise ValueError("prefix_blocks (biglm-blocks) cut the prefix of the BiGLM mask: it needs "
+                                 "prefix_attention=True and decompose=True.")
+            if min(self.prefix_blocks) < 1:
+                raise ValueError(f"prefix_blocks={self.prefix_blocks}: every block length must be >= 1.")
+            if not 0.0 <= self.plain_prefix_prob <= 1.0:
+                raise ValueError(f"plain_prefix_prob={self.plain_prefix_prob} must lie in [0, 1].")
         if self.corruption is not None:
             if self.decompose or self.diffusion:
                 raise ValueError("corruption (80/10/10) is an option of the plain `mlm` variant only.")
@@ -96,6 +114,8 @@ OBJECTIVES: dict[str, ObjectiveConfig] = {
     "biglm-no-attn": ObjectiveConfig(name="biglm-no-attn", prefix_attention=False),
     "mlm": ObjectiveConfig(name="mlm", decompose=False, prefix_attention=False),
     "diffusion": ObjectiveConfig(name="diffusion", decompose=False, prefix_attention=False, diffusion=True),
+    # blocks of 8, 16 or 32: the lengths block decoding uses (benchmarks/bench_generation.py)
+    "biglm-blocks": ObjectiveConfig(name="biglm-blocks", prefix_blocks=(8, 16, 32)),
 }
 
 
@@ -114,7 +134,8 @@ class MaskedBatch:
     else -100; prefix_len: (B,) for the BiGLM mask, None for full attention; split: (B,) the drawn p
     (also for the no-attn variant), None without a split; loss_weight: (B, L) or None; normalizer:
     scalar tensor dividing the summed loss; ratios: (B, 2) the drawn (β_X, β_Y) or (t, t), for logs/tests;
-    positions: (M,) flat indices of the masked positions once `find_positions` has run, else None.
+    positions: (M,) flat indices of the masked positions once `find_positions` has run, else None;
+    prompt_len, block_len: (B,) the biglm-blocks rule, None for the paper's bidirectional prefix.
     """
 
     input_ids: torch.Tensor
@@ -125,6 +146,15 @@ class MaskedBatch:
     normalizer: torch.Tensor
     ratios: torch.Tensor
     positions: torch.Tensor | None = None
+    prompt_len: torch.Tensor | None = None
+    block_len: torch.Tensor | None = None
+
+    def attention(self) -> dict[str, torch.Tensor | None]:
+        """The model's attention arguments for this batch (``model(batch.input_ids, **batch.attention())``)."""
+        out = {"prefix_len": self.prefix_len}
+        if self.prompt_len is not None:
+            out.update(prompt_len=self.prompt_len, block_len=self.block_len)
+        return out
 
     def find_positions(self) -> "MaskedBatch":
         """Set ``positions``: the (M,) indices of the labelled positions in the flattened (B·L) batch, row-major.
@@ -164,6 +194,8 @@ class MaskPattern:
     corrupt_random: torch.Tensor | None = None  # (R, L) bool: replace with a random token
     corrupt_keep: torch.Tensor | None = None  # (R, L) bool: keep the original token
     random_ids: torch.Tensor | None = None  # (R, L) long
+    prompt_len: torch.Tensor | None = None  # (R,) biglm-blocks: the prompt boundary q <= p
+    block_len: torch.Tensor | None = None  # (R,) biglm-blocks: the block length
 
     def count(self) -> torch.Tensor:
         """The loss normaliser of these rows, on device: masked tokens (all tokens for diffusion, as in LLaDA)."""
@@ -176,7 +208,8 @@ class MaskPattern:
         pick = lambda t: None if t is None else t[index]  # noqa: E731
         return MaskPattern(masked=self.masked[index], split=pick(self.split), prefix_attention=self.prefix_attention,
                            ratios=self.ratios[index], weight=pick(self.weight), corrupt_random=pick(self.corrupt_random),
-                           corrupt_keep=pick(self.corrupt_keep), random_ids=pick(self.random_ids))
+                           corrupt_keep=pick(self.corrupt_keep), random_ids=pick(self.random_ids),
+                           prompt_len=pick(self.prompt_len), block_len=pick(self.block_len))
 
 
 def draw_masks(
@@ -221,8 +254,14 @@ def draw_masks(
         rank_ = keys.argsort(dim=1).argsort(dim=1)  # rank within prefix for prefix, p + rank within suffix for suffix
         masked = torch.where(in_suffix, rank_ - split[:, None] < k_y[:, None], rank_ < k_x[:, None])
         ratios = torch.stack((beta_x, beta_y), dim=1)
+    prompt_len = block_len = None
+    if objective.prefix_blocks:  # drawn after everything above: the paper's masks do not move
+        q = (uniform(B) * (split + 1)).long().clamp_max(split)  # q ~ U{0..p}
+        prompt_len = torch.where(uniform(B) < objective.plain_prefix_prob, split, q)
+        sizes = torch.tensor(objective.prefix_blocks, dtype=torch.long, device=dev)
+        block_len = sizes[(uniform(B) * len(sizes)).long().clamp_max(len(sizes) - 1)]
     pattern = MaskPattern(masked=masked, split=split, prefix_attention=objective.prefix_attention, ratios=ratios,
-                          weight=weight)
+                          weight=weight, prompt_len=prompt_len, block_len=block_len)
     if objective.corruption is not None:
         _, p_random, p_keep = objective.corruption
         if vocab_size is None and p_random > 0:
@@ -254,7 +293,8 @@ def apply_masks(windows: torch.Tensor, pattern: MaskPattern, *, mask_token_id: i
     return MaskedBatch(input_ids=input_ids, labels=labels,
                        prefix_len=pattern.split if pattern.prefix_attention else None, split=pattern.split,
                        loss_weight=weight, normalizer=pattern.count() if normalizer is None else normalizer,
-                       ratios=pattern.ratios)
+                       ratios=pattern.ratios, prompt_len=pattern.prompt_len if pattern.prefix_attention else None,
+                       block_len=pattern.block_len if pattern.prefix_attention else None)
 
 
 def mask_batch(

@@ -119,6 +119,12 @@ RECIPES: dict[str, Callable[[], TrainConfig]] = {
     "biglm-1.3b": lambda: _final("biglm-1.3b", 4),
     "biglm-3.5b": lambda: _r(_final("biglm-3.5b", 2), "biglm-3.5b", activation_checkpointing=True),
 }
+# `biglm-blocks` twins (the same run with block-cut prefixes, so block decoding's append cache is exact): the Table 1
+# comparison and the §4 final models
+_BLOCKS = OBJECTIVES["biglm-blocks"]
+for _name in ("table1-biglm", "table1-micro-biglm", "biglm-136m", "biglm-360m", "biglm-1.3b", "biglm-3.5b"):
+    _twin = _name.replace("-biglm", "") + "-blocks"
+    RECIPES[_twin] = (lambda base=RECIPES[_name], twin=_twin: _r(base(), twin, objective=_BLOCKS))
 
 # `--local`: the same recipe shrunk to a few minutes on a laptop (fewer steps, smaller batch, shorter windows)
 LOCAL = dict(steps=200, global_batch=8, micro_batch=8, seq_len=256, warmup_steps=20, eval_every=50, eval_windows=32,

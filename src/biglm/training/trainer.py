@@ -130,6 +130,8 @@ class Trainer:
                           pad_token_id=self.tokenizer.pad_token_id, mask_token_id=self.tokenizer.mask_token_id,
                           eos_token_id=self.tokenizer.eos_token_id, bos_token_id=self.tokenizer.bos_token_id)
         model_args.update(cfg.model.overrides())
+        if cfg.objective.prefix_blocks:  # the model records what its prefix was trained to see (decoding reads it)
+            model_args.update(prefix_attention="blocks", prefix_block_lengths=sorted(cfg.objective.prefix_blocks))
         if model_args["vocab_size"] < vocab:
             raise ValueError(f"--model.vocab_size {model_args['vocab_size']} is smaller than the tokenizer's {vocab}.")
         if cfg.seq_len > model_args["max_position_embeddings"]:
@@ -248,7 +250,7 @@ class Trainer:
             self.model.set_requires_gradient_sync(sync)
         with ctx:
             with self._autocast():
-                out = self.model(batch.input_ids, prefix_len=batch.prefix_len, doc_ids=self._doc_ids(windows),
+                out = self.model(batch.input_ids, **batch.attention(), doc_ids=self._doc_ids(windows),
                                  logits_positions=batch.positions)
                 # DDP/FSDP average gradients over ranks; the normaliser is already global, so undo that
                 loss = masked_lm_loss(out.logits, batch, normalizer=normalizer) * self.info.world_size
@@ -310,7 +312,7 @@ class Trainer:
         for windows, batch in self.val_batches():
             batch.find_positions()
             with self._autocast():
-                out = self.raw_model(batch.input_ids, prefix_len=batch.prefix_len, doc_ids=self._doc_ids(windows),
+                out = self.raw_model(batch.input_ids, **batch.attention(), doc_ids=self._doc_ids(windows),
                                      logits_positions=batch.positions)
             loss_sum += masked_lm_loss(out.logits, batch, normalizer=torch.ones((), device=dev))
             count += batch.normalizer
