@@ -7,6 +7,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -243,3 +244,117 @@ def test_group_by_length_same_items_less_padding(pretrained, tmp_path):
     assert padded[True] < padded[False]
     assert [x for b in seen[True] for x in b] == flat[True]  # sorted across micro-batches
     assert losses[True] == pytest.approx(losses[False], rel=1e-5)
+
+
+# ---------------------------------------------------------------- label words of several tokens (chain rule)
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory):
+    """The toy data with a tokenizer that never saw True/False/Neither: the built-in `mnli` words are several
+    tokens each (5, 6 and 6 here), as " Neither" is in README's default model."""
+    from biglm.data import train_tokenizer
+
+    from conftest import save_random_model
+
+    root = tmp_path_factory.mktemp("ft_multi")
+    texts = [f"{r['premise']} Question: {r['hypothesis']} Yes, No or Maybe? Answer:" for r in _rows(300, 1)]
+    tok = train_tokenizer(texts=texts, vocab_size=300, out_dir=str(root / "tok"))
+    save_random_model(root / "model", tok, max_position_embeddings=128)
+    for name, n, seed in (("train", 96, 2), ("valid", 48, 3)):
+        (root / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in _rows(n, seed)) + "\n")
+    return root
+
+
+def _prompt_ids(tok, row) -> list[int]:
+    return tok(f"{row['premise']} Question: {row['hypothesis']} True, False or Neither? Answer:",
+               add_special_tokens=False)["input_ids"]
+
+
+def _chain_by_hand(model, prompt: list[int], word: list[int], mask_id: int) -> torch.Tensor:
+    """log p(word | prompt) by the chain rule, one forward per token: token t scored with word[:t] revealed and
+    word[t:] masked, the prompt the prefix."""
+    total = torch.zeros((), dtype=torch.float64)
+    for t in range(len(word)):
+        ids = prompt + word[:t] + [mask_id] * (len(word) - t)
+        logits = model(torch.tensor([ids]), prefix_len=len(prompt)).logits[0, len(prompt) + t]
+        total = total + torch.log_softmax(logits.float(), dim=-1)[word[t]].double()
+    return total
+
+
+def test_multi_token_label_words_chain_rule_loss_equals_hand_computation(multi):
+    from biglm.checkpoint import load_model
+
+    model, tok = load_model(multi / "model")
+    model.eval()
+    task = _task(multi)  # the built-in mnli template: refused before (label word is N tokens)
+    task.prepare(tok)
+    words = [tok(" " + w, add_special_tokens=False)["input_ids"] for w in ("True", "Neither", "False")]
+    assert task.chain and [len(w) for w in task.word_ids] == [len(w) for w in words] and min(map(len, words)) > 1
+    rows = _rows(96, 2)[:6]  # labels 0, 1, 2, 0, 1, 2: prompts of different lengths and words of different lengths
+    batch = task.collate(task._train[:6], device=torch.device("cpu"))
+    assert batch["num_items"] == 6 and batch["input_ids"].shape[0] == sum(len(words[r["label"]]) for r in rows)
+    with torch.no_grad():
+        loss = task.loss(model, batch)
+        hand = -sum(_chain_by_hand(model, _prompt_ids(tok, r), words[r["label"]], tok.mask_token_id) for r in rows)
+    torch.testing.assert_close(loss.double(), hand, rtol=1e-5, atol=1e-4)
+    # the loop trains on it: a step lowers the loss of the same batch
+    tuner = FineTuner(_task(multi), _cfg(multi, multi / "run", epochs=1, lr=3e-3), info=SINGLE, echo=lambda s: None)
+    with torch.no_grad():
+        before = float(tuner.task.loss(tuner.raw_model, batch))
+    for _ in range(3):
+        tuner.train_step()
+    with torch.no_grad():
+        assert float(tuner.task.loss(tuner.raw_model, batch)) < before
+    assert set(tuner.evaluate()) >= {"accuracy", "examples"}
+
+
+def test_prediction_is_the_highest_chain_logprob_or_per_token_with_length_normalize(multi):
+    from biglm.checkpoint import load_model
+
+    model, tok = load_model(multi / "model")
+    model.eval()
+    words = [tok(" " + w, add_special_tokens=False)["input_ids"] for w in ("True", "Neither", "False")]
+    rows = _rows(48, 3)[:24]
+    with torch.no_grad():
+        hand = torch.stack([torch.stack([_chain_by_hand(model, _prompt_ids(tok, r), w, tok.mask_token_id) for w in words])
+                            for r in rows]).numpy()
+    per_token = hand / np.array([len(w) for w in words])
+    picks = {}
+    for norm, expected in ((False, hand), (True, per_token)):
+        task = _task(multi, length_normalize=norm, max_eval_examples=24)
+        task.prepare(tok)
+        got = task.word_scores(model, task._val, batch_size=5)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+        picks[norm] = got.argmax(1)
+        assert (picks[norm] == expected.argmax(1)).all()
+        y = np.array([r["label"] for r in rows])
+        assert task.evaluate(model, batch_size=5, device=torch.device("cpu"))["accuracy"] == pytest.approx(
+            100.0 * (expected.argmax(1) == y).mean())
+    # " True" is a token shorter than the others: the sum favours it, the per-token mean need not
+    assert (picks[False] != picks[True]).any()
+
+
+def test_one_token_label_words_keep_the_single_pass_numbers(pretrained):
+    """One-token words: one forward, the slot's logits over the C words, the same loss bit for bit; and that
+    single-pass softmax over the words is the chain rule's (a one-token word's chain is its slot's log-prob)."""
+    import torch.nn.functional as F
+
+    from biglm.checkpoint import load_model
+
+    model, tok = load_model(pretrained / "model")
+    model.eval()
+    task = _task(pretrained)
+    task.prepare(tok)
+    assert not task.chain
+    batch = task.collate(task._val[:8], device=torch.device("cpu"))
+    assert "slots" not in batch and batch["input_ids"][:, -1].eq(tok.mask_token_id).all()
+    with torch.no_grad():
+        ids = batch["input_ids"]
+        B, L = ids.shape
+        out = model(ids, prefix_len=L - 1, attention_mask=batch["attention_mask"],
+                    logits_positions=torch.arange(B) * L + (L - 1))
+        single = out.logits.float()[:, task.label_ids]
+        assert torch.equal(task.loss(model, batch), F.cross_entropy(single, batch["labels"], reduction="sum"))
+        chain = torch.from_numpy(task.word_scores(model, task._val[:8], batch_size=3)).float()
+    torch.testing.assert_close(torch.log_softmax(chain, -1), torch.log_softmax(single, -1), rtol=1e-4, atol=1e-4)

@@ -84,6 +84,35 @@ def test_check_fields_names_the_missing_field_and_the_data():
     assert renamed.prompt({"sentence1": "A.", "sentence2": "B."}).startswith("A. Question: B.")
 
 
+def test_template_naming_the_label_field_is_refused_before_any_work(tmp_path):
+    """A prompt that reads the label column holds its own answer: refused in one line naming the field, by the
+    template check, the data reader and the fine-tuning task (before reading any data)."""
+    import json
+
+    from biglm.finetune.classification import ClassificationSettings, ClassificationTask
+    from biglm.finetune.data import load_classification
+
+    leaky = PromptTemplate(template="{premise} {hypothesis} gold {label} Answer: {answer}", label_words=("a", "b", "c"))
+    with pytest.raises(TemplateError, match=r"names the label field \{label\}") as e:
+        leaky.check_label_free()
+    assert "\n" not in str(e.value)
+    MNLI_TEMPLATE.check_label_free("label")
+    gold = PromptTemplate(template="{premise} ({gold}) Answer: {answer}", label_words=("a", "b"))
+    gold.check_label_free("label")  # a column like any other unless it is the label column
+    with pytest.raises(TemplateError, match=r"\{gold\}"):
+        gold.check_label_free("gold")  # --task.label_field gold
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(PREMISE) + "\n")
+    with pytest.raises(TemplateError, match=r"\{label\}"):
+        load_classification(data, template=leaky)
+    spec = tmp_path / "leaky.yaml"
+    spec.write_text("template: '{premise} Question: {hypothesis} gold {label} Answer: {answer}'\n"
+                    "label_words: ['True', 'Neither', 'False']\n")
+    missing = str(tmp_path / "not_read.jsonl")  # the refusal comes before any file is opened
+    with pytest.raises(TemplateError, match=r"\{label\}"):
+        ClassificationTask(ClassificationSettings(train=missing, validation=missing, template=str(spec)))
+
+
 def test_label_words_single_tokens_pass(bpe_tok):
     ids = MNLI_TEMPLATE.label_token_ids(bpe_tok)
     assert [len(x) for x in ids] == [1, 1, 1]

@@ -9,14 +9,25 @@ Notable features
 - Any GLUE/SuperGLUE-style set runs with no code change: data through `datasets` (local file or
   ``hf:OWNER/NAME[:CONFIG][@SPLIT]``) and a template (built-in ``mnli``, a YAML spec, a FLAN pattern).
 - Prompts are left-padded so every slot sits in the last column: one ``prefix_len`` and one logits
-  position per row, no host sync to find them. Prompts longer than ``max_length - 1`` lose their *start*
-  (the question and "Answer:" at the end are what the slot continues), counted and reported.
-- Label words must be single tokens here (checked against the tokenizer before any work); multi-token
-  words (chain-rule scoring) are refused with that message rather than silently truncated.
+  position per row, no host sync to find them. Prompts longer than ``max_length`` less the longest label
+  word lose their *start* (the question and "Answer:" at the end are what the slot continues), counted
+  and reported.
+- Label words of any length. When every word is one token: one pass, one slot, cross-entropy over the C
+  label-word logits (above). When any word is several tokens (the built-in ``mnli`` words in many BPEs:
+  " Neither" is 3 tokens in runs/default's), every class is scored with the chain rule of the
+  ``chain`` estimator (`biglm.scoring.estimators.chain_rows`): the word's k slots are the suffix, and
+  log p(w) = sum_t log p(w_t | prompt, w_<t, w_>=t masked). Training: the negative chain-rule
+  log-likelihood of the gold word (its k rows in one batched forward, full-vocabulary log-softmax, summed
+  per example like the one-token loss is per example); prediction: the word with the highest chain-rule
+  log-probability (`score_requests`, prefix encoded once per example), or the highest per token with
+  ``--task.length_normalize``. A template whose words are all one token keeps the single-pass path and its
+  numbers.
+- A template that reads the label column is refused before any work (``check_label_free``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..scoring.estimators import chain_rows, score_requests
 from .data import load_classification
 from .metrics import accuracy
 from .templates import MNLI_TEMPLATE, PromptTemplate, TemplateError, load_template
@@ -47,7 +59,10 @@ class ClassificationSettings:
     label_field: str = "label"
     """the column holding the class index"""
     max_length: int = 256
-    """tokens per example, prompt and slot together"""
+    """tokens per example, prompt and label word together"""
+    length_normalize: bool = False
+    """predict the label word with the highest mean log-probability per token instead of the highest chain-rule
+    log-probability (its sum); changes only templates whose label words differ in token length"""
     max_train_examples: int | None = None
     """use only the first N training rows (a quick CPU run)"""
     max_eval_examples: int | None = None
@@ -72,21 +87,21 @@ class ClassificationTask:
         self.settings, self.name = settings, name
         t = settings.template
         self.template: PromptTemplate = BUILTIN_TEMPLATES[t] if t in BUILTIN_TEMPLATES else load_template(t)
+        self.template.check_label_free(settings.label_field)
         self.truncated = 0
         self.eval_split_name = settings.validation_name  # how the loop's epoch lines and metrics.jsonl name it
 
     # ------------------------------------------------------------------ data
     def prepare(self, tokenizer: Any) -> None:
         s, t = self.settings, self.template
-        if t.multi_token:
-            raise TemplateError(f"template {t.name!r} has multi-token label words: fine-tuning supports single-token "
-                                "label words only so far; choose words that are one token each")
-        try:
-            ids = t.label_token_ids(tokenizer)
-        except TemplateError as e:  # the template's hint (multi_token) does not apply to fine-tuning
-            raise TemplateError(f"{str(e).split('; choose')[0]}; fine-tuning needs one-token label words: give "
-                                "--task.template a spec with other words (e.g. docs/examples/mnli_yes_no.yaml)") from None
-        self.label_ids = torch.tensor([w[0] for w in ids])  # (C,)
+        # any length: words of several tokens are scored with the chain rule (unknown or colliding ones refused)
+        self.word_ids: tuple[tuple[int, ...], ...] = dataclasses.replace(t, multi_token=True).label_token_ids(tokenizer)
+        self.chain = any(len(w) > 1 for w in self.word_ids)
+        self.label_ids = torch.tensor([w[0] for w in self.word_ids])  # (C,), the one-token path's
+        longest = max(len(w) for w in self.word_ids)
+        if s.max_length - longest < 1:
+            raise TemplateError(f"--task.max_length {s.max_length} leaves no room for a prompt before the "
+                                f"{longest}-token label word; raise it")
         self.tokenizer = tokenizer
         self.train_data = load_classification(s.train, split="train", template=t, label_field=s.label_field)
         self.val_data = load_classification(s.validation, split="validation", template=t, label_field=s.label_field)
@@ -97,7 +112,7 @@ class ClassificationTask:
 
     def _encode(self, dataset, limit: int | None) -> list[dict[str, Any]]:
         rows = dataset if limit is None else dataset.select(range(min(limit, len(dataset))))
-        room = self.settings.max_length - 1
+        room = self.settings.max_length - max(len(w) for w in self.word_ids)
         rows = list(rows)
         encoded = self.tokenizer([self.template.prompt(row) for row in rows], add_special_tokens=False)["input_ids"]
         out = []
@@ -116,6 +131,8 @@ class ClassificationTask:
         return base  # the MLM head at the slot is the classifier
 
     def collate(self, features: Sequence[dict[str, Any]], *, device: torch.device) -> dict[str, Any]:
+        if self.chain:
+            return self._collate_chain(features, device=device)
         pad, mask_id = self.tokenizer.pad_token_id, self.tokenizer.mask_token_id
         L = max(len(f["prompt_ids"]) for f in features) + 1
         ids = torch.full((len(features), L), pad, dtype=torch.long)
@@ -129,8 +146,29 @@ class ClassificationTask:
         return {"input_ids": ids.to(device), "attention_mask": attn.to(device), "labels": labels.to(device),
                 "num_items": len(features)}
 
+    def _collate_chain(self, features: Sequence[dict[str, Any]], *, device: torch.device) -> dict[str, Any]:
+        """The chain rows of each example's gold word: k rows for a k-token word, the prompt left-padded to the
+        batch's longest (the prefix), the word's row right-padded (the suffix), one scored slot per row."""
+        pad, mask_id = self.tokenizer.pad_token_id, self.tokenizer.mask_token_id
+        P = max(len(f["prompt_ids"]) for f in features)
+        rows = [(f["prompt_ids"], tokens, slot, self.word_ids[f["label"]][slot]) for f in features
+                for tokens, slot in chain_rows(self.word_ids[f["label"]], mask_id=mask_id)]
+        S = max(len(tokens) for _, tokens, _, _ in rows)
+        ids = torch.full((len(rows), P + S), pad, dtype=torch.long)
+        attn = torch.zeros((len(rows), P + S), dtype=torch.long)
+        slots = torch.zeros((len(rows), P + S), dtype=torch.bool)
+        for r, (p, tokens, slot, _) in enumerate(rows):
+            ids[r, P - len(p):P] = torch.tensor(p, dtype=torch.long)
+            ids[r, P:P + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            attn[r, P - len(p):P + len(tokens)] = 1
+            slots[r, P + slot] = True
+        targets = torch.tensor([target for *_, target in rows], dtype=torch.long)
+        labels = torch.tensor([f["label"] for f in features], dtype=torch.long)
+        return {"input_ids": ids.to(device), "attention_mask": attn.to(device), "slots": slots.to(device),
+                "targets": targets.to(device), "prefix_len": P, "labels": labels.to(device), "num_items": len(features)}
+
     def label_scores(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        """(B, C) logits of the label words at the slot (prompt = prefix, slot = suffix)."""
+        """(B, C) logits of the label words at the slot (prompt = prefix, slot = suffix); one-token words only."""
         ids = batch["input_ids"]
         B, L = ids.shape
         slot = torch.arange(B, device=ids.device) * L + (L - 1)  # flat index of each row's slot
@@ -138,10 +176,35 @@ class ClassificationTask:
         return out.logits.float()[:, self.label_ids.to(ids.device)]
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        return F.cross_entropy(self.label_scores(model, batch), batch["labels"], reduction="sum")
+        if "slots" not in batch:
+            return F.cross_entropy(self.label_scores(model, batch), batch["labels"], reduction="sum")
+        # chain rule: every row scores one token of its example's gold word, so the sum over rows is the sum
+        # over examples of -log p(gold word | prompt)
+        logits = model(batch["input_ids"], prefix_len=batch["prefix_len"], attention_mask=batch["attention_mask"],
+                       logits_positions=batch["slots"]).logits  # (rows, V): one slot per row, in row order
+        return -torch.log_softmax(logits.float(), dim=-1).gather(1, batch["targets"][:, None]).sum()
+
+    @torch.no_grad()
+    def word_scores(self, model: torch.nn.Module, features: Sequence[dict[str, Any]], *, batch_size: int) -> np.ndarray:
+        """(N, C) chain-rule log-probabilities of every label word after each prompt (per token with
+        ``length_normalize``): the prediction is their argmax. Any template; `evaluate` uses it when a word is
+        several tokens."""
+        requests = [(f["prompt_ids"], w) for f in features for w in self.word_ids]
+        scored = score_requests(model, requests, estimator="chain", batch_size=batch_size,
+                                row_batch_size=batch_size * sum(len(w) for w in self.word_ids),
+                                max_length=self.settings.max_length)
+        out = np.array([ll for ll, _ in scored], dtype=np.float64).reshape(len(features), len(self.word_ids))
+        if self.settings.length_normalize:
+            out /= np.array([len(w) for w in self.word_ids], dtype=np.float64)
+        return out
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, *, batch_size: int, device: torch.device) -> dict[str, float]:
+        if self.chain:
+            s = self.word_scores(model, self._val, batch_size=batch_size)
+            y = np.array([f["label"] for f in self._val])
+            return {"accuracy": 100.0 * accuracy(s, y), "examples": float(len(y)),
+                    "chance": 100.0 * float(np.bincount(y).max() / len(y))}
         scores, labels = [], []
         for i in range(0, len(self._val), batch_size):
             batch = self.collate(self._val[i:i + batch_size], device=device)

@@ -122,6 +122,8 @@ def load_classification(
     the template's label words (or ``label_names``). Labels are ints (or strings listed in
     ``label_names``); -1 rows are dropped and counted. The label column is renamed ``label``.
     """
+    if template is not None:
+        template.check_label_free(label_field)  # before reading: a prompt holding the answer is never wanted
     ds = load_table(source, split=split)
     src = str(source)
     fields = tuple(dict.fromkeys([*text_fields, *(template.fields if template else ())]))

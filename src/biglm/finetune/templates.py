@@ -14,10 +14,11 @@ Notable features
 - ``{options_}`` (FLAN) renders the label words as FLAN 2021 does: ``OPTIONS:\\n- w1\\n- w2...``;
   FLAN v2 samples among several option headers, here the header is fixed (``options_header``).
 - Checked before any work: every field the template names exists in the data
-  (``check_fields``), and with a tokenizer (``label_token_ids``) every label word is one token,
+  (``check_fields``), none is the label column (``check_label_free``: the prompt would hold the
+  answer), and with a tokenizer (``label_token_ids``) every label word is one token,
   not ``<unk>``, and no two classes share a first token. Multi-token label words pass only with
-  ``multi_token=True`` (scored later with the chain rule); they may share a first token but not
-  their whole token sequence.
+  ``multi_token=True`` (scored with the chain rule); they may share a first token but not
+  their whole token sequence. Fine-tuning (``classification``) takes label words of any length.
 - Sources: the built-in ``MNLI_TEMPLATE``, a YAML spec (``load_template``), a FLAN v2 pattern
   (``flan_template``, from ``templates_flan_v2.json``) and a promptsource template
   (``promptsource_template``) when its Jinja is plain substitution; one with Jinja logic
@@ -138,6 +139,14 @@ class PromptTemplate:
                 f"{source}: template {self.name!r} ({self.source}) names field(s) {missing} that the data lacks "
                 f"(columns: {sorted(have)}); rename the template's placeholders or pass field_map "
                 f"(template field -> data column)")
+
+    def check_label_free(self, label_field: str = "label") -> None:
+        """Refuse a template that reads the label column (``label_field``, or ``label``, which the data readers
+        give the class ids): its prompt would hold the answer it asks for."""
+        leaks = [f for f in self.fields if f in (label_field, "label")]
+        if leaks:
+            raise TemplateError(f"{self.source}: template {self.name!r} names the label field {{{leaks[0]}}}: the prompt "
+                                "would give the answer away; remove it from the template")
 
     # ---- rendering
 

@@ -87,6 +87,13 @@ def _variants(estimator: str, request: int, context: Sequence[int], cont: Sequen
     raise ValueError(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}.")
 
 
+def chain_rows(continuation: Sequence[int], *, mask_id: int) -> list[tuple[tuple[int, ...], int]]:
+    """The ``chain`` estimator's suffix rows for one continuation: ``(tokens, t)`` for t = 0..n-1, ``tokens`` = y_<t
+    visible and y_>=t masked, slot t scored. What `score_requests` runs for ``chain``; fine-tuning trains on the same
+    rows with gradients (classification by prompt with multi-token label words)."""
+    return [(v.tokens, v.slots[0]) for v in _variants("chain", 0, (), continuation, mask_id=mask_id, mc_samples=1, seed=0)]
+
+
 def fit_window(context: Sequence[int], continuation: Sequence[int], *, max_length: int) -> tuple[list[int], int]:
     """Return ``(context, n_dropped)`` with the context cut from the left so that context + continuation
     fits ``max_length``. Raises ValueError for an empty continuation or one longer than the window."""
