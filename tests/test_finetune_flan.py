@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from biglm.finetune.data import TaskDataError
+from biglm.finetune import flan as flan_module
 from biglm.finetune.flan import MixtureTask, read_flan_collection, render_mixture
 from biglm.finetune.templates import TemplateError
 
@@ -136,11 +137,77 @@ def test_eval_set_in_mixture_is_refused(flan_dir, tmp_path):
     # an excluded task name, and a hub dataset in the eval folder's OWNER__NAME layout
     with pytest.raises(TaskDataError, match="evaluation set 'bool_q'"):
         render_mixture([boolq], templates_file=file, exclude_eval=["bool_q"])
-    hub = MixtureTask("bool_q", "hf:aps/super_glue:boolq", label_words=("no", "yes"))
+    hub = MixtureTask("bool_q", "hf:aps/super_glue:boolq", split="validation", label_words=("no", "yes"))
     with pytest.raises(TaskDataError, match="aps__super_glue"):
         render_mixture([hub], templates_file=file, exclude_eval=[tmp_path / "eval"])
     # other tasks pass
     render_mixture(_tasks(flan_dir)[:2], templates_file=file, exclude_eval=[tmp_path / "eval"])
+
+
+def test_a_partial_copy_of_an_evaluation_file_is_refused_row_by_row(flan_dir, shared_data, tmp_path):
+    """Issue 19: the first 50 rows of BoolQ's validation file under another name (the whole-file check passes it)
+    are refused, naming the set and the overlap count; so are rows copied with renamed columns and their text
+    re-cased and re-punctuated among clean ones."""
+    boolq = shared_data / "eval" / "aps__super_glue" / "boolq" / "validation.jsonl"
+    rows = [json.loads(line) for line in boolq.read_text().splitlines()[:50]]
+    part = _write_jsonl(tmp_path / "my_boolq_train.jsonl", rows)
+    file = flan_dir / "templates_flan_v2.json"
+    task = MixtureTask("bool_q", str(part), field_map={"text": "passage", "title": "question"},
+                       label_words=("no", "yes"))
+    with pytest.raises(TaskDataError, match=r"50 of its 50 rows overlap the evaluation set .*aps__super_glue/boolq "
+                                            r"\(first: row 0\)"):
+        render_mixture([task], templates_file=file, exclude_eval=[shared_data / "eval"])
+    clean = [{"title": f"T{i}", "text": f"Passage number {i} about nothing.", "question": f"is it {i}", "label": i % 2}
+             for i in range(20)]
+    edited = [{"title": "", "text": r["passage"].upper().replace(",", " ,"), "question": r["question"] + "?",
+               "label": int(r["label"])} for r in rows[10:15]]
+    mixed = _write_jsonl(tmp_path / "mixed.jsonl", clean[:10] + edited + clean[10:])
+    task = MixtureTask("bool_q", str(mixed), label_words=("no", "yes"))
+    with pytest.raises(TaskDataError, match=r"5 of its 25 rows overlap the evaluation set .*boolq \(first: row 10\)"):
+        render_mixture([task], templates_file=file, exclude_eval=[shared_data / "eval"])
+    # the clean rows alone pass
+    _write_jsonl(mixed, clean)
+    assert len(render_mixture([task], templates_file=file, exclude_eval=[shared_data / "eval"])) == 20
+
+
+def test_a_split_qualified_hub_name_of_an_evaluation_set_is_refused_under_any_owner(flan_dir, tmp_path):
+    """Issue 19: hub sources are matched by dataset name and split, not by OWNER/NAME: @validation of an excluded
+    set under another owner (or the benchmark's config published on its own) is refused, its train split is not."""
+    _write_jsonl(tmp_path / "eval" / "aps__super_glue" / "boolq" / "validation.jsonl",
+                 [{"question": "is it so", "passage": "It is so, said the passage.", "idx": 0, "label": 1}])
+    file = flan_dir / "templates_flan_v2.json"
+    for source, split in (("hf:someone/super_glue:boolq@validation", "train"), ("hf:super_glue:boolq", "validation"),
+                          ("hf:google/boolq@validation", "train")):
+        task = MixtureTask("bool_q", source, split=split, field_map={"text": "passage"}, label_words=("no", "yes"))
+        with pytest.raises(TaskDataError, match=r"'validation' split of .*, whatever its owner, which is the "
+                                                r"evaluation set .*aps__super_glue/boolq/validation.jsonl"):
+            render_mixture([task], templates_file=file, exclude_eval=[tmp_path / "eval"])
+    index = flan_module._EvalIndex.build([tmp_path / "eval", "hf:aps/super_glue:copa"])
+    index.check(MixtureTask("bool_q", "hf:someone/super_glue:boolq@train"))  # a training split: allowed
+    index.check(MixtureTask("cb", "hf:someone/super_glue:cb@validation"))  # not excluded
+    with pytest.raises(TaskDataError, match="'train' split of x/super_glue:copa"):
+        index.check(MixtureTask("copa", "hf:x/super_glue:copa"))  # an hf: entry without @SPLIT: every split
+
+
+def test_missing_evaluation_data_is_refused_saying_how_to_point_at_it(flan_dir, tmp_path, monkeypatch):
+    """Issue 19: fail closed: no evaluation data to exclude is a refusal naming BIGLM_EVAL_DATA and exclude_eval,
+    never a silently empty exclusion."""
+    file = flan_dir / "templates_flan_v2.json"
+    task = _tasks(flan_dir)[3]
+    monkeypatch.setattr(flan_module, "_shared_eval_dir", lambda: tmp_path / "nowhere" / "eval")
+    monkeypatch.delenv("BIGLM_EVAL_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)  # no ./data/eval either
+    with pytest.raises(TaskDataError, match=r"no evaluation data found .*nowhere/eval.*set BIGLM_EVAL_DATA=.*"
+                                            r"exclude_eval: \[PATH"):
+        render_mixture([task], templates_file=file)
+    monkeypatch.setenv("BIGLM_EVAL_DATA", str(tmp_path / "moved"))
+    with pytest.raises(TaskDataError, match=r"\$BIGLM_EVAL_DATA=.*moved is not a folder"):
+        render_mixture([task], templates_file=file)
+    with pytest.raises(TaskDataError, match=r"exclude_eval entry .*gone/eval: no such file or folder"):
+        render_mixture([task], templates_file=file, exclude_eval=[str(tmp_path / "gone" / "eval")])
+    # pointed at a folder that exists, the mixture renders
+    _write_jsonl(tmp_path / "moved" / "baber__piqa" / "validation.jsonl", [{"goal": "g", "sol1": "a", "sol2": "b"}])
+    assert len(render_mixture([task], templates_file=file)) == 10
 
 
 def test_missing_template_field_is_refused(flan_dir):

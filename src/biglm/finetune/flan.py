@@ -12,11 +12,17 @@ Notable features
 - Checked before any work: a Flan file without ``inputs``/``targets`` (naming the file and the
   field); a template field the task data lacks (naming the field, the pattern and the family);
   a classification family without option strings; an evaluation set in the mixture.
-- Evaluation sets stay out (``exclude_eval``): a task whose source is an excluded file, lies in
-  an excluded folder, has the same bytes as one of their files (sha256, size first), or whose
-  name / hub dataset is excluded, is refused, naming the set. The default is what ``--suite
-  multitask`` reads: the shared eval folder (``../shared/data/eval``, hub layout ``OWNER__NAME``)
-  and the default Genset file (WikiAuto's ``valid.jsonl``).
+- Evaluation sets stay out (``exclude_eval``), checked at the row level: a task any of whose rows
+  carries an evaluation row's text (normalised: case, punctuation, spacing ignored; each input of
+  ``MIN_OVERLAP_WORDS`` words or more, or the row's texts together) is refused naming the set and
+  the overlap count, so a partial copy under another name is caught; so is a task whose source is
+  an excluded file or has its bytes, whose name is excluded, or that reads an excluded hub dataset
+  (split-aware: ``hf:ANY_OWNER/super_glue:boolq@validation`` is refused when
+  ``aps__super_glue/boolq/validation.jsonl`` is excluded, ``@train`` is not). The default is what
+  ``--suite multitask`` reads: ``$BIGLM_EVAL_DATA`` or the shared eval folder
+  (``../shared/data/eval``, hub layout ``OWNER__NAME``) and the default Genset file (WikiAuto's
+  ``valid.jsonl``); it fails closed: no evaluation data found is a refusal saying how to point
+  at it. The evaluation files' fingerprints are computed once per process.
 - ``{options_}`` as FLAN renders it: ``options_style="flan2021"`` is FLAN 2021's fixed
   ``OPTIONS:\\n- a\\n- b`` (``PromptTemplate.options_text``); ``"flan_v2"`` draws the header
   from the file's ``OPT_START_STRING_CANDIDATES`` per example as FLAN v2 does, items keeping
@@ -47,8 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "FLAN_COLUMNS", "FlanData", "MixtureTask", "default_eval_sets", "load_flan_patterns", "read_flan_collection",
-    "render_mixture",
+    "EVAL_DATA_ENV", "FLAN_COLUMNS", "MIN_OVERLAP_WORDS", "FlanData", "MixtureTask", "default_eval_sets",
+    "load_flan_patterns", "read_flan_collection", "render_mixture",
 ]
 
 FLAN_COLUMNS = ("inputs", "targets", "task_name", "template_idx")
@@ -149,23 +155,130 @@ class MixtureTask:
     """Patterns of the family to draw from; default all."""
 
 
+EVAL_DATA_ENV = "BIGLM_EVAL_DATA"
+"""The environment variable naming the evaluation data folder (hub layout), as ``biglm eval`` reads it."""
+MIN_OVERLAP_WORDS = 8
+"""A text value of an evaluation row with at least this many (normalised) words is matched on its own."""
+_DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
+_GENERIC_CONFIGS = {"default", "main", "all", "plain_text"}
+_WORD = re.compile(r"\w+")
+
+
+def _shared_eval_dir() -> Path:
+    # the shared data folder sits beside the repository (../shared/data), as the FLAN templates do
+    return Path(__file__).resolve().parents[4] / "shared" / "data" / "eval"
+
+
 def default_eval_sets() -> list[Path]:
-    """What ``--suite multitask`` reads by default, where present: the shared evaluation folder
-    (``../shared/data/eval``) and the default Genset files (WikiAuto, ``../shared/data/finetune/wikiauto``)."""
+    """What ``--suite multitask`` reads by default: the evaluation folder and the default Genset files (WikiAuto,
+    ``<eval>/../finetune/wikiauto``).
+
+    The folder is ``$BIGLM_EVAL_DATA`` when set, else those of ``../shared/data/eval`` (beside the repository) and
+    ``./data/eval`` that exist. Fails closed: when none is found, raises `TaskDataError` saying how to point at
+    them, never an empty exclusion.
+    """
     from ..scoring.multitask import default_gensets
 
-    shared = _default_flan_file().parents[2] / "eval"
-    return [shared] + [Path(g.path) for g in default_gensets(shared)] if shared.is_dir() else []
+    env = os.environ.get(EVAL_DATA_ENV)
+    if env:
+        roots = [Path(env)]
+        if not roots[0].is_dir():
+            raise TaskDataError(f"${EVAL_DATA_ENV}={env} is not a folder: point it at the evaluation data (hub layout "
+                                "OWNER__NAME/[CONFIG/]SPLIT.jsonl) that must stay out of the FLAN mixture")
+    else:
+        looked = [_shared_eval_dir(), Path("data/eval")]
+        roots = [p for p in looked if p.is_dir()]
+        if not roots:
+            raise TaskDataError(
+                "no evaluation data found to keep out of the FLAN mixture (looked in "
+                f"{', '.join(str(p) for p in looked)}): set {EVAL_DATA_ENV}=/path/to/data/eval, or list the sets in "
+                "the mixture spec (exclude_eval: [PATH, ...], render_mixture(exclude_eval=...)); "
+                "exclude_eval: [] trains without the check")
+    return roots + [Path(g.path) for root in roots for g in default_gensets(root)]
+
+
+def _normalise(text: str) -> str:
+    """Case-folded words, punctuation and spacing dropped: two copies of a text that differ in those match."""
+    return " ".join(_WORD.findall(text.casefold()))
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=12).digest()
+
+
+def _row_keys(row: Mapping[str, Any]) -> set[bytes]:
+    """A row's text fingerprints: each top-level text value of `MIN_OVERLAP_WORDS` words or more (a passage,
+    a question, a premise), and the row's texts taken together (a copied row, however short its texts)."""
+    texts = [t for t in (_normalise(v) for v in row.values() if isinstance(v, str)) if t]
+    digests = [_digest(t) for t in texts]
+    keys = {d for d, t in zip(digests, texts) if t.count(" ") + 1 >= MIN_OVERLAP_WORDS}
+    if digests:  # the row: its texts' digests in a fixed order (a copy with renamed columns matches)
+        keys.add(hashlib.blake2b(b"".join(sorted(digests)), digest_size=12, person=b"row").digest())
+    return keys
+
+
+def _iter_rows(path: Path) -> Any:
+    if path.suffix.lower() == ".jsonl":
+        with path.open(encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    row = json.loads(line)
+                    if isinstance(row, dict):
+                        yield row
+        return
+    yield from load_table(path)
+
+
+# per process: an evaluation file's fingerprints, by (path, size, mtime)
+_FILE_KEYS: dict[tuple[Path, int, int], frozenset[bytes]] = {}
+
+
+def _file_keys(path: Path) -> frozenset[bytes]:
+    st = path.stat()
+    key = (path, st.st_size, st.st_mtime_ns)
+    if key not in _FILE_KEYS:
+        keys: set[bytes] = set()
+        try:
+            for row in _iter_rows(path):
+                keys |= _row_keys(row)
+        except (ValueError, TaskDataError) as e:  # fail closed: an unreadable evaluation file is no exclusion
+            raise TaskDataError(f"evaluation file {path} could not be read to keep it out of the mixture ({e}); fix "
+                                "it or leave it out of exclude_eval") from None
+        _FILE_KEYS[key] = frozenset(keys)
+    return _FILE_KEYS[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class _HubSet:
+    name: str
+    """the dataset's name without its owner, lower case"""
+    config: str | None
+    split: str | None
+    """None: every split"""
+    label: str
+
+    def matches(self, name: str, config: str | None, split: str) -> bool:
+        if self.split is not None and split.lower() != self.split.lower():
+            return False
+        if name == self.name:  # the owner is not compared: a mirror under another owner is the same data
+            return config is None or self.config is None or config.lower() == self.config.lower()
+        # a benchmark's config published on its own (super_glue:boolq as OWNER/boolq)
+        return self.config is not None and self.config.lower() not in _GENERIC_CONFIGS and name == self.config.lower()
+
+
+def _looks_like_path(entry: str) -> bool:
+    return "/" in entry or os.sep in entry or entry.startswith(".") or entry.lower().endswith(_DATA_SUFFIXES)
 
 
 @dataclasses.dataclass
 class _EvalIndex:
-    """Excluded evaluation sets: resolved files (with the set each belongs to), names, hub datasets."""
+    """Excluded evaluation sets: resolved files (with the set each belongs to), names, hub datasets by split."""
 
     files: dict[Path, str] = dataclasses.field(default_factory=dict)
     names: set[str] = dataclasses.field(default_factory=set)
-    hub: dict[str, str] = dataclasses.field(default_factory=dict)
+    hub: list[_HubSet] = dataclasses.field(default_factory=list)
     _hashes: dict[Path, str] = dataclasses.field(default_factory=dict)
+    _keys: dict[bytes, str] | None = None
 
     @classmethod
     def build(cls, entries: Sequence[str | os.PathLike[str]]) -> _EvalIndex:
@@ -173,18 +286,28 @@ class _EvalIndex:
         for entry in entries:
             s = str(entry)
             if s.startswith("hf:"):
-                idx.hub[parse_hub_spec(s).name.lower()] = s
+                spec = parse_hub_spec(s)
+                idx.hub.append(_HubSet(spec.name.rsplit("/", 1)[-1].lower(), spec.config,
+                                       spec.split if "@" in s else None, s))
                 continue
             p = Path(s)
             if p.is_file():
                 idx.files[p.resolve()] = s
             elif p.is_dir():
-                for f in p.rglob("*"):
-                    if f.is_file():  # the set is the file's folder (e.g. aps__super_glue/boolq), or the file
-                        idx.files[f.resolve()] = str(f.parent if f.parent != p else f)
-                for sub in p.iterdir():  # hub layout OWNER__NAME names a hub dataset
-                    if sub.is_dir() and "__" in sub.name:
-                        idx.hub[sub.name.replace("__", "/", 1).lower()] = str(sub)
+                found = [f for f in sorted(p.rglob("*")) if f.is_file() and f.suffix.lower() in _DATA_SUFFIXES]
+                if not found:
+                    raise TaskDataError(f"exclude_eval entry {s} holds no {'/'.join(_DATA_SUFFIXES)} file: point at "
+                                        "the evaluation data (hub layout OWNER__NAME/[CONFIG/]SPLIT.jsonl)")
+                for f in found:  # the set is the file's folder (e.g. aps__super_glue/boolq), or the file
+                    label = str(f.parent if f.parent != p else f)
+                    idx.files[f.resolve()] = label
+                    rel = f.relative_to(p).parts
+                    if "__" in rel[0] and len(rel) in (2, 3):  # hub layout OWNER__NAME/[CONFIG/]SPLIT.jsonl
+                        name = rel[0].split("__", 1)[1].lower()
+                        idx.hub.append(_HubSet(name, rel[1] if len(rel) == 3 else None, f.stem, str(f)))
+            elif _looks_like_path(s):  # fail closed: a missing folder is no exclusion
+                raise TaskDataError(f"exclude_eval entry {s}: no such file or folder; point at the evaluation data "
+                                    f"(or set {EVAL_DATA_ENV} and leave exclude_eval out)")
             else:
                 idx.names.add(s)  # a task name
         return idx
@@ -198,28 +321,62 @@ class _EvalIndex:
             self._hashes[f] = h.hexdigest()
         return self._hashes[f]
 
-    def check(self, task: MixtureTask) -> None:
-        def refuse(what: str, eval_set: str) -> None:
-            raise TaskDataError(f"mixture task {task.name!r} ({task.source}): {what} the evaluation set {eval_set}; "
-                                "evaluation data must stay out of the training mixture: use a training split")
+    @staticmethod
+    def _refuse(task: MixtureTask, what: str, eval_set: str) -> None:
+        raise TaskDataError(f"mixture task {task.name!r} ({task.source}): {what} the evaluation set {eval_set}; "
+                            "evaluation data must stay out of the training mixture: use a training split")
 
+    def check(self, task: MixtureTask) -> None:
+        """Refuse a task that names, reads or copies a whole evaluation file (before any data is read)."""
         for n in (task.name, task.family):
             if n is not None and n in self.names:
-                refuse("is named as", repr(n))
+                self._refuse(task, "is named as", repr(n))
         if task.source.startswith("hf:"):
-            hub = parse_hub_spec(task.source).name.lower()
-            if hub in self.hub:
-                refuse("reads", self.hub[hub])
+            spec = parse_hub_spec(task.source)
+            split = spec.split if "@" in task.source else task.split
+            name = spec.name.rsplit("/", 1)[-1].lower()
+            shown = spec.name + (f":{spec.config}" if spec.config else "")
+            for hub in self.hub:
+                if hub.matches(name, spec.config, split):
+                    self._refuse(task, f"reads the {split!r} split of {shown}, whatever its owner, which is", hub.label)
             return
         src = Path(task.source).resolve()
         if src in self.files:
-            refuse("is", self.files[src])
+            self._refuse(task, "is", self.files[src])
         if not src.is_file():
             return  # load_table names the missing file
         size = src.stat().st_size
         for f, eval_set in self.files.items():
             if f.stat().st_size == size and self._sha(f) == self._sha(src):
-                refuse(f"has the same content as {f} of", eval_set)
+                self._refuse(task, f"has the same content as {f} of", eval_set)
+
+    def check_rows(self, task: MixtureTask, table: datasets.Dataset) -> None:
+        """Refuse a task any of whose rows has an evaluation row's text (`_row_keys`: a long input, or the row)."""
+        if not self.files:
+            return
+        if self._keys is None:
+            self._keys = {}
+            for f, eval_set in self.files.items():
+                for k in _file_keys(f):
+                    self._keys.setdefault(k, eval_set)
+        hits: dict[str, int] = {}
+        first: dict[str, int] = {}
+        i = 0
+        for batch in table.iter(batch_size=1000):
+            columns = list(batch)
+            for values in zip(*(batch[c] for c in columns)):
+                sets = {self._keys[k] for k in _row_keys(dict(zip(columns, values))) if k in self._keys}
+                for eval_set in sets:
+                    hits[eval_set] = hits.get(eval_set, 0) + 1
+                    first.setdefault(eval_set, i)
+                i += 1
+        if hits:
+            worst = sorted(hits.items(), key=lambda kv: -kv[1])
+            named = "; ".join(f"{n} of its {len(table)} rows overlap the evaluation set {s} (first: row {first[s]})"
+                              for s, n in worst)
+            raise TaskDataError(f"mixture task {task.name!r} ({task.source}): {named}: the same text (normalised: "
+                                "case, punctuation and spacing ignored) as the evaluation rows' inputs; evaluation "
+                                "data must stay out of the training mixture: use a training split")
 
 
 def _fields(text: str) -> list[str]:
@@ -243,8 +400,11 @@ def render_mixture(
 
     Each example of each task gets a pattern drawn at random from its family; at most ``per_task``
     examples per task (a seeded sample; FLAN's per-task cap). ``exclude_eval`` lists evaluation
-    files, folders, task names or hub specs (default ``default_eval_sets()``); a task reading one is
-    refused before any rendering.
+    files, folders (hub layout ``OWNER__NAME/[CONFIG/]SPLIT.jsonl``), task names or hub specs
+    (``hf:OWNER/NAME[:CONFIG][@SPLIT]``, no ``@``: every split); default `default_eval_sets`, which
+    refuses when it finds no evaluation data; ``[]`` turns the check off. A task that names, reads
+    (a hub dataset: the same name under any owner, config and split) or holds any row of one is
+    refused before any rendering, naming the set and how many rows overlap.
     """
     import datasets  # deferred: ~1 s to import
 
@@ -260,9 +420,11 @@ def render_mixture(
         raise TaskDataError(f"mixture tasks {dupes} are given more than once")
     pats = load_flan_patterns(templates_file)
     evals = _EvalIndex.build(default_eval_sets() if exclude_eval is None else exclude_eval)
-    for task in tasks:  # every leak is refused before any data is read
+    for task in tasks:  # a task naming, reading or copying an evaluation file is refused before any data is read
         evals.check(task)
     plans = [(task, *_plan(task, pats)) for task in tasks]
+    for task, _, _, table in plans:  # then row by row: a partial copy of an evaluation set, before any rendering
+        evals.check_rows(task, table)
 
     rng = random.Random(seed)
     rows: dict[str, list[Any]] = {c: [] for c in FLAN_COLUMNS}

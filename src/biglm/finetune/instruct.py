@@ -83,7 +83,8 @@ def load_mixture_spec(path: str | Path) -> dict[str, Any]:
         templates_file: null          # default: FLAN v2 templates in the shared data
         per_task: 200                 # FLAN's per-task cap (a seeded sample)
         options_style: flan2021       # or flan_v2
-        exclude_eval: null            # default: the shared eval folder; or a list of files/folders/names/hf: specs
+        exclude_eval: null            # default: $BIGLM_EVAL_DATA or the shared eval folder (none found: refused);
+                                      # or a list of files/folders/names/hf: specs; [] turns the check off
         seed: 0
         tasks:
           - {name: anli_r1, source: anli_train.jsonl, label_words: [yes, it is not possible to tell, no]}
