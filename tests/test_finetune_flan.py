@@ -187,6 +187,9 @@ def test_a_split_qualified_hub_name_of_an_evaluation_set_is_refused_under_any_ow
     index.check(MixtureTask("cb", "hf:someone/super_glue:cb@validation"))  # not excluded
     with pytest.raises(TaskDataError, match="'train' split of x/super_glue:copa"):
         index.check(MixtureTask("copa", "hf:x/super_glue:copa"))  # an hf: entry without @SPLIT: every split
+    with pytest.raises(TaskDataError, match="'validation' split of x/super_glue:boolq"):  # the OWNER__NAME folder
+        flan_module._EvalIndex.build([tmp_path / "eval" / "aps__super_glue"]).check(
+            MixtureTask("bool_q", "hf:x/super_glue:boolq@validation"))
 
 
 def test_missing_evaluation_data_is_refused_saying_how_to_point_at_it(flan_dir, tmp_path, monkeypatch):

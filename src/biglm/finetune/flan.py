@@ -301,8 +301,9 @@ class _EvalIndex:
                 for f in found:  # the set is the file's folder (e.g. aps__super_glue/boolq), or the file
                     label = str(f.parent if f.parent != p else f)
                     idx.files[f.resolve()] = label
-                    rel = f.relative_to(p).parts
-                    if "__" in rel[0] and len(rel) in (2, 3):  # hub layout OWNER__NAME/[CONFIG/]SPLIT.jsonl
+                    # hub layout OWNER__NAME/[CONFIG/]SPLIT.jsonl, under the folder or the folder itself
+                    rel = (p.name, *f.relative_to(p).parts) if "__" in p.name else f.relative_to(p).parts
+                    if "__" in rel[0] and len(rel) in (2, 3):
                         name = rel[0].split("__", 1)[1].lower()
                         idx.hub.append(_HubSet(name, rel[1] if len(rel) == 3 else None, f.stem, str(f)))
             elif _looks_like_path(s):  # fail closed: a missing folder is no exclusion

@@ -89,6 +89,7 @@ def resolve_config(argv: list[str]) -> TrainConfig:
 def main(argv: list[str]) -> int:
     from ..checkpoint import CheckpointError
     from ..data.shards import ShardError
+    from .checkpoint import hold_run_dir
     from .distributed import destroy_distributed, init_distributed
     from .trainer import NonFiniteLossError, Trainer
 
@@ -107,10 +108,14 @@ def main(argv: list[str]) -> int:
 
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
         return 0
-    info = None
+    info = run_lock = None
     try:
         info = init_distributed(cfg.device)
         cfg.validate(world_size=info.world_size)
+        # the run directory's lock before the built-in data is prepared there (the trainer re-enters it)
+        lock = hold_run_dir(cfg.output_dir)
+        lock.__enter__()
+        run_lock = lock
         builtin = BUILTIN in cfg.data
         if builtin:
             data_dir, tok_dir = cfg.output_dir / "data", cfg.output_dir / "data" / "tokenizer"
@@ -134,6 +139,8 @@ def main(argv: list[str]) -> int:
         print(f"[biglm] error: {e}", file=sys.stderr)
         return 2
     finally:
+        if run_lock is not None:
+            run_lock.__exit__(None, None, None)
         if info is not None:
             destroy_distributed()
 
