@@ -141,6 +141,58 @@ def test_a_killed_run_resumes_exactly(pretrained, tmp_path):
     assert resumed.evals[-1] == whole.evals[-1] and resumed.best_epoch == whole.best_epoch
 
 
+def test_a_damaged_newest_checkpoint_is_skipped_and_the_resume_is_exact(pretrained, tmp_path, capsys):
+    whole = FineTuner(_task(pretrained), _cfg(pretrained, tmp_path / "whole", epochs=2), info=SINGLE,
+                      echo=lambda s: None).train()
+
+    class Killed(Exception):
+        pass
+
+    def kill(tuner, step):
+        if step == 9:  # checkpoints of steps 6 (epoch end) and 8 (save_every 4) are on disk
+            raise Killed
+
+    run = tmp_path / "run"
+    with pytest.raises(Killed):
+        FineTuner(_task(pretrained), _cfg(pretrained, run, epochs=2, save_every=4), info=SINGLE,
+                  echo=lambda s: None, after_step=kill).train()
+    shard = next((run / "checkpoints" / "step_0000008").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    capsys.readouterr()
+    resumed = FineTuner(_task(pretrained), _cfg(pretrained, run, epochs=2, save_every=4), info=SINGLE,
+                        echo=lambda s: None).train()
+    err = capsys.readouterr().err
+    assert "step_0000008 is damaged" in err and "resuming from step_0000006" in err
+    assert resumed.losses == [(s, l) for s, l in whole.losses if s > 6]
+    assert resumed.evals[-1] == whole.evals[-1] and resumed.best_epoch == whole.best_epoch
+
+
+def test_a_second_finetune_in_the_same_directory_is_refused(pretrained, tmp_path, capsys):
+    import fcntl
+    import os
+
+    out = tmp_path / "run"
+    out.mkdir()
+    # the first run's lock, held through another open file description as another process would hold it
+    fd = os.open(out / "run.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, json.dumps({"pid": 31337, "host": "gpu-node-2", "started": "2026-11-25 09:00:00 UTC",
+                              "command": "biglm finetune classification"}).encode(), 0)
+    args = ["finetune", "classification", "--model", str(pretrained / "model"), "--task.train",
+            str(pretrained / "train.jsonl"), "--task.validation", str(pretrained / "valid.jsonl"), "--epochs", "1",
+            "--global_batch", "16", "--micro_batch", "8", "--out_dir", str(out)]
+    try:
+        capsys.readouterr()
+        assert biglm_main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "in use by another run (pid 31337 on gpu-node-2, started 2026-11-25 09:00:00" in err
+        assert not (out / "checkpoints").exists() and not (out / "task.json").exists()
+    finally:
+        os.close(fd)  # the first run ends (or dies): its lock is free, its record stays
+    assert biglm_main(args) == 0
+    assert "taking over the lock" in capsys.readouterr().err
+
+
 def test_bad_input_is_refused_before_training(pretrained, tmp_path):
     from biglm.finetune.templates import TemplateError
 

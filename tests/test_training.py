@@ -6,6 +6,7 @@ import dataclasses
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -127,6 +128,118 @@ def test_interrupted_save_keeps_previous_checkpoint(prepared, tmp_path, monkeypa
     t2 = Trainer(_cfg(prepared, tmp_path, steps=4), info=SINGLE, echo=lambda s: None)
     assert t2.maybe_resume() and t2.step == 3
     assert not partial.exists()
+
+
+def _truncate_shard(ckpt: Path) -> Path:
+    shard = next(ckpt.glob("*.distcp"))
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])  # as a disk that filled up or a copy cut short leaves it
+    return shard
+
+
+def test_damaged_newest_checkpoint_is_skipped_and_resume_is_exact(prepared, tmp_path, capsys):
+    full = Trainer(_cfg(prepared, tmp_path / "full"), info=SINGLE, echo=lambda s: None).train()
+    run = tmp_path / "run"
+    Trainer(_cfg(prepared, run), info=SINGLE, echo=lambda s: None).train()
+    assert [d.name for d in checkpoint_dirs(run)] == ["step_0000003", "step_0000006"]
+    meta = json.loads((run / "checkpoints" / "step_0000006" / "meta.json").read_text())
+    assert {"bytes", "sha256"} <= set(meta["files"]["rank00000.pt"])  # the manifest written at save time
+    _truncate_shard(run / "checkpoints" / "step_0000006")
+    capsys.readouterr()
+    resumed = Trainer(_cfg(prepared, run), info=SINGLE, echo=lambda s: None)
+    result = resumed.train()
+    err = capsys.readouterr().err
+    assert "warning: checkpoint" in err and "step_0000006 is damaged" in err and "resuming from step_0000003" in err
+    assert [s for s, _ in result.losses] == [4, 5, 6]
+    assert result.losses == [(s, l) for s, l in full.losses if s > 3]  # exact, step for step
+    assert result.val_losses[-1] == full.val_losses[-1]
+    # the damaged one is kept aside for inspection, out of resume/pruning/export; a fresh step 6 replaced it
+    assert (run / "checkpoints" / "corrupt-step_0000006").is_dir()
+    assert [d.name for d in checkpoint_dirs(run)] == ["step_0000003", "step_0000006"]
+    # a flipped byte of the same size is caught by the checksum
+    from biglm.checkpoint import verify_checkpoint
+
+    shard = next((run / "checkpoints" / "step_0000006").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert "does not match the sha256" in verify_checkpoint(shard.parent)
+    assert verify_checkpoint(shard.parent, checksums=False) is None
+
+
+def test_no_intact_checkpoint_is_refused_in_one_line(prepared, tmp_path):
+    Trainer(_cfg(prepared, tmp_path), info=SINGLE, echo=lambda s: None).train()
+    for ckpt in checkpoint_dirs(tmp_path):
+        _truncate_shard(ckpt)
+    with pytest.raises(CheckpointError) as e:
+        Trainer(_cfg(prepared, tmp_path), info=SINGLE, echo=lambda s: None).train()
+    message = str(e.value)
+    assert "no intact checkpoint" in message and "\n" not in message
+    assert "step_0000006: __0_0.distcp has" in message and "step_0000003: " in message
+    assert [d.name for d in checkpoint_dirs(tmp_path)] == ["step_0000003", "step_0000006"]  # nothing moved
+
+
+def test_pruning_keeps_the_checkpoint_just_written(prepared, tmp_path):
+    """Damaged checkpoints of higher step numbers (never resumed past) do not push the new one out."""
+    Trainer(_cfg(prepared, tmp_path, steps=3, keep_last=1), info=SINGLE, echo=lambda s: None).train()
+    root = tmp_path / "checkpoints"
+    for step in (7, 8):  # numbered after any the next run writes
+        shutil.copytree(root / "step_0000003", root / f"step_{step:07d}")
+        _truncate_shard(root / f"step_{step:07d}")
+    trainer = Trainer(_cfg(prepared, tmp_path, steps=3, keep_last=1), info=SINGLE, echo=lambda s: None)
+    trainer.step = 4
+    trainer.save()
+    assert (root / "step_0000004").is_dir()
+
+
+def _hold_lock_in_subprocess(run_dir: Path) -> subprocess.Popen:
+    """Another process that holds ``run_dir``'s lock the way a running `biglm pretrain` does."""
+    code = ("import sys, time; from biglm.checkpoint import RunLock; "
+            "RunLock(sys.argv[1], command='biglm pretrain other').acquire(); print('locked', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_second_run_in_the_same_directory_is_refused(prepared, tmp_path, capsys):
+    import socket
+
+    from biglm.checkpoint import RunDirLockedError
+    from biglm.training.cli import main as pretrain_main
+
+    run = tmp_path / "run"
+    holder = _hold_lock_in_subprocess(run)
+    try:
+        with pytest.raises(RunDirLockedError) as e:
+            Trainer(_cfg(prepared, run), info=SINGLE, echo=lambda s: None).train()
+        message = str(e.value)
+        assert f"pid {holder.pid} on {socket.gethostname()}, started " in message and "biglm pretrain other" in message
+        assert "\n" not in message
+        assert not (run / "checkpoints").exists()  # it trained nothing
+        recipe = tmp_path / "recipe.yaml"
+        recipe.write_text(yaml.safe_dump(_cfg(prepared, run).to_dict()))
+        assert pretrain_main([str(recipe)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"pid {holder.pid}" in err and "in use by another run" in err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(prepared, tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "run.lock").write_text(json.dumps({"pid": dead.pid, "host": "node7", "started": "2026-01-01 00:00:00 UTC",
+                                                   "command": "biglm pretrain crashed"}))
+    said: list[str] = []
+    result = Trainer(_cfg(prepared, tmp_path, steps=1), info=SINGLE, echo=said.append).train()
+    assert result.step == 1
+    assert any("taking over the lock" in s and f"pid {dead.pid} on node7" in s for s in said), said
+    assert (tmp_path / "run.lock").read_text() == ""  # released cleanly: the next run takes nothing over
+    said.clear()
+    Trainer(_cfg(prepared, tmp_path, steps=1), info=SINGLE, echo=said.append).train()
+    assert not any("taking over" in s for s in said)
 
 
 def test_sigterm_saves_and_stops(prepared, tmp_path):

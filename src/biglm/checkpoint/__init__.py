@@ -2,12 +2,14 @@
 
 It sits below both training and inference: `training/` writes checkpoints in this layout (its
 `Checkpointer` adds the optimizer and the process-group barriers), while `generation/`, `scoring/`
-and serving read them through `load_model` without importing `training/`.
+and serving read them through `load_model` without importing `training/`. `RunLock` keeps one run per
+directory (pretrain, finetune, and any command that writes a run directory).
 """
 
 from .export import export_checkpoint
-from .layout import CheckpointError, checkpoint_dirs, latest_checkpoint
+from .layout import CheckpointError, checkpoint_dirs, latest_checkpoint, newest_intact_checkpoint, verify_checkpoint
 from .loading import load_inference_checkpoint, load_model
+from .lock import RunDirLockedError, RunLock
 
-__all__ = ["CheckpointError", "checkpoint_dirs", "export_checkpoint", "latest_checkpoint", "load_inference_checkpoint",
-           "load_model"]
+__all__ = ["CheckpointError", "RunDirLockedError", "RunLock", "checkpoint_dirs", "export_checkpoint", "latest_checkpoint",
+           "load_inference_checkpoint", "load_model", "newest_intact_checkpoint", "verify_checkpoint"]

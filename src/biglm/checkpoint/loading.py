@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 
 import torch
 
 from ..model import BiGLMConfig, BiGLMForConditionalGeneration, BiGLMForMaskedLM
-from .layout import latest_checkpoint, run_dir_of
+from .layout import latest_checkpoint, newest_intact_checkpoint, run_dir_of
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
@@ -25,6 +26,12 @@ def load_inference_checkpoint(path: str | Path):
 
     path = Path(path)
     ckpt = latest_checkpoint(path)
+    if ckpt is not None and ckpt != path:  # a run directory: the newest checkpoint whose files have their sizes
+        ckpt, skipped = newest_intact_checkpoint(path, checksums=False)
+        for bad, why in skipped:
+            print(f"[biglm] warning: checkpoint {bad} is damaged ({why}): skipped", file=sys.stderr)
+        if ckpt is None:
+            raise FileNotFoundError(f"{path} has no intact checkpoint ({'; '.join(f'{b.name}: {w}' for b, w in skipped)})")
     if ckpt is None:
         raise FileNotFoundError(
             f"{path} holds neither an exported model (config.json + model.safetensors) nor a training checkpoint "

@@ -39,7 +39,7 @@ from ..checkpoint import load_model
 from ..checkpoint.export import share_files
 from ..config import ConfigError, to_dict
 from ..model import BiGLMModel, resolve_attn_backend
-from ..training.checkpoint import Checkpointer
+from ..training.checkpoint import Checkpointer, hold_run_dir
 from ..training.distributed import (DistInfo, all_reduce_sum, parallelize, set_gradient_sync, shape_template,
                                     unsharded_copy)
 from ..training.parts import (MetricsWriter, autocast, autocast_dtype, build_optimizer, clip_and_step, fmt_time,
@@ -219,6 +219,11 @@ class FineTuner:
 
     # ------------------------------------------------------------------ loop
     def train(self) -> FinetuneResult:
+        """Resume if there is a checkpoint, then train all epochs, holding the output directory's lock."""
+        with hold_run_dir(self.out, echo=self.echo):
+            return self._train()
+
+    def _train(self) -> FinetuneResult:
         cfg = self.cfg
         self.maybe_resume()
         result = FinetuneResult(step=self.step, best_epoch=self.best_epoch, best=self.best)
@@ -294,7 +299,9 @@ def run_finetune(task: FinetuneTask, cfg: FinetuneConfig, *, echo: Callable[[str
     info = init_distributed(cfg.device)
     try:
         cfg.validate(world_size=info.world_size)
-        return FineTuner(task, cfg, info=info, echo=echo).train()
+        # the lock before any model or data work, so a second run is refused at once (the loop re-enters it)
+        with hold_run_dir(cfg.output_dir(task.name), echo=echo):
+            return FineTuner(task, cfg, info=info, echo=echo).train()
     finally:
         destroy_distributed()
 

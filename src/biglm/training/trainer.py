@@ -9,7 +9,8 @@ Notable features
 - Masks are a pure function of (seed, step, global window index) and the data position is part of the
   checkpoint, so a killed and resumed run reproduces the uninterrupted one step for step.
 - Checkpoints every N steps, at the end, and on SIGINT/SIGTERM; a non-finite gradient norm stops the
-  run before the optimizer step, so neither weights nor checkpoints are touched.
+  run before the optimizer step, so neither weights nor checkpoints are touched. A resume verifies the
+  checkpoint (sizes, sha256) and falls back past damaged ones; one run at a time holds the directory.
 - Metrics: console (loss, lr, tokens/s, MFU, ETA), JSONL, optional TensorBoard; optionally a zero-shot
   evaluation every K steps (`task_eval`, the scorer of `biglm eval`).
 """
@@ -29,7 +30,7 @@ import torch
 from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters, resolve_attn_backend
 from ..objective import ObjectiveConfig, apply_masks, draw_masks, make_generator, masked_lm_loss
 from ..checkpoint import CheckpointError, latest_checkpoint
-from .checkpoint import Checkpointer
+from .checkpoint import Checkpointer, hold_run_dir
 from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_sum, parallelize
 from .parts import (MetricsWriter, NonFiniteLossError, autocast,  # noqa: F401 - NonFiniteLossError re-exported
@@ -346,6 +347,12 @@ class Trainer:
         return install_stop_signals(stop)
 
     def train(self) -> TrainResult:
+        """Resume if there is a checkpoint, then train to ``cfg.steps``, holding the output directory's lock
+        (a second run there is refused, naming this one)."""
+        with hold_run_dir(self.out, echo=self.echo):
+            return self._train()
+
+    def _train(self) -> TrainResult:
         cfg = self.cfg
         self.maybe_resume()
         result = TrainResult(step=self.step)

@@ -1,0 +1,131 @@
+"""One run per directory: `RunLock` holds ``OUT/run.lock`` for as long as a command writes into ``OUT``.
+
+The lock is ``fcntl.flock`` on the file, so the operating system releases it when the holder dies, however it
+dies (kill -9, out of memory): a lock can only be stale in the sense that the file still names a process that
+no longer holds it. The holder writes its pid, host, start time and command into the file for the refusal
+message; a later run that gets the lock while the file still names someone (a run that died) says it takes
+the lock over. A clean release empties the file but leaves it in place: unlinking a flock'ed file lets two
+later runs lock two different inodes of the same name.
+
+Used by `biglm pretrain` and `biglm finetune` (rank 0 only under torchrun: the training loops broadcast its
+outcome, see `biglm.training.checkpoint.hold_run_dir`), and meant for any command that writes a run directory,
+such as batch generation. Within one process the lock is re-entrant: the CLI takes it before preparing data
+and the training loop takes it again without blocking itself.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .layout import CheckpointError
+
+LOCK_NAME = "run.lock"
+_HELD: dict[str, "RunLock"] = {}  # this process's locks by resolved directory, for re-entry
+
+
+class RunDirLockedError(CheckpointError):
+    """Another live process holds the run directory's lock; the message names it in one line."""
+
+
+class RunLock:
+    """``with RunLock(out_dir):`` holds ``out_dir/run.lock`` (created with the directory if needed) or raises
+    `RunDirLockedError` naming the other process. ``echo`` receives the note when a dead run's lock is taken over
+    (default: stderr)."""
+
+    def __init__(self, run_dir: str | Path, *, command: str | None = None,
+                 echo: Callable[[str], None] | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self.command = command if command is not None else " ".join(["biglm", *sys.argv[1:]])[:300]
+        self.echo = echo or (lambda s: print(s, file=sys.stderr))
+        self._fd: int | None = None
+        self._depth = 0
+        self._key = ""
+
+    def acquire(self) -> "RunLock":
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._key = str(self.run_dir.resolve())
+        held = _HELD.get(self._key)
+        if held is not None:  # re-entry in this process (CLI, then the training loop)
+            held._depth += 1
+            self._fd, self._depth = None, -1  # this handle defers to the outer one
+            return self
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = _read_info(fd)
+            os.close(fd)
+            raise RunDirLockedError(
+                f"{self.run_dir} is in use by another run ({describe_holder(other)}): wait for it to finish or stop "
+                "it, or choose another output directory") from None
+        except OSError as e:  # a file system without locks (some network mounts): run, but say the check is off
+            os.close(fd)
+            self.echo(f"[biglm] warning: cannot lock {self.path} ({e.strerror or e}): running without the "
+                      "one-run-per-directory check")
+            return self
+        previous = _read_info(fd)
+        if previous:
+            self.echo(f"[biglm] taking over the lock of {self.run_dir} left by a run that is no longer running "
+                      f"({describe_holder(previous)})")
+        info = {"pid": os.getpid(), "host": socket.gethostname(),
+                "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+                "command": self.command}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        os.fsync(fd)
+        self._fd, self._depth = fd, 1
+        _HELD[self._key] = self
+        return self
+
+    def release(self) -> None:
+        if self._depth == -1:  # a re-entered handle: the outer one releases
+            outer = _HELD.get(self._key)
+            if outer is not None:
+                outer._depth -= 1
+            self._depth = 0
+            return
+        if self._fd is None:
+            return
+        self._depth -= 1
+        if self._depth > 0:
+            return
+        fd, self._fd = self._fd, None
+        _HELD.pop(self._key, None)
+        try:
+            os.ftruncate(fd, 0)  # a clean end: the next run finds nobody to take over from
+        finally:
+            os.close(fd)  # closing the last descriptor releases the flock
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def describe_holder(info: dict) -> str:
+    """``pid 123 on host, started 2026-11-25 11:00:00 UTC: biglm pretrain ...`` from a lock file's contents."""
+    if not info:
+        return "no details recorded"
+    text = f"pid {info.get('pid', '?')} on {info.get('host', '?')}, started {info.get('started', '?')}"
+    return f"{text}: {info['command']}" if info.get("command") else text
+
+
+def _read_info(fd: int) -> dict:
+    try:
+        raw = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+    except OSError:
+        return {}
+    try:
+        info = json.loads(raw) if raw else {}
+    except ValueError:
+        info = None
+    return info if isinstance(info, dict) else {"pid": "?", "host": "?", "started": "?"}
