@@ -261,3 +261,34 @@ def test_run_finetune_is_the_python_entry_point(flan, tmp_path):
     assert not (dist.is_available() and dist.is_initialized())
     with pytest.raises(ConfigError, match="global_batch"):  # bad settings fail before any work
         run_finetune(task, _cfg(flan, tmp_path / "bad", global_batch=0))
+
+
+def test_instruct_options_are_used_or_refused_before_training(flan, tmp_path, capsys, monkeypatch):
+    """Options a length mode used to accept and ignore (or crash on after an epoch) are used or refused up front:
+    --task.metrics is scored in both modes (head + qg trained an epoch, then failed with KeyError 'bleu4'; eos
+    ignored it), --task.length_beam in eos mode is refused before any work, and qg without METEOR needs no WordNet."""
+    from biglm.config import ConfigError
+    from biglm.finetune import genmetrics
+
+    out = tmp_path / "refused"
+    assert biglm_main(["finetune", "flan", "--model", str(flan / "model"), "--task.length_beam", "3",
+                       "--out_dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--task.length_beam 3" in err and "--task.length_mode head" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+    assert InstructTask(_settings(flan, length_beam=1)).settings.length_beam == 1  # what eos decodes: accepted
+    assert InstructTask(_settings(flan, length_mode="head")).settings.length_beam == 3  # head: the usual top-3
+
+    def no_wordnet():
+        raise RuntimeError("WordNet (needed by METEOR) is not on nltk's data path")
+
+    monkeypatch.setattr(genmetrics, "load_wordnet", no_wordnet)
+    for mode in ("eos", "head"):
+        with pytest.raises(ConfigError, match="--task.meteor false"):  # METEOR on: WordNet checked when built
+            InstructTask(_settings(flan, metrics="qg", length_mode=mode))
+        task = InstructTask(_settings(flan, metrics="qg", meteor=False, length_mode=mode, max_eval_examples=2,
+                                      decode_steps=2))
+        scores = FineTuner(task, _cfg(flan, tmp_path / mode, global_batch=8, micro_batch=8), info=SINGLE,
+                           echo=lambda s: None).evaluate()
+        assert task.metric == "bleu4" and {"bleu4", "rougeL", "exact_match"} <= set(scores), (mode, scores)
+        assert "meteor" not in scores

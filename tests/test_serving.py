@@ -239,3 +239,48 @@ def test_cli_refuses_bad_arguments(tmp_path, capsys):
     assert main([str(tmp_path), "--port", "70000"]) == 2
     assert main([str(tmp_path), "--max_batch_rows", "0"]) == 2
     assert main([str(tmp_path), "--decoding.steps", "0"]) == 2
+
+
+def test_serve_decodes_a_fine_tuned_model_with_its_saved_settings_as_generate_does(checkpoint, tmp_path, capsys):
+    """A fine-tuned model's saved decoding settings (answer length, steps, length beam) are the server's defaults, as
+    they are `biglm generate`'s (one function, `model_decoding`); a flag given explicitly still wins in both."""
+    from biglm.config import given_options, parse_cli
+    from biglm.generation.cli import GenerateArgs, cli_decoding
+    from biglm.generation.config import DecodingConfig
+    from biglm.serving.cli import ServeArgs, build_app
+
+    model, tok = load_model(checkpoint)
+    saved = {"max_new_tokens": 9, "steps": 3, "length_beam": 2}  # none of them DecodingConfig's default
+    model.config.task_specific_params = {"seq2seq": {**saved, "source_template": "{source}"}}
+    tuned = tmp_path / "tuned"
+    model.save_pretrained(tuned)
+    tok.save_pretrained(tuned)
+    app = build_app(ServeArgs(checkpoint=str(tuned), device="cpu"), given=[])
+    assert app.state.settings.defaults == DecodingConfig(**saved)
+    server = BiglmServer(app, port=0).start()
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0,
+                               timeout=60)
+        name = app.state.settings.model_name
+        for prompt in PROMPTS:  # a request that leaves the options out: the model's saved settings
+            served = client.completions.create(model=name, prompt=prompt).choices[0].text
+            assert served == _biglm_generate(tuned, prompt, capsys)
+            assert served != generate(model, tok, [prompt])[0]  # not the plain defaults (what serve did before)
+        chat = [{"role": "user", "content": "Speak, friend."}]
+        served = client.chat.completions.create(model=name, messages=chat).choices[0].message.content
+        assert served == _biglm_generate(tuned, render_chat(tok, chat), capsys)
+    finally:
+        server.stop()
+    # explicit options over the saved ones: `biglm serve --decoding.steps 5` = `biglm generate --steps 5`
+    serve_argv = [str(tuned), "--decoding.steps", "5", "--device", "cpu"]
+    given = list(given_options(ServeArgs, serve_argv)["decoding"])
+    served_cfg = build_app(parse_cli(ServeArgs, serve_argv, prog="biglm serve", positionals=("checkpoint",)),
+                           given=given).state.settings.defaults
+    gen_argv = [str(tuned), "--prompt", "x", "--steps", "5"]
+    gen_cfg = cli_decoding(parse_cli(GenerateArgs, gen_argv, prog="biglm generate", positionals=("checkpoint",)),
+                           gen_argv, model)
+    assert served_cfg == gen_cfg == DecodingConfig(**{**saved, "steps": 5})
+    # a default value given explicitly is an override too (not mistaken for "left out")
+    gen_argv = [str(tuned), "--prompt", "x", "--length_beam", "1"]
+    assert cli_decoding(parse_cli(GenerateArgs, gen_argv, prog="biglm generate", positionals=("checkpoint",)),
+                        gen_argv, model).length_beam == 1

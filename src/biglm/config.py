@@ -52,7 +52,7 @@ import yaml
 T = TypeVar("T")
 
 __all__ = ["ConfigError", "field_docs", "from_dict", "to_dict", "apply_overrides", "parse_cli", "parse_subcommand",
-           "load_yaml", "format_help", "fail"]
+           "load_yaml", "format_help", "fail", "given_options"]
 
 
 class ConfigError(ValueError):
@@ -391,6 +391,14 @@ def apply_overrides(obj: T, argv: list[str]) -> T:
     if positionals:
         raise ConfigError(f"unexpected argument {positionals[0]!r}: options are written --field value")
     return from_dict(type(obj), nested, base=obj) if nested else obj
+
+
+def given_options(cls: type, argv: list[str]) -> dict[str, Any]:
+    """The options a command line names explicitly, as a nested dict of their raw values (``--a.b 1`` ->
+    ``{"a": {"b": "1"}}``); positionals and ``--print_config`` are left out. For settings whose defaults come
+    from somewhere else (a model's saved decoding settings) that only an explicit flag overrides."""
+    argv = [a for a in argv if a not in {"--print_config", "--print-config"}]
+    return _split_flags(argv, cls)[1]
 
 
 # ---------------------------------------------------------------------------------------- the command line

@@ -23,7 +23,11 @@ Notable features
   `load_mixture_spec`), every evaluation set kept out: a task that reads one is refused naming the set.
 - The chat template is applied to every prompt and saved with the exported model as the tokenizer's
   ``chat_template``, so `biglm generate`/`biglm chat` and the server build prompts the same way.
-- Validation: exact match and ROUGE-1/2/L of the decoded responses (best epoch by ROUGE-L).
+- Validation: exact match and the ``metrics`` of the decoded responses, in either length mode: ROUGE-1/2/L
+  (best epoch by ROUGE-L) or ``qg``'s BLEU-4, METEOR (unless ``meteor: false``; WordNet checked when the task
+  is built) and ROUGE-L (best epoch by BLEU-4).
+- Options the chosen length mode would ignore are refused when the task is built, before any model work:
+  ``length_beam`` in eos mode (one trained length is decoded).
 """
 
 from __future__ import annotations
@@ -67,6 +71,9 @@ class InstructSettings(Seq2SeqSettings):
     length_mode: Literal["eos", "head"] = "eos"
     """eos: responses padded with EOS to max_target_length, EOS slots trained, fixed-length decoding cut at the
     first EOS; head: the CMLM length head"""
+    length_beam: int | None = None
+    """head only: candidate lengths decoded per source at validation, the length head's top-ℓ (unset: 3); eos decodes
+    the one trained length (max_target_length slots cut at the first EOS), so it takes no length beam"""
     validation_name: str = "held-in"
     """how results name the validation split"""
 
@@ -137,11 +144,17 @@ class InstructTask(Seq2SeqTask):
         if bool(s.train) == bool(s.mixture):
             raise ConfigError(f"task {name}: give exactly one of --task.train (Flan-collection rows) and --task.mixture "
                               "(a FLAN-style mixture spec)")
+        if s.length_mode == "eos":
+            if s.length_beam not in (None, 1):
+                raise ConfigError(f"task {name}: --task.length_beam {s.length_beam} needs --task.length_mode head (the "
+                                  "length head's top lengths); eos mode decodes max_target_length slots cut at the "
+                                  "first EOS: drop --task.length_beam or pass --task.length_mode head")
+            s.length_beam = 1  # what eos decoding does (and saves with the model)
+        elif s.length_beam is None:
+            s.length_beam = 3
         if s.mixture:
             self._mixture = load_mixture_spec(s.mixture)  # a bad spec fails before any model work
-        super().__init__(s, name=name)
-        if s.length_mode == "eos":
-            self.metric = "rougeL"
+        super().__init__(s, name=name)  # (checks the metrics: qg with METEOR needs WordNet, checked here)
 
     # ------------------------------------------------------------------ data
     def _read(self, source: str, split: str) -> list[dict[str, Any]]:
@@ -216,10 +229,8 @@ class InstructTask(Seq2SeqTask):
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, *, batch_size: int, device: torch.device) -> dict[str, float]:
         predictions, top1 = self.predict(model, batch_size=batch_size)
-        from .genmetrics import rouge
-
         refs = [t.strip() for t in self.val_references]
-        scores = rouge(predictions=predictions, references=refs)
+        scores = self.score(predictions, refs)  # --task.metrics, in either length mode (it names the best-epoch metric)
         scores["exact_match"] = 100.0 * sum(p == r for p, r in zip(predictions, refs)) / len(refs)
         if top1:
             true = [len(f["target_ids"]) for f in self._val]

@@ -11,22 +11,22 @@ docstring; booleans as ``--early_stop`` or ``--early_stop false``), parsed by `b
 every command and validated before the model is loaded. The default is the published Mask-Predict (T model calls);
 ``--early-stop`` opts in to ending a row once an iteration changes nothing. A fine-tuned model carries the decoding
 settings it was validated with (``max_new_tokens``, ``steps``, ``length_beam`` in ``config.task_specific_params``);
-an option not given on the command line takes the model's value. A model with a length head (a CMLM seq2seq
+an option not given on the command line takes the model's value (`config.model_decoding`, as in `biglm chat` and
+`biglm serve`). A model with a length head (a CMLM seq2seq
 fine-tune) picks each answer's length with it (``--length_head false`` to use the length beam instead).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
 import torch
 
-from ..config import ConfigError, parse_cli
-from .config import FIELDS, DecodingConfig
+from ..config import ConfigError, given_options, parse_cli
+from .config import FIELDS, DecodingConfig, model_decoding
 from .decoding import StepInfo
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -56,27 +56,11 @@ class GenerateArgs(DecodingConfig):
             raise ConfigError("missing --prompt TEXT (repeat it for a batch)")
 
 
-A = TypeVar("A", bound=DecodingConfig)
-SAVED_FIELDS = ("max_new_tokens", "steps", "length_beam")  # what a fine-tuning export records for decoding
-
-
-def saved_decoding(model_config) -> dict[str, Any]:
-    """The `DecodingConfig` values a fine-tuned model was saved with (``task_specific_params["seq2seq"]``)."""
-    params = (getattr(model_config, "task_specific_params", None) or {}).get("seq2seq") or {}
-    return {k: params[k] for k in SAVED_FIELDS if isinstance(params.get(k), int)}
-
-
-def with_saved_decoding(cls: type[A], argv: list[str], args: A, model, *, prog: str) -> A:
-    """``args`` parsed again over the model's saved decoding settings: flags on the command line still win."""
-    saved = saved_decoding(model.config)
-    if not saved:
-        return args
-    return parse_cli(cls, argv, prog=prog, positionals=("checkpoint",), base=dataclasses.replace(args, **saved))
-
-
-def _decoding_config(args: GenerateArgs) -> DecodingConfig:
-    """The one place where the parsed flags become the decoding options (already validated)."""
-    return DecodingConfig(**{name: getattr(args, name) for name in FIELDS})
+def cli_decoding(args: DecodingConfig, argv: list[str], model) -> DecodingConfig:
+    """The decoding options of a command (`biglm generate`, `biglm chat`): `model_decoding`, the model's saved
+    settings under the `DecodingConfig` flags given on the command line (a flag not given takes the model's value)."""
+    given = given_options(type(args), argv)
+    return model_decoding(model.config, {name: getattr(args, name) for name in FIELDS if name in given})
 
 
 def _render(tokenizer, ids: list[int], mask_id: int) -> str:
@@ -131,14 +115,10 @@ def main(argv: list[str]) -> int:
     if loaded is None:
         return 2
     model, tokenizer = loaded
-    try:
-        args = with_saved_decoding(GenerateArgs, argv, args, model, prog="biglm generate")
-    except SystemExit as e:
-        return int(e.code or 0)
-    config = _decoding_config(args)
     mask_id = model.config.mask_token_id
     on_step = _step_printer(tokenizer, mask_id) if args.show_steps and mask_id is not None else None
     try:
+        config = cli_decoding(args, argv, model)  # the model's saved settings under the flags given
         answers = generate(model, tokenizer, args.prompt, config=config, on_step=on_step)
     except (ValueError, TypeError) as e:
         print(f"biglm generate: {e}", file=sys.stderr)

@@ -30,7 +30,7 @@ import torch
 from ..config import ConfigError, parse_cli
 from .api import generate
 from .chat import render_chat
-from .cli import _decoding_config, _render, load_for_cli, with_saved_decoding
+from .cli import _render, cli_decoding, load_for_cli
 from .config import DecodingConfig
 from .decoding import StepInfo
 
@@ -124,13 +124,9 @@ def main(argv: list[str]) -> int:
     if loaded is None:
         return 2
     model, tokenizer = loaded
-    try:
-        args = with_saved_decoding(ChatArgs, argv, args, model, prog=PROG)
-    except SystemExit as e:
-        return int(e.code or 0)
     show = sys.stdout.isatty() if args.show_steps is None else args.show_steps
     try:
-        chat_loop(model, tokenizer, config=_decoding_config(args), lines=sys.stdin, out=sys.stdout,
+        chat_loop(model, tokenizer, config=cli_decoding(args, argv, model), lines=sys.stdin, out=sys.stdout,
                   system=args.system, show_steps=show and model.config.mask_token_id is not None,
                   prompt_marker="> " if sys.stdin.isatty() else "")
     except (ValueError, TypeError) as e:

@@ -35,6 +35,7 @@ import math
 import types
 import typing
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
@@ -129,6 +130,22 @@ class DecodingConfig:
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DecodingConfig))
+SAVED_KEY = "seq2seq"  # config.task_specific_params key under which a fine-tuning export records its decoding
+SAVED_FIELDS = ("max_new_tokens", "steps", "length_beam")  # the decoding settings such an export records
+
+
+def saved_decoding(model_config: Any) -> dict[str, Any]:
+    """The `DecodingConfig` values a fine-tuned model was saved with (``task_specific_params["seq2seq"]``)."""
+    params = (getattr(model_config, "task_specific_params", None) or {}).get(SAVED_KEY) or {}
+    return {k: params[k] for k in SAVED_FIELDS if isinstance(params.get(k), int) and not isinstance(params[k], bool)}
+
+
+def model_decoding(model_config: Any, overrides: Mapping[str, Any] | None = None) -> DecodingConfig:
+    """A model's decoding settings at an entry point: the defaults, then the settings the model was saved with
+    (`saved_decoding`), then ``overrides``, the options the entry point was given explicitly (flags on the
+    command line, a server's ``--decoding.FIELD``), validated once. `biglm generate`, `biglm chat` and
+    `biglm serve` all build their settings here, so they decode a model the same way."""
+    return DecodingConfig().override(**{**saved_decoding(model_config), **dict(overrides or {})})
 
 
 def for_model(config: DecodingConfig, model_config: Any) -> DecodingConfig:

@@ -8,7 +8,9 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (the model's 
 
 The options are the fields of `ServeArgs`, parsed by `biglm.config` like every command and checked
 before the model loads; ``--decoding.FIELD`` sets the server's default for a decoding option that a
-request leaves out (any `DecodingConfig` field, e.g. ``--decoding.strategy confidence``).
+request leaves out (any `DecodingConfig` field, e.g. ``--decoding.strategy confidence``). A fine-tuned model's
+saved decoding settings (answer length, steps, length beam) are the defaults of the options not given, as in
+`biglm generate` and `biglm chat` (`biglm.generation.config.model_decoding`).
 
 Shutdown (Ctrl-C / SIGTERM): the server stops accepting connections and answers 503 to requests on
 open ones; requests in flight get ``--shutdown_timeout`` seconds to finish, then the rest are
@@ -21,14 +23,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from ..config import ConfigError, parse_cli
-from ..generation.config import DecodingConfig
+from ..config import ConfigError, given_options, parse_cli
+from ..generation.config import FIELDS, DecodingConfig, model_decoding
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 log = logging.getLogger(__name__)
@@ -149,20 +152,31 @@ class BiglmServer:
             self._thread.join(timeout)
 
 
-def build_app(args: ServeArgs) -> Any:
-    """Load the model of ``args`` and return the app (raises FileNotFoundError/OSError/ValueError)."""
+def build_app(args: ServeArgs, *, given: Collection[str] | None = None) -> Any:
+    """Load the model of ``args`` and return the app (raises FileNotFoundError/OSError/ValueError).
+
+    The server's decoding defaults are `model_decoding`'s, as in `biglm generate`: the settings a fine-tuned
+    model was saved with, under the ``--decoding`` fields named in ``given`` (the CLI passes the flags it was
+    given; unset: the fields of ``args.decoding`` that differ from `DecodingConfig`'s defaults)."""
     from ..checkpoint import load_model
     from .app import ServeSettings, create_app
 
     path = Path(args.checkpoint)
     model, tokenizer = load_model(path, device=args.device, dtype=_DTYPES.get(args.dtype) if args.dtype else None)
+    if given is None:
+        plain = DecodingConfig()
+        given = [name for name in FIELDS if getattr(args.decoding, name) != getattr(plain, name)]
+    defaults = model_decoding(model.config, {name: getattr(args.decoding, name) for name in given})
     window = model.config.max_position_embeddings
-    if args.decoding.max_new_tokens >= window:
-        raise ValueError(f"--decoding.max_new_tokens {args.decoding.max_new_tokens} leaves no room for a prompt in "
+    if defaults.max_new_tokens >= window:
+        raise ValueError(f"--decoding.max_new_tokens {defaults.max_new_tokens} leaves no room for a prompt in "
                          f"the model's window of {window} tokens")
+    if args.max_steps is not None and defaults.steps is not None and defaults.steps > args.max_steps:
+        raise ValueError(f"--decoding.steps {defaults.steps} (the model's saved setting unless given) exceeds "
+                         f"--max_steps {args.max_steps}: raise --max_steps or lower --decoding.steps")
     name = args.model_name or path.resolve().name
     settings = ServeSettings(model_name=name, max_batch_rows=args.max_batch_rows, max_queue=args.max_queue,
-                             request_timeout=args.request_timeout, max_steps=args.max_steps, defaults=args.decoding)
+                             request_timeout=args.request_timeout, max_steps=args.max_steps, defaults=defaults)
     return create_app(model=model, tokenizer=tokenizer, settings=settings)
 
 
@@ -178,7 +192,7 @@ def main(argv: list[str]) -> int:
               "(or a Hugging Face model directory).", file=sys.stderr)
         return 2
     try:
-        app = build_app(args)
+        app = build_app(args, given=list(given_options(ServeArgs, argv).get("decoding") or {}))
     except (FileNotFoundError, OSError, ValueError) as e:
         print(f"biglm serve: cannot load {path}: {e}", file=sys.stderr)
         return 2

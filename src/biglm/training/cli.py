@@ -10,8 +10,10 @@ fields as ``--model.hidden_dropout 0.1``, the objective as ``--objective mlm`` a
 With no RECIPE, the `default` recipe: a small BiGLM trained on English text every Python
 installation carries (its documentation topics and standard-library docstrings, read at run time),
 with a tokenizer trained on the spot; no network, about five minutes on 2 CPU cores. It ends by
-comparing the validation loss with a unigram baseline and showing what the model fills in for a
-few masked sentences. ``--data DIR`` trains the same model on your prepared data instead.
+showing what the model learned against a unigram baseline (word frequencies, no context): the
+validation loss, where the gold word ranks when 15% of held-out text is hidden, held-out words that
+only context can give, and fill-ins for sentences whose context decides the word (`demo`).
+``--data DIR`` trains the same model on your prepared data instead.
 
 The same command runs on many processes: ``torchrun --nproc_per_node N -m biglm pretrain RECIPE``.
 A run resumes from its newest checkpoint when started again with the same output directory.
@@ -29,14 +31,6 @@ from .recipes import RECIPES, get_recipe
 DEFAULT_VOCAB = 4096  # the built-in corpus's tokenizer
 PROG = "biglm pretrain"
 
-DEMO_SENTENCES = [
-    "Return the number of <mask> in the list.",
-    "If the file does not exist, an <mask> is raised.",
-    "This module provides functions for working with regular <mask>.",
-    "The default value is <mask>.",
-]
-
-
 def prepare_builtin_data(out: Path) -> tuple[Path, Path]:
     """Tokenizer and shards of the built-in corpus under ``out/data`` (reused when already built)."""
     from ..data import builtin_corpus, prepare, train_tokenizer
@@ -48,28 +42,6 @@ def prepare_builtin_data(out: Path) -> tuple[Path, Path]:
         train_tokenizer(texts=builtin_corpus(), vocab_size=DEFAULT_VOCAB, out_dir=str(tok_dir))
     prepare(sources=["builtin"], tokenizer=str(tok_dir), out_dir=data_dir, val_docs=60, workers=None)
     return data_dir, tok_dir
-
-
-def show_fill_ins(model, tokenizer, sentences: list[str], *, top_k: int = 3) -> list[list[str]]:
-    """What the model predicts at each <mask> (full bidirectional attention), printed and returned."""
-    import torch
-
-    model.eval()
-    results = []
-    device = next(model.parameters()).device
-    for text in sentences:
-        text = text.replace("<mask>", tokenizer.mask_token)
-        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"].to(device)
-        with torch.no_grad():
-            logits = model(ids).logits[0]
-        where = (ids[0] == tokenizer.mask_token_id).nonzero().flatten()
-        guesses = []
-        for pos in where.tolist():
-            top = logits[pos].topk(top_k).indices.tolist()
-            guesses.append(" / ".join(repr(tokenizer.decode([t]).strip()) for t in top))
-        results.append(guesses)
-        print(f"  {text}\n    -> {', '.join(guesses)}")
-    return results
 
 
 def resolve_config(argv: list[str]) -> TrainConfig:
@@ -146,24 +118,10 @@ def main(argv: list[str]) -> int:
 
 
 def _demo_report(trainer, result) -> None:
-    """The built-in run's ending: validation loss against a unigram baseline, and what the model fills in."""
-    from .data import unigram_loss
+    """The built-in run's ending: what the model learned against the unigram baseline (`demo.demo_report`)."""
+    from .demo import demo_report
 
-    cfg = trainer.cfg
-    base = unigram_loss(cfg, vocab_size=len(trainer.tokenizer), fingerprint=trainer.data_fingerprint,
-                        targets=[batch.labels for _, batch in trainer.val_batches()])
-    if result.val_losses:
-        val = result.val_losses[-1][1]
-    else:  # the run was already complete: evaluate the checkpoint it resumed from
-        print(f"[biglm] {cfg.output_dir} already holds the finished run (step {result.step}); "
-              "delete it or pass --out_dir to train again")
-        val = trainer.validate()
-    print(f"\n[biglm] validation loss {val:.3f} vs unigram baseline {base:.3f} "
-          f"({'below' if val < base else 'NOT below'} the baseline)")
-    print("[biglm] what the model fills in:")
-    show_fill_ins(trainer.raw_model, trainer.tokenizer, DEMO_SENTENCES)
-    print(f"\n[biglm] run directory: {cfg.output_dir}; export with `biglm export {cfg.output_dir} OUT_DIR`, "
-          f"write with `biglm generate {cfg.output_dir} --prompt ...`")
+    demo_report(trainer, result)
 
 
 __all__ = ["main", "resolve_config", "RECIPES"]

@@ -98,18 +98,25 @@ def validation_windows(cfg: TrainConfig, *, info: DistInfo, vocab_size: int, fin
     return batches, len(windows)
 
 
-def unigram_loss(cfg: TrainConfig, *, vocab_size: int, fingerprint: str | None, targets: list,
-                 max_tokens: int = 50_000_000) -> float:
-    """Cross-entropy of the validation masked tokens (``targets``: one label tensor per batch, -100 =
-    unmasked) under the training unigram distribution (add-one smoothed): the loss of a model that
-    ignores context, the bar a trained model must clear."""
-
+def unigram_log_probs(cfg: TrainConfig, *, vocab_size: int, fingerprint: str | None,
+                      max_tokens: int = 50_000_000) -> torch.Tensor:
+    """(V,) log-probabilities of the training unigram distribution (add-one smoothed): a model that ignores
+    context (the first ``max_tokens`` tokens of each source counted)."""
     counts = np.ones(vocab_size, dtype=np.float64)
     for ds, _ in _datasets(cfg.data, split="train", vocab_size=vocab_size, fingerprint=fingerprint,
                            hub_sources=cfg.hub_sources).values():
         n = min(ds.n_tokens, max_tokens)
         counts += np.bincount(ds.read(0, n), minlength=vocab_size)[:vocab_size]
-    logp = torch.from_numpy(np.log(counts / counts.sum()))
+    return torch.from_numpy(np.log(counts / counts.sum()))
+
+
+def unigram_loss(cfg: TrainConfig, *, vocab_size: int, fingerprint: str | None, targets: list,
+                 max_tokens: int = 50_000_000, logp: torch.Tensor | None = None) -> float:
+    """Cross-entropy of the validation masked tokens (``targets``: one label tensor per batch, -100 =
+    unmasked) under the training unigram distribution (`unigram_log_probs`, or ``logp`` when given): the loss
+    of a model that ignores context, the bar a trained model must clear."""
+    if logp is None:
+        logp = unigram_log_probs(cfg, vocab_size=vocab_size, fingerprint=fingerprint, max_tokens=max_tokens)
     total, n = 0.0, 0
     for labels in targets:
         masked = labels[labels != -100].cpu()

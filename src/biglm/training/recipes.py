@@ -14,7 +14,8 @@
   scripts/table1_micro.sh, which also evaluates and reports them. ``--seed`` gives the seed replicas.
 - `default`: the built-in demo, what `biglm pretrain` runs with no recipe: a 4-layer, 192-wide BiGLM on
   the English text of the Python installation (`builtin` data, prepared with its own 4,096-token
-  tokenizer into OUT/data), 600 steps of 32 x 128 tokens, about four minutes on 2 CPU cores.
+  tokenizer into OUT/data), 450 steps of 32 x 128 tokens: about three and a half minutes on 2 idle CPU cores,
+  five when other work shares them (600 steps took 9 min on a loaded machine; docs/LOG.md).
 
 Not stated in the paper, chosen here and written down: warm-up 2000 steps; min lr of the cosine runs
 3e-4 (10%); dropout 0.1 where the paper used it (Megatron's default); the final-model mixture weights
@@ -71,8 +72,8 @@ _DEFAULT = TrainConfig(
     name="default", preset="tiny",
     model=ModelArgs(num_hidden_layers=4, hidden_size=192, num_attention_heads=6, num_key_value_heads=2,
                     intermediate_size=512, max_position_embeddings=256),
-    objective=_BIGLM, data={BUILTIN: 1.0}, seq_len=128, global_batch=32, micro_batch=32, steps=600, lr=3e-3,
-    min_lr=3e-4, schedule="cosine", warmup_steps=40, log_every=20, eval_every=100, eval_windows=256, save_every=100,
+    objective=_BIGLM, data={BUILTIN: 1.0}, seq_len=128, global_batch=32, micro_batch=32, steps=450, lr=3e-3,
+    min_lr=3e-4, schedule="cosine", warmup_steps=30, log_every=25, eval_every=150, eval_windows=256, save_every=150,
     keep_last=2,
 )
 
