@@ -214,3 +214,47 @@ def test_pretrain_blocks_records_the_variant_and_decodes_exactly(synthetic_data,
     cached = generate_ids(model, ids, mask, **kw)
     assert for_model(DecodingConfig(**kw), model.config).block_length == 32  # two blocks for 40 slots
     assert torch.equal(cached.tokens, generate_ids(model, ids, mask, use_cache=False, **kw).tokens)
+
+
+@pytest.mark.parametrize("suffix", ["block", "rest"])
+@pytest.mark.parametrize("strategy, extra", [("confidence", dict(steps=6)), ("mask-predict", dict(steps=6)),
+                                             ("threshold", dict(threshold=0.07))])
+def test_folded_append_pass_gives_the_same_answer_in_fewer_calls(strategy, extra, suffix):
+    """A finished block's append pass riding on the next block's first step: the same tokens and step
+    probabilities as a separate pass, one forward call fewer per block after the first, fewer positions than
+    the re-encoding cache."""
+    model = _blocks_model()
+    ids, mask = left_pad(PROMPTS, pad_id=0)
+    kw = dict(max_new_tokens=12, strategy=strategy, lengths=[12, 9], block_length=4, block_suffix=suffix, **extra)
+    runs = {}
+    for fold in (True, False):
+        steps: list[StepInfo] = []
+        runs[fold] = generate_ids(model, ids, mask, fold_blocks=fold, on_step=steps.append, **kw), steps
+    (a, sa), (b, sb) = runs[True], runs[False]
+    assert torch.equal(a.tokens, b.tokens) and a.steps == b.steps
+    for x, y in zip(sa, sb):
+        assert torch.equal(x.output_ids, y.output_ids)
+        torch.testing.assert_close(x.probs, y.probs, atol=1e-5, rtol=1e-4)
+    # prompt pass + steps (+ 2 separate block passes unfolded; the last block is never encoded)
+    assert a.forward_calls == 1 + a.steps and b.forward_calls == 1 + b.steps + 2
+    assert a.positions == b.positions
+    exact = generate_ids(model, ids, mask, block_cache="exact", **kw)
+    assert exact.positions > a.positions
+
+
+def test_cache_and_prefix_len_together_are_a_fused_append_pass():
+    """model(block + window, prefix_cache, prefix_len = cache + block): the block's keys equal an append pass,
+    the window's logits equal a step after that append pass."""
+    model = _blocks_model()
+    ids = torch.randint(5, 512, (2, 6), generator=torch.Generator().manual_seed(2))
+    block = torch.randint(5, 512, (2, 4), generator=torch.Generator().manual_seed(3))
+    window = torch.full((2, 4), model.config.mask_token_id)
+    with torch.no_grad():
+        cache = model.encode_prefix(ids)
+        appended = model.encode_prefix(block, past=cache)
+        want = model(window, prefix_cache=appended).logits
+        out = model(torch.cat((block, window), 1), prefix_cache=cache, prefix_len=6 + 4, return_cache=True)
+        with pytest.raises(ValueError, match="must be >= 6"):
+            model(window, prefix_cache=cache, prefix_len=3)
+    torch.testing.assert_close(out.logits[:, 4:], want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["cache"].first(4).keys[1], appended.keys[1][:, :, 6:], atol=1e-5, rtol=1e-5)

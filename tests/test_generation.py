@@ -169,9 +169,9 @@ def test_block_suffix_decides_what_a_step_runs(model, monkeypatch):
     for suffix, widths in (("block", [4, 4, 4]), ("rest", [12, 8, 4])):
         seen = []
 
-        def spy(self, answer, positions, *, start=0, end=None, _seen=seen):
+        def spy(self, answer, positions, *, start=0, end=None, _seen=seen, **kw):
             _seen.append((start, end))
-            return call(self, answer, positions, start=start, end=end)
+            return call(self, answer, positions, start=start, end=end, **kw)
 
         monkeypatch.setattr(AnswerDenoiser, "__call__", spy)
         generate_ids(model, ids, mask, max_new_tokens=12, strategy="confidence", steps=3, block_length=4,

@@ -100,7 +100,11 @@ class GenerationOutput:
         lengths: (B,) long, answer length after cutting at the first EOS (the EOS excluded).
         candidate_length: (B,) long, the chosen candidate length (the length beam's pick).
         avg_logprob: (B,) float, the chosen candidate's mean log-probability per slot.
-        steps: model calls made (per row set; all candidates run together).
+        steps: denoising steps made (per row set; all candidates run together).
+        forward_calls: model forward calls in all: the steps plus the cache's own encoding passes (the prompt,
+            and each finished block unless its append pass shares the next block's first step).
+        positions: query positions those calls processed, summed over rows (the work per committed token is
+            ``positions / (rows * N)``; an autoregressive model with a KV cache processes 1 per token).
     """
 
     tokens: torch.Tensor
@@ -108,6 +112,8 @@ class GenerationOutput:
     candidate_length: torch.Tensor
     avg_logprob: torch.Tensor
     steps: int
+    forward_calls: int = 0
+    positions: int = 0
 
     def token_lists(self) -> list[list[int]]:
         """Each answer as a list of ids, cut at the first EOS."""
@@ -142,6 +148,7 @@ class AnswerDenoiser:
         self.use_cache = use_cache
         self.block_length = block_length or valid.shape[1]
         self.block_cache = block_cache
+        self.forward_calls = self.positions = 0  # the work done, for benchmarks (GenerationOutput)
         # what an exact `extend` re-encodes: each row's prompt, then the committed slots so far
         self._prompt, self._valid, self._done = (prompt_ids, prompt_mask, rows), valid, valid[:, :0].long()
         # masks are fixed for the whole decode: build them once (each `.all()` is a host sync)
@@ -153,6 +160,7 @@ class AnswerDenoiser:
                 self.cache = PrefixCache.empty(model.config, batch=rows.numel(), device=param.device, dtype=param.dtype)
                 return
             cache = model.encode_prefix(prompt_ids, prompt_mask if prompt_padded else None)
+            self._count(prompt_ids.shape[0], self.prompt_len)
             # the identity selection is skipped: `select` copies every layer's keys/values
             same = rows.numel() == prompt_ids.shape[0] and bool((rows == torch.arange(rows.numel(), device=rows.device)).all())
             self.cache = cache if same else cache.select(rows)
@@ -163,18 +171,34 @@ class AnswerDenoiser:
             self.masked_keys = prompt_padded or self.answer_mask is not None
             self.no_logits = torch.zeros_like(self.prompt_ids, dtype=torch.bool)
 
+    def _count(self, rows: int, length: int) -> None:
+        self.forward_calls += 1
+        self.positions += rows * length
+
+    @property
+    def folds(self) -> bool:
+        """True when a finished block's cache pass can share the next block's first step (append cache: the
+        block's keys/values need only the cache and the block, so one call computes them beside the step)."""
+        return self.use_cache and self.block_cache == "append"
+
     def __call__(self, answer: torch.Tensor, positions: torch.Tensor, *, start: int = 0, end: int | None = None,
-                 ) -> torch.Tensor:
+                 commit: Commit | None = None) -> torch.Tensor:
         """Logits (M, V) at the ``positions`` (R, N) bool of ``answer`` (R, N), in row-major order.
 
         Slots ``start:end`` run as the suffix (``positions`` must lie inside them); slots before
         ``start`` are committed blocks (in the cache, or recomputed as such without it); slots from
-        ``end`` on are left out of the call."""
+        ``end`` on are left out of the call. ``commit`` (only when `folds`): the block that ends at ``start``,
+        not yet in the cache; it joins this call as prefix (it sees the cache and itself) and its keys/values
+        extend the cache, exactly as a separate `extend` would, one call fewer."""
         end = answer.shape[1] if end is None else end
         if self.use_cache:
+            if commit is not None:
+                return self._fused(answer, positions, start=start, end=end, commit=commit)
             mask = None if self.answer_mask is None else self.answer_mask[:, start:end]
+            self._count(answer.shape[0], end - start)
             return self.model(answer[:, start:end], prefix_cache=self.cache, attention_mask=mask,
                               logits_positions=positions[:, start:end]).logits
+        self._count(answer.shape[0], self.prompt_len + end)
         ids = torch.cat((self.prompt_ids, answer[:, :end]), dim=1)
         where = torch.cat((self.no_logits, positions[:, :end]), dim=1)
         mask = torch.cat((self.prompt_mask, self.valid[:, :end].long()), dim=1) if self.masked_keys else None
@@ -188,6 +212,22 @@ class AnswerDenoiser:
         return self.model(ids, prefix_len=self.prompt_len + start, prompt_len=self.prompt_len,
                           block_len=self.block_length, attention_mask=mask, logits_positions=where).logits
 
+    def _fused(self, answer: torch.Tensor, positions: torch.Tensor, *, start: int, end: int, commit: Commit,
+               ) -> torch.Tensor:
+        if not self.folds or commit.end != start:
+            raise ValueError(f"a block folds into the next step only with the append cache and when it ends where the "
+                             f"step starts (block ends at {commit.end}, step starts at {start}).")
+        n = commit.end - commit.start
+        ids = torch.cat((commit.ids, answer[:, start:end]), dim=1)
+        mask = None if self.answer_mask is None else torch.cat(
+            (self.answer_mask[:, commit.start:commit.end], self.answer_mask[:, start:end]), dim=1)
+        where = torch.cat((torch.zeros_like(commit.ids, dtype=torch.bool), positions[:, start:end]), dim=1)
+        self._count(answer.shape[0], n + end - start)
+        out = self.model(ids, prefix_cache=self.cache, prefix_len=self.cache.length + n, attention_mask=mask,
+                         logits_positions=where, return_cache=True)
+        self.cache = self.cache.extend(out["cache"].first(n))
+        return out.logits
+
     def extend(self, commit: Commit) -> None:
         """Committed slots join the prefix (without the cache there is nothing to keep: every call
         recomputes them). ``exact``: prompt + every committed slot re-encoded as one prefix; ``append``:
@@ -196,6 +236,7 @@ class AnswerDenoiser:
             return
         if self.block_cache == "append":
             mask = None if self.answer_mask is None else self.answer_mask[:, commit.start:commit.end]
+            self._count(commit.ids.shape[0], commit.end - commit.start)
             self.cache = self.model.encode_prefix(commit.ids, mask, past=self.cache)
             return
         if commit.start != self._done.shape[1]:
@@ -204,6 +245,7 @@ class AnswerDenoiser:
         self._done = torch.cat((self._done, commit.ids), dim=1)  # (R, end)
         ids = torch.cat((prompt_ids.index_select(0, rows), self._done), dim=1)
         mask = torch.cat((prompt_mask.index_select(0, rows), self._valid[:, :commit.end].long()), dim=1)
+        self._count(ids.shape[0], ids.shape[1])
         self.cache = self.model.encode_prefix(ids, mask)
 
 
@@ -410,6 +452,7 @@ def generate_ids(
     generator: torch.Generator | None = None,
     suppress_ids: Sequence[int] = (),
     on_step: StepCallback | None = None,
+    fold_blocks: bool = True,
     **overrides: Any,
 ) -> GenerationOutput:
     """Generate answers for left-padded prompts ``prompt_ids`` (B, P) by iterative unmasking.
@@ -426,6 +469,8 @@ def generate_ids(
         suppress_ids: token ids never generated (the mask token and, when it is not EOS, the pad
             token are always suppressed).
         on_step: called with a `StepInfo` after every model call.
+        fold_blocks: with the append cache, a finished block's cache pass shares the next block's first step
+            (one call per block saved; the same answer). False runs them apart (for checking).
         **overrides: `DecodingConfig` fields changed on top of ``config`` (validated together, once).
     """
     cfg = (config or DecodingConfig()).override(**overrides)
@@ -460,13 +505,24 @@ def generate_ids(
         denoise = AnswerDenoiser(model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, rows=run.rows,
                                  valid=run.valid, use_cache=cfg.use_cache, block_length=run.config.block_length,
                                  block_cache=run.config.block_cache)
+        held: Commit | None = None  # a finished block whose cache pass rides on the next step (append cache)
         while (item := run.pending) is not None:
             if isinstance(item, Commit):
-                denoise.extend(item)
+                if held is not None:  # two blocks in a row without a step between: the first goes in alone
+                    denoise.extend(held)
+                    held = None
+                if denoise.folds and fold_blocks:
+                    held = item
+                else:
+                    denoise.extend(item)
                 run.advance()
             else:
-                run.advance(denoise(item.inputs, item.where, start=item.start, end=item.end))
-    return run.output()
+                run.advance(denoise(item.inputs, item.where, start=item.start, end=item.end, commit=held))
+                held = None
+    # a block still held at the end is the last one: nothing reads its keys/values, so it is never encoded
+    out = run.output()
+    out.forward_calls, out.positions = denoise.forward_calls, denoise.positions
+    return out
 
 
 def uses_length_head(model: torch.nn.Module, config: DecodingConfig) -> bool:

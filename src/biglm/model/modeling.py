@@ -117,6 +117,11 @@ class PrefixCache:
         return cls(keys=kv, values=list(kv), key_valid=torch.zeros(batch, 0, dtype=torch.bool, device=device),
                    padded=False)
 
+    def first(self, n: int) -> "PrefixCache":
+        """The first ``n`` positions of this cache (a call's keys/values of its leading prefix tokens)."""
+        return PrefixCache(keys=[k[:, :, :n] for k in self.keys], values=[v[:, :, :n] for v in self.values],
+                           key_valid=self.key_valid[:, :n], padded=self.padded and not bool(self.key_valid[:, :n].all()))
+
     def extend(self, other: "PrefixCache") -> "PrefixCache":
         """This cache followed by ``other`` (keys/values of later prefix tokens, encoded seeing this one)."""
         return PrefixCache(
@@ -320,7 +325,9 @@ class BiGLMModel(BiGLMPreTrainedModel):
             position_ids: (B, L) RoPE positions; default ``offset + arange(L)`` (RoPE is relative, so
                 left padding needs no shift).
             prefix_cache: keys/values of an already encoded prefix; ``input_ids`` is then the suffix and
-                every suffix token sees the whole prefix and suffix.
+                every suffix token sees the whole prefix and suffix. With ``prefix_len`` too (counted from the
+                cache's start, so >= its length), the leading new tokens are more prefix: they see the cache and
+                each other, not what follows (block decoding's append pass fused with the next block's first call).
             return_cache: also return this call's keys/values as a `PrefixCache` (``outputs.cache``).
             prompt_len, block_len: (B,) or int, the `biglm-blocks` rule with ``prefix_len``: prefix tokens
                 before ``prompt_len`` see the prompt only; the rest of the prefix is cut into blocks of
@@ -337,8 +344,9 @@ class BiGLMModel(BiGLMPreTrainedModel):
             self._check_inputs(input_ids, prefix_len, offset)
             if prompt_len is not None:
                 self._check_blocks(prefix_len, prompt_len, block_len)
-            if prefix_cache is not None and prefix_len is not None:
-                raise ValueError("prefix_cache and prefix_len are exclusive: with a cache, the suffix sees everything.")
+            if prefix_cache is not None and prefix_len is not None and bool((prefix_len < offset).any()):
+                raise ValueError(f"with a prefix_cache of {offset} tokens, prefix_len counts from the cache's start and "
+                                 f"must be >= {offset}: cached tokens are prefix.")
         key_valid = None if attention_mask is None else attention_mask.bool()
         if prefix_cache is not None:
             if key_valid is None and not prefix_cache.padded:
@@ -438,8 +446,9 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         host sync (the number of selected rows); indices cost none (the trainer finds them before it
         queues any forward, where a sync stalls nothing).
         """
-        hidden = self.model(input_ids, prefix_len=prefix_len, attention_mask=attention_mask, doc_ids=doc_ids,
-                            position_ids=position_ids, prefix_cache=prefix_cache, **kwargs).last_hidden_state
+        base = self.model(input_ids, prefix_len=prefix_len, attention_mask=attention_mask, doc_ids=doc_ids,
+                          position_ids=position_ids, prefix_cache=prefix_cache, **kwargs)
+        hidden = base.last_hidden_state
         select = None
         if labels is not None and self.config.sparse_prediction:
             select = labels != IGNORE_INDEX
@@ -458,4 +467,7 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
                 loss = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX)
             else:
                 loss = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum") / num_items_in_batch
-        return MaskedLMOutput(loss=loss, logits=logits)
+        out = MaskedLMOutput(loss=loss, logits=logits)
+        if "cache" in base:  # return_cache=True: this call's keys/values, as `BiGLMModel` returns them
+            out["cache"] = base["cache"]
+        return out
