@@ -167,7 +167,8 @@ def speed(args: argparse.Namespace) -> dict:
                             out = llama.generate(prompt, attention_mask=attn, max_new_tokens=k or n,
                                                  min_new_tokens=k or n, do_sample=False)
                         assert out.shape[1] == prompt.shape[1] + (k or n), out.shape
-                        return n
+                        # a prefill, then one call per further token, each one position per row
+                        return dict(steps=n, forward_calls=n, positions=prompt.shape[0] * (prompt.shape[1] + n - 1))
 
                     cases.append((batch, n, variant, None, run, lambda run=run: run(k=min(n, 32)), 1.0, n))
                     continue
@@ -181,13 +182,15 @@ def speed(args: argparse.Namespace) -> dict:
                     warm_cfg = cfg.override(steps=blocks if block_length else min(2, cfg.steps))
 
                     def run(c=timed_cfg, prompt=prompt):
-                        return generate_ids(biglm, prompt, config=c).steps
+                        out = generate_ids(biglm, prompt, config=c)
+                        return dict(steps=out.steps, forward_calls=out.forward_calls, positions=out.positions)
 
                     def warm(c=warm_cfg, prompt=prompt):
                         return generate_ids(biglm, prompt, config=c)
 
                     cases.append((batch, n, variant, block_length, run, warm, scale, cfg.steps))
     times: dict[int, list[float]] = {i: [] for i in range(len(cases))}
+    work: dict[int, dict] = {}  # the last timed run's calls and positions (deterministic for a case)
     def name(variant: str, block_length: int | None) -> str:
         return variant + (f" B={block_length}" if block_length else "")
 
@@ -198,8 +201,9 @@ def speed(args: argparse.Namespace) -> dict:
         for i, (batch, n, variant, block_length, run, _, scale, calls) in enumerate(cases):
             t, made = _time(run, device)
             times[i].append(t * scale)
+            work[i] = made
             print(f"  round {r + 1}/{args.repeats} batch={batch:<3} N={n:<4} {name(variant, block_length):<18} "
-                  f"{t * scale:8.2f} s" + (f" (projected from {made} calls x {scale:g})" if scale != 1.0 else ""),
+                  f"{t * scale:8.2f} s" + (f" (projected from {made['steps']} calls x {scale:g})" if scale != 1.0 else ""),
                   flush=True)
     rows = []
     for i, (batch, n, variant, block_length, _, _, scale, calls) in enumerate(cases):
@@ -210,6 +214,9 @@ def speed(args: argparse.Namespace) -> dict:
             row.update(strategy=args.strategy, block_length=block_length)
         if scale != 1.0:
             row["projected_from_calls"] = args.max_one_block_calls
+        else:  # tokens per forward call (TPF) and positions processed per committed token, the work behind the time
+            row.update(forward_calls=work[i]["forward_calls"], tokens_per_forward=n / work[i]["forward_calls"],
+                       positions_per_token=work[i]["positions"] / (batch * n))
         rows.append(row)
     ar = {(r["batch"], r["new_tokens"]): r["latency_s"] for r in rows if r["variant"] == "ar"}
     for row in rows:
@@ -233,13 +240,16 @@ def speed_markdown(report: dict) -> str:
         f"BiGLM {s['strategy']}, T = N/{s['tokens_per_step']} calls, blocks of {s['block_length']} slots; "
         f"median of {s['repeats']} interleaved rounds after a warm-up",
         "",
-        "| batch | N | variant | calls | latency median (s) | min (s) | tokens/s | vs AR |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| batch | N | variant | steps | forward calls | TPF | positions / token | latency median (s) | min (s) "
+        "| tokens/s | vs AR |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
         note = f" (projected from {r['projected_from_calls']} calls)" if "projected_from_calls" in r else ""
         label = r["variant"] + (f" B={r['block_length']}" if r.get("block_length") else "")
-        lines.append(f"| {r['batch']} | {r['new_tokens']} | {label}{note} | {r['model_calls']} | "
+        work = (f"{r['forward_calls']} | {r['tokens_per_forward']:.2f} | {r['positions_per_token']:.2f}"
+                if "forward_calls" in r else "— | — | —")
+        lines.append(f"| {r['batch']} | {r['new_tokens']} | {label}{note} | {r['model_calls']} | {work} | "
                      f"{r['latency_s']:.3f} | {r['latency_min_s']:.3f} | {r['tokens_per_s']:.1f} | "
                      f"{r.get('speedup_vs_ar', float('nan')):.2f}x |")
     return "\n".join(lines)
