@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from biglm.config import ConfigError
 from biglm.training.config import ModelArgs
 from biglm.training import (
     RECIPES,
@@ -368,6 +369,12 @@ def test_every_recipe_builds(name):
     cfg = get_recipe(name)
     if name == "default":  # the built-in CPU demo, not a paper recipe
         assert cfg.data == {"builtin": 1.0} and cfg.preset == "tiny"
+        return
+    if cfg.requires_init:  # continued pre-training (tests/test_init_from.py): the shape comes from --init_from
+        with pytest.raises(ConfigError, match="--init_from"):
+            cfg.validate()
+        dataclasses.replace(cfg, init_from="runs/source").validate()
+        dataclasses.replace(get_recipe(name, local=True), init_from="runs/source").validate()
         return
     if name.startswith("table1-micro-"):  # Table 1 at CPU scale: the three differ in the objective only
         base = get_recipe("table1-micro-biglm")

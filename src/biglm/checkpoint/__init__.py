@@ -8,8 +8,9 @@ directory (pretrain, finetune, and any command that writes a run directory).
 
 from .export import export_checkpoint
 from .layout import CheckpointError, checkpoint_dirs, latest_checkpoint, newest_intact_checkpoint, verify_checkpoint
-from .loading import load_inference_checkpoint, load_model
+from .loading import ModelSource, load_inference_checkpoint, load_model, model_source
 from .lock import RunDirLockedError, RunLock
 
-__all__ = ["CheckpointError", "RunDirLockedError", "RunLock", "checkpoint_dirs", "export_checkpoint", "latest_checkpoint",
-           "load_inference_checkpoint", "load_model", "newest_intact_checkpoint", "verify_checkpoint"]
+__all__ = ["CheckpointError", "ModelSource", "RunDirLockedError", "RunLock", "checkpoint_dirs", "export_checkpoint",
+           "latest_checkpoint", "load_inference_checkpoint", "load_model", "model_source", "newest_intact_checkpoint",
+           "verify_checkpoint"]

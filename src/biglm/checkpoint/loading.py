@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..model import BiGLMConfig, BiGLMForConditionalGeneration, BiGLMForMaskedLM
-from .layout import latest_checkpoint, newest_intact_checkpoint, run_dir_of
+from .layout import META, latest_checkpoint, newest_intact_checkpoint, run_dir_of
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
@@ -74,3 +75,44 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
             model = model.to(dtype)
     model.model.validate_inputs = True
     return model.to(device).eval(), tokenizer
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a pre-trained BiGLM's parts lie (`model_source`): the start of continued pre-training."""
+
+    path: Path
+    """the directory as given"""
+    kind: str
+    """"export" (a Hugging Face directory) or "run" (a `biglm pretrain` run or one of its checkpoints)"""
+    config_dir: Path
+    """holds config.json"""
+    tokenizer_dir: Path
+    """holds the tokenizer the model was trained with"""
+    weights: Path
+    """what `load_model` reads: the export directory, or the run's newest intact checkpoint"""
+
+
+def model_source(path: str | Path) -> ModelSource:
+    """The parts of a pre-trained BiGLM at ``path``: an exported directory (config.json + model.safetensors +
+    tokenizer), a `biglm pretrain` run directory (its newest intact checkpoint) or one checkpoint directory.
+    `FileNotFoundError` in one line when ``path`` is none of these (a fine-tuning run included)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory: give a `biglm export` directory or a `biglm pretrain` run")
+    if (path / "task.json").is_file():
+        raise FileNotFoundError(f"{path} is a `biglm finetune` run: continued pre-training starts from a pre-trained "
+                                "BiGLM (a `biglm export` directory or a `biglm pretrain` run)")
+    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        return ModelSource(path=path, kind="export", config_dir=path, tokenizer_dir=path, weights=path)
+    if (path / META).is_file():  # one checkpoint of a run
+        run = run_dir_of(path)
+        return ModelSource(path=path, kind="run", config_dir=run, tokenizer_dir=run / "tokenizer", weights=path)
+    ckpt, skipped = newest_intact_checkpoint(path, checksums=False)
+    for bad, why in skipped:
+        print(f"[biglm] warning: checkpoint {bad} is damaged ({why}): skipped", file=sys.stderr)
+    if ckpt is None or not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{path} holds neither an exported model (config.json + model.safetensors) nor an intact training "
+            "checkpoint (checkpoints/step_*/meta.json): give a `biglm export` directory or a `biglm pretrain` run")
+    return ModelSource(path=path, kind="run", config_dir=path, tokenizer_dir=path / "tokenizer", weights=ckpt)

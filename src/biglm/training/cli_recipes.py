@@ -43,7 +43,8 @@ def main(argv: list[str]) -> int:
         sched = c.schedule + (f" anneal {c.anneal_fraction:.0%}" if c.schedule == "wsd" else "")
         if c.anneal_data:
             sched += f" on {'+'.join(c.anneal_data)}"
-        print(f"{name:<26} {c.preset:<11} {_objective(c.objective):<40} {c.steps:>7} steps lr {c.lr:g} {sched}; "
+        shape = "--init_from" if c.requires_init else c.preset  # continued pre-training: the source's shape
+        print(f"{name:<26} {shape:<11} {_objective(c.objective):<40} {c.steps:>7} steps lr {c.lr:g} {sched}; "
               f"data {'+'.join(c.data)}")
     print("\nrun one: biglm pretrain NAME [--local] [--field value ...]; `biglm pretrain NAME --help` lists the fields")
     return 0

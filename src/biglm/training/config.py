@@ -17,6 +17,9 @@ from ..config import ConfigError, from_dict, load_yaml, to_dict
 from ..model.config import PRESETS
 from ..objective import OBJECTIVES, ObjectiveConfig
 
+# the model fields --init_from may change: training-time regularisation, and the longest input (RoPE has no
+# weights per position); every other field is the source model's shape
+INIT_MODEL_FIELDS = ("attention_dropout", "hidden_dropout", "max_position_embeddings")
 BUILTIN = "builtin"  # the data source name of the built-in corpus (prepared into OUT/data by `biglm pretrain`)
 
 
@@ -67,9 +70,16 @@ class TrainConfig:
 
     # model
     preset: str = "biglm-124m"
-    """architecture preset (see `biglm presets`)"""
+    """architecture preset (see `biglm presets`; not used with --init_from, whose model has its own shape)"""
     model: ModelArgs = field(default_factory=ModelArgs)
-    """changes to the preset's architecture"""
+    """changes to the preset's architecture (with --init_from only the non-shape fields: the dropouts and
+    max_position_embeddings)"""
+    init_from: str | None = None
+    """continue training an existing BiGLM: an exported (Hugging Face) directory or a `biglm pretrain` run (its
+    newest checkpoint). Its shape, tokenizer and weights are the start (fresh optimizer, step 0, this recipe's
+    schedule); the data must be prepared with its tokenizer. A run that has checkpoints resumes from them instead"""
+    requires_init: bool = False
+    """the recipe continues training an existing model and refuses to start without --init_from"""
 
     # objective
     objective: ObjectiveConfig = field(default_factory=lambda: OBJECTIVES["biglm"], metadata={"choices": OBJECTIVES})
@@ -204,6 +214,18 @@ class TrainConfig:
             raise ConfigError(f"--warmup_steps {self.warmup_steps} is more than --steps {self.steps}: lower it.")
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
             raise ConfigError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.requires_init and not self.init_from:
+            raise ConfigError(f"recipe {self.name!r} continues training an existing BiGLM: give --init_from DIR (a "
+                              "`biglm export` directory or a `biglm pretrain` run directory)")
+        if self.init_from:
+            shape = {k: v for k, v in self.model.overrides().items() if k not in INIT_MODEL_FIELDS}
+            if shape:
+                fields = ", ".join(f"--model.{k}" for k in shape)
+                raise ConfigError(f"{fields} with --init_from: the model's shape comes from {self.init_from}; only "
+                                  f"{', '.join('--model.' + k for k in INIT_MODEL_FIELDS)} may change")
+            if self.tokenizer:
+                raise ConfigError(f"--tokenizer {self.tokenizer} with --init_from: the tokenizer is the one of "
+                                  f"{self.init_from} (prepare the data with it); drop --tokenizer")
         if not self.data:
             raise ConfigError("no training data: give --data DIR (a folder written by `biglm data prepare`).")
 

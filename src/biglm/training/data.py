@@ -43,6 +43,23 @@ def read_data_info(cfg: TrainConfig) -> DataInfo:
     return DataInfo(tokenizer_path=None, fingerprint=None)
 
 
+def check_data_tokenizer(cfg: TrainConfig, *, fingerprint: str, source: str, tokenizer_dir: str | Path) -> None:
+    """Refuse, in one line and before any step, data folders prepared with another tokenizer than ``source``'s
+    (the model that --init_from starts from): its token ids would mean other words to the model."""
+    import json
+
+    folders = [*cfg.data, *(cfg.anneal_data or {}), *(cfg.val_data or [])]
+    for folder in dict.fromkeys(folders):
+        manifest = Path(folder) / "manifest.json"
+        if not manifest.is_file():
+            continue  # a missing folder is reported where it is opened
+        found = json.loads(manifest.read_text()).get("config", {}).get("tokenizer_fingerprint")
+        if found != fingerprint:
+            raise ValueError(f"--init_from {source}: the data in {folder} was prepared with another tokenizer "
+                             f"(fingerprint {found} vs the model's {fingerprint}); prepare it with the model's: "
+                             f"biglm data prepare SOURCE --tokenizer {tokenizer_dir} --out DIR")
+
+
 def _datasets(folders: dict[str, float], *, split: str, vocab_size: int, fingerprint: str | None,
               hub_sources: dict[str, str]) -> dict[str, tuple[TokenDataset, float]]:
     out = {}

@@ -29,7 +29,7 @@ import torch
 
 from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters, resolve_attn_backend
 from ..objective import ObjectiveConfig, apply_masks, draw_masks, make_generator, masked_lm_loss
-from ..checkpoint import CheckpointError, latest_checkpoint
+from ..checkpoint import CheckpointError, checkpoint_dirs, latest_checkpoint, model_source
 from .checkpoint import Checkpointer, hold_run_dir
 from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_sum, parallelize
@@ -115,24 +115,40 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def _build(self) -> None:
         from ..data import load_tokenizer, tokenizer_fingerprint
-        from .data import open_train_sampler, read_data_info, validation_windows
+        from .data import check_data_tokenizer, open_train_sampler, read_data_info, validation_windows
 
         cfg, dev = self.cfg, self.info.device
-        data_info = read_data_info(cfg)
-        tok_path = cfg.tokenizer or data_info.tokenizer_path
+        self.init_source = None
+        if cfg.init_from:
+            base_config, tok_path = self._init_parts()
+        else:
+            base_config, tok_path = None, cfg.tokenizer or read_data_info(cfg).tokenizer_path
         if tok_path is None:
             raise ValueError("no tokenizer: give --tokenizer DIR (the one used by `biglm data prepare`).")
         self.tokenizer = load_tokenizer(tok_path)
+        if cfg.init_from:  # data in other token ids is refused before any weights are read
+            check_data_tokenizer(cfg, fingerprint=tokenizer_fingerprint(self.tokenizer), source=cfg.init_from,
+                                 tokenizer_dir=tok_path)
         vocab = len(self.tokenizer)
         # flex has no attention dropout: auto picks sdpa then, and an explicit flex is refused here
         backend = resolve_attn_backend(cfg.attn_backend, device_type=dev.type,
                                        attention_dropout=cfg.model.attention_dropout or 0.0)
-        model_args = dict(vocab_size=vocab, max_position_embeddings=max(cfg.seq_len, 128), attn_backend=backend,
-                          pad_token_id=self.tokenizer.pad_token_id, mask_token_id=self.tokenizer.mask_token_id,
-                          eos_token_id=self.tokenizer.eos_token_id, bos_token_id=self.tokenizer.bos_token_id)
+        if base_config is not None:  # --init_from: the source's shape and token ids, with this run's settings
+            model_args = base_config.to_dict()
+            for key in ("architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype", "model_type"):
+                model_args.pop(key, None)
+            model_args.update(attn_backend=backend)
+        else:
+            model_args = dict(vocab_size=vocab, max_position_embeddings=max(cfg.seq_len, 128), attn_backend=backend,
+                              pad_token_id=self.tokenizer.pad_token_id, mask_token_id=self.tokenizer.mask_token_id,
+                              eos_token_id=self.tokenizer.eos_token_id, bos_token_id=self.tokenizer.bos_token_id)
         model_args.update(cfg.model.overrides())
-        if cfg.objective.prefix_blocks:  # the model records what its prefix was trained to see (decoding reads it)
+        # the model records what its prefix was trained to see (decoding reads it): the objective decides, so a
+        # paper model adapted with biglm-blocks becomes "blocks", and a blocks model trained on with biglm goes back
+        if cfg.objective.prefix_blocks:
             model_args.update(prefix_attention="blocks", prefix_block_lengths=sorted(cfg.objective.prefix_blocks))
+        else:
+            model_args.update(prefix_attention="bidirectional", prefix_block_lengths=[])
         if model_args["vocab_size"] < vocab:
             raise ValueError(f"--model.vocab_size {model_args['vocab_size']} is smaller than the tokenizer's {vocab}.")
         if cfg.seq_len > model_args["max_position_embeddings"]:
@@ -140,12 +156,21 @@ class Trainer:
                 f"seq_len={cfg.seq_len} is longer than the model's max_position_embeddings="
                 f"{model_args['max_position_embeddings']}: lower --seq_len or raise --model.max_position_embeddings."
             )
-        self.model_config = BiGLMConfig.from_preset(cfg.preset, **model_args)
+        if base_config is not None:
+            self.model_config = BiGLMConfig(**model_args)
+            if base_config.prefix_attention != self.model_config.prefix_attention:
+                self.echo(f"[biglm] prefix_attention {base_config.prefix_attention} -> "
+                          f"{self.model_config.prefix_attention} (objective {cfg.objective.name})")
+        else:
+            self.model_config = BiGLMConfig.from_preset(cfg.preset, **model_args)
         self.objective = cfg.objective
         self.mask_id = self.tokenizer.mask_token_id
 
         torch.manual_seed(cfg.seed)
-        model = BiGLMForMaskedLM(self.model_config).to(dev)
+        model = BiGLMForMaskedLM(self.model_config)
+        if self.init_source is not None:
+            self._load_init_weights(model)
+        model = model.to(dev)
         self.raw_model = model
         self.n_params = count_parameters(self.model_config)
         self.autocast_dtype = autocast_dtype(cfg.dtype, dev)
@@ -180,6 +205,30 @@ class Trainer:
         self.checkpointer = Checkpointer(self.out, keep_last=cfg.keep_last)
         self.step = 0
         self.tokens_seen = 0
+
+    def _init_parts(self) -> tuple[BiGLMConfig, Path]:
+        """--init_from: the model config and tokenizer directory to start from. A run that already has checkpoints
+        takes both from its own directory (it resumes; the source is not read again, and may even be gone)."""
+        cfg = self.cfg
+        if checkpoint_dirs(self.out) and (self.out / "config.json").is_file():
+            return BiGLMConfig.from_pretrained(self.out), self.out / "tokenizer"
+        self.init_source = model_source(cfg.init_from)
+        return BiGLMConfig.from_pretrained(self.init_source.config_dir), self.init_source.tokenizer_dir
+
+    def _load_init_weights(self, model: BiGLMForMaskedLM) -> None:
+        """Copy the --init_from model's weights into ``model`` (same shape; strict: every tensor, nothing else)."""
+        from ..checkpoint import load_model
+
+        source = self.init_source
+        loaded, _ = load_model(source.weights)
+        try:
+            model.load_state_dict(loaded.state_dict())
+        except RuntimeError as e:
+            first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+            raise ValueError(f"--init_from {source.path}: its weights do not fit a BiGLMForMaskedLM of its config "
+                             f"({first})") from None
+        self.echo(f"[biglm] starting from {source.weights} ({'exported model' if source.kind == 'export' else 'run checkpoint'})"
+                  ": its weights, a fresh optimizer, step 0")
 
     # ------------------------------------------------------------------ state
     def _write_run_files(self) -> None:

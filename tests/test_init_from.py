@@ -1,0 +1,155 @@
+"""Continued pre-training (`biglm pretrain --init_from DIR`), the recipes that need it, and model cards (`biglm export`).
+
+Issue 23: --init_from starts from the source's weights (step 0 equals the source), resumes exactly after a kill
+from its own checkpoint, refuses data of another tokenizer in one line; blocks-adapt turns a paper model into a
+"blocks" model (and the paper objective turns it back); the exported README.md is a Hugging Face model card whose
+front matter parses as YAML and names the base model, the objective and the data.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from biglm.checkpoint import checkpoint_dirs, export_checkpoint, load_model
+from biglm.config import ConfigError
+from biglm.objective import OBJECTIVES
+from biglm.training import Trainer, TrainConfig
+from biglm.training.cli import main as pretrain_main, resolve_config
+from biglm.training.config import ModelArgs
+from biglm.training.distributed import DistInfo
+
+SINGLE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+QUIET = dict(echo=lambda s: None)
+
+
+def _cfg(data: Path, out: Path, **kw) -> TrainConfig:
+    """A tiny run on the synthetic shards (the tokenizer comes from the manifest, or from --init_from)."""
+    base = dict(name="t", out_dir=str(out), preset="tiny", model=ModelArgs(max_position_embeddings=64),
+                data={str(data / "shards"): 1.0}, seq_len=32, micro_batch=4, global_batch=8, steps=6, lr=1e-3,
+                min_lr=1e-4, warmup_steps=1, log_every=1, eval_every=3, eval_windows=8, save_every=3, keep_last=3)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _losses(out: Path) -> dict[int, float]:
+    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
+
+
+def _front_matter(card: str) -> dict:
+    assert card.startswith("---\n"), card[:80]
+    return yaml.safe_load(card.split("---\n")[1])
+
+
+@pytest.fixture(scope="module")
+def source(synthetic_data, tmp_path_factory):
+    """A paper-objective BiGLM trained 3 steps on the synthetic data: its run directory and its export."""
+    root = tmp_path_factory.mktemp("source")
+    run = root / "run"
+    Trainer(_cfg(synthetic_data, run, steps=3, lr=3e-3), info=SINGLE, **QUIET).train()
+    export = export_checkpoint(run, root / "export")
+    return run, export
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("kind", ["export", "run"])
+def test_init_from_starts_from_the_source_weights(synthetic_data, source, tmp_path, kind):
+    run, export = source
+    src = export if kind == "export" else run
+    trainer = Trainer(_cfg(synthetic_data, tmp_path, init_from=str(src), steps=2, model=ModelArgs()), info=SINGLE,
+                      **QUIET)
+    original, _ = load_model(src)
+    assert _same_weights(trainer.raw_model, original)  # step 0 is the source model
+    assert trainer.model_config.num_hidden_layers == original.config.num_hidden_layers
+    assert trainer.model_config.max_position_embeddings == original.config.max_position_embeddings  # the source's
+    result = trainer.train()
+    assert result.step == 2 and not _same_weights(trainer.raw_model, original)  # it trained
+    saved = json.loads((tmp_path / "train_config.json").read_text())
+    assert saved["init_from"] == str(src)  # the start is recorded in the run
+
+
+def test_init_from_resumes_exactly_after_a_kill(synthetic_data, source, tmp_path):
+    _, export = source
+    moved = tmp_path / "source-copy"
+    shutil.copytree(export, moved)
+    full, crashed = tmp_path / "full", tmp_path / "crashed"
+    Trainer(_cfg(synthetic_data, full, init_from=str(moved)), info=SINGLE, **QUIET).train()
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_4(trainer, step):
+        if step == 4:
+            raise Killed  # dies after step 4: the checkpoint of step 3 is the newest
+
+    with pytest.raises(Killed):
+        Trainer(_cfg(synthetic_data, crashed, init_from=str(moved)), info=SINGLE, after_step=kill_after_4,
+                **QUIET).train()
+    assert [d.name for d in checkpoint_dirs(crashed)] == ["step_0000003"]
+    shutil.rmtree(moved)  # the resume reads the run's own checkpoint, config and tokenizer, never the source
+    again = Trainer(_cfg(synthetic_data, crashed, init_from=str(moved)), info=SINGLE, **QUIET)
+    assert again.init_source is None
+    assert again.train().step == 6
+    a, b = _losses(full), _losses(crashed)
+    for step in range(1, 7):
+        assert a[step] == b[step], (step, a[step], b[step])  # exact, step for step
+
+
+def test_tokenizer_mismatch_is_refused_in_one_line(synthetic_data, tmp_path, capsys):
+    from conftest import save_random_model, synthetic_corpus
+
+    from biglm.data import train_tokenizer
+
+    other = train_tokenizer(texts=synthetic_corpus(seed=1), vocab_size=300)  # not the tokenizer of the shards
+    src = save_random_model(tmp_path / "other", other, max_position_embeddings=64)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(_cfg(synthetic_data, tmp_path / "run", init_from=str(src), model=ModelArgs()).to_dict()))
+    capsys.readouterr()
+    assert pretrain_main([str(recipe)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "another tokenizer" in err and "--init_from" in err, err
+    assert not checkpoint_dirs(tmp_path / "run")
+
+
+def test_recipes_that_continue_training_need_init_from_and_give_way_to_its_shape(tmp_path):
+    for name in ("blocks-adapt", "biglm-136m-from-smollm", "biglm-360m-from-smollm"):
+        with pytest.raises(ConfigError, match="--init_from"):
+            resolve_config([name]).validate()
+    cfg = resolve_config(["table1-micro-biglm", "--init_from", str(tmp_path), "--model.hidden_dropout", "0.1"])
+    assert cfg.model == ModelArgs(hidden_dropout=0.1) and cfg.tokenizer is None  # the recipe's shape gives way
+    with pytest.raises(ConfigError, match="--preset"):
+        resolve_config(["--init_from", str(tmp_path), "--preset", "tiny"])
+    with pytest.raises(ConfigError, match="--model.hidden_size"):
+        resolve_config(["table1-micro-biglm", "--init_from", str(tmp_path), "--model.hidden_size", "64"]).validate()
+    smol = resolve_config(["biglm-136m-from-smollm", "--init_from", str(tmp_path)])
+    assert smol.objective == OBJECTIVES["biglm"] and smol.lr < resolve_config(["biglm-136m"]).lr
+    smol.validate(world_size=8)
+
+
+def test_blocks_adapt_turns_a_paper_model_into_a_blocks_model_and_back(synthetic_data, source, tmp_path):
+    _, export = source
+    assert load_model(export)[0].config.prefix_attention == "bidirectional"
+    small = ["--data", str(synthetic_data / "shards"), "--seq_len", "32", "--micro_batch", "4", "--global_batch", "8",
+             "--steps", "2", "--warmup_steps", "1", "--eval_every", "0", "--eval_windows", "8", "--save_every", "2"]
+    cfg = resolve_config(["blocks-adapt", "--init_from", str(export), "--out_dir", str(tmp_path / "blocks"), *small])
+    trainer = Trainer(cfg, info=SINGLE, **QUIET)
+    blocks = sorted(OBJECTIVES["biglm-blocks"].prefix_blocks)
+    assert (trainer.model_config.prefix_attention, trainer.model_config.prefix_block_lengths) == ("blocks", blocks)
+    trainer.train()
+    adapted, _ = load_model(tmp_path / "blocks")
+    assert adapted.config.prefix_attention == "blocks" and adapted.config.prefix_block_lengths == blocks
+    # trained further with the paper objective, it is a paper model again
+    back = resolve_config(["--init_from", str(tmp_path / "blocks"), "--out_dir", str(tmp_path / "back"), *small])
+    back.data = {str(synthetic_data / "shards"): 1.0}
+    trainer = Trainer(back, info=SINGLE, **QUIET)
+    assert (trainer.model_config.prefix_attention, trainer.model_config.prefix_block_lengths) == ("bidirectional", [])
