@@ -42,7 +42,8 @@ def test_hidden_word_test_ranks_gold_tokens_against_the_unigram(synthetic_data):
     assert test.model.summary()["first"] == 100.0 and set(test.model.ranks) == {1}
     for rank, prob in zip(test.unigram.ranks, test.unigram.probs):
         assert (rank == 1) == (abs(prob - torch.e) < 1e-4)
-    assert test.rare == test.rare_first == sum(r > RARE_RANK for r in test.unigram.ranks) > 0
+    assert len(test.rare_model) == test.rare_found == sum(r > RARE_RANK for r in test.unigram.ranks) > 0
+    assert test.rare_unigram == [r for r in test.unigram.ranks if r > RARE_RANK] and set(test.rare_model) == {1}
     assert all("[" in e and "]" in e for e in test.examples)
 
 
