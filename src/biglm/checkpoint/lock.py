@@ -10,7 +10,8 @@ later runs lock two different inodes of the same name.
 Used by `biglm pretrain` and `biglm finetune` (rank 0 only under torchrun: the training loops broadcast its
 outcome, see `biglm.training.checkpoint.hold_run_dir`), and meant for any command that writes a run directory,
 such as batch generation. Within one process the lock is re-entrant: the CLI takes it before preparing data
-and the training loop takes it again without blocking itself.
+and the training loop takes it again without blocking itself. `RunLock.for_file` holds ``FILE.lock`` instead, for a
+command that owns one output file rather than a directory (`biglm generate --output`).
 """
 
 from __future__ import annotations
@@ -40,18 +41,25 @@ class RunLock:
     (default: stderr)."""
 
     def __init__(self, run_dir: str | Path, *, command: str | None = None,
-                 echo: Callable[[str], None] | None = None) -> None:
+                 echo: Callable[[str], None] | None = None, name: str = LOCK_NAME, what: str | None = None) -> None:
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_NAME
+        self.path = self.run_dir / name
+        self.what = what or str(self.run_dir)  # what the refusal names
         self.command = command if command is not None else " ".join(["biglm", *sys.argv[1:]])[:300]
         self.echo = echo or (lambda s: print(s, file=sys.stderr))
         self._fd: int | None = None
         self._depth = 0
         self._key = ""
 
+    @classmethod
+    def for_file(cls, path: str | Path, **kwargs) -> "RunLock":
+        """The lock of one output file: ``PATH.lock`` beside it (its directory is created if needed)."""
+        path = Path(path)
+        return cls(path.parent, name=path.name + ".lock", what=str(path), **kwargs)
+
     def acquire(self) -> "RunLock":
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._key = str(self.run_dir.resolve())
+        self._key = str(self.path.resolve())
         held = _HELD.get(self._key)
         if held is not None:  # re-entry in this process (CLI, then the training loop)
             held._depth += 1
@@ -64,8 +72,8 @@ class RunLock:
             other = _read_info(fd)
             os.close(fd)
             raise RunDirLockedError(
-                f"{self.run_dir} is in use by another run ({describe_holder(other)}): wait for it to finish or stop "
-                "it, or choose another output directory") from None
+                f"{self.what} is in use by another run ({describe_holder(other)}): wait for it to finish or stop "
+                f"it, or choose another output {'file' if self.path.name != LOCK_NAME else 'directory'}") from None
         except OSError as e:  # a file system without locks (some network mounts): run, but say the check is off
             os.close(fd)
             self.echo(f"[biglm] warning: cannot lock {self.path} ({e.strerror or e}): running without the "
@@ -73,7 +81,7 @@ class RunLock:
             return self
         previous = _read_info(fd)
         if previous:
-            self.echo(f"[biglm] taking over the lock of {self.run_dir} left by a run that is no longer running "
+            self.echo(f"[biglm] taking over the lock of {self.what} left by a run that is no longer running "
                       f"({describe_holder(previous)})")
         info = {"pid": os.getpid(), "host": socket.gethostname(),
                 "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),

@@ -14,6 +14,15 @@ settings it was validated with (``max_new_tokens``, ``steps``, ``length_beam`` i
 an option not given on the command line takes the model's value (`config.model_decoding`, as in `biglm chat` and
 `biglm serve`). A model with a length head (a CMLM seq2seq
 fine-tune) picks each answer's length with it (``--length_head false`` to use the length beam instead).
+
+Batch generation over files (`biglm.generation.batch`): ``--input prompts.jsonl --output answers.jsonl`` instead of
+``--prompt``. Each input line is a JSON object with an ``id``, a ``prompt`` or chat ``messages``, and optionally any
+decoding option for that row (the command's options are the defaults); each output line holds the id, the answer's
+``text``, ``finish_reason`` and token counts, appended batch by batch (``--batch_size`` rows with the same settings
+decoded together), with a progress bar on stderr. Running the same command again after a stop continues where it
+stopped; on a finished output it changes nothing. A malformed input row is named as FILE:LINE before any work.
+
+    biglm generate runs/finetune-flan --input prompts.jsonl --output answers.jsonl --steps 8
 """
 
 from __future__ import annotations
@@ -41,6 +50,15 @@ class GenerateArgs(DecodingConfig):
     """exported Hugging Face directory, training run or checkpoint directory"""
     prompt: list[str] = field(default_factory=list, metadata={"repeatable": True})
     """text to continue; repeat the flag for a batch"""
+    input: str | None = None
+    """a JSONL file of prompts to answer into --output (one object per line: id, prompt or messages, and any
+    decoding option for that row); instead of --prompt"""
+    output: str | None = None
+    """the JSONL file --input's answers go to (continued where a stopped run left it)"""
+    batch_size: int = 16
+    """with --input: rows with the same settings decoded together"""
+    progress: bool = True
+    """with --input: a progress bar on stderr"""
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     """where the model runs"""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
@@ -52,8 +70,20 @@ class GenerateArgs(DecodingConfig):
         super().__post_init__()
         if not self.checkpoint:
             raise ConfigError("missing CHECKPOINT: a directory written by `biglm export` or `biglm pretrain`")
-        if not self.prompt:
-            raise ConfigError("missing --prompt TEXT (repeat it for a batch)")
+        if self.input is not None:
+            if self.prompt:
+                raise ConfigError("--prompt and --input exclude each other: give prompts on the command line or in "
+                                  "a file")
+            if not self.output:
+                raise ConfigError("--input needs --output FILE (the JSONL file the answers go to)")
+            if self.batch_size < 1:
+                raise ConfigError(f"--batch_size {self.batch_size} must be >= 1")
+            if self.show_steps:
+                raise ConfigError("--show_steps applies to --prompt only")
+        elif self.output is not None:
+            raise ConfigError("--output goes with --input (a file of prompts); --prompt answers print to stdout")
+        elif not self.prompt:
+            raise ConfigError("missing --prompt TEXT (repeat it for a batch) or --input FILE --output FILE")
 
 
 def cli_decoding(args: DecodingConfig, argv: list[str], model) -> DecodingConfig:
@@ -111,6 +141,8 @@ def main(argv: list[str]) -> int:
         return int(e.code or 0)
     from .api import generate
 
+    if args.input is not None:
+        return _main_file(args, argv)
     loaded = load_for_cli(Path(args.checkpoint), prog="biglm generate", device=args.device, dtype=args.dtype)
     if loaded is None:
         return 2
@@ -126,4 +158,35 @@ def main(argv: list[str]) -> int:
     for i, (prompt, answer) in enumerate(zip(args.prompt, answers), start=1):
         print(f"### prompt {i}: {prompt}")
         print(answer)
+    return 0
+
+
+def _main_file(args: GenerateArgs, argv: list[str]) -> int:
+    """`biglm generate --input FILE --output FILE`: the input is checked before the model is loaded."""
+    from ..checkpoint.lock import RunDirLockedError
+    from .batch import BatchInputError, generate_file, read_rows
+
+    prog = "biglm generate"
+    try:
+        read_rows(args.input)  # a malformed row fails here, before the model is loaded (`generate_file` reads again)
+    except BatchInputError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    loaded = load_for_cli(Path(args.checkpoint), prog=prog, device=args.device, dtype=args.dtype)
+    if loaded is None:
+        return 2
+    model, tokenizer = loaded
+    given = given_options(type(args), argv)
+    options = {name: getattr(args, name) for name in FIELDS if name in given}  # the rest: the model's settings
+    try:
+        report = generate_file(model, tokenizer, args.input, args.output, config=options, batch_size=args.batch_size,
+                               progress=args.progress)
+    except (RunDirLockedError, ValueError, TypeError) as e:  # (BatchInputError is a ValueError)
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    if report.written == 0:
+        print(f"{prog}: {args.output} already holds all {report.rows} rows: nothing to do", file=sys.stderr)
+    else:
+        print(f"{prog}: wrote {report.written} rows to {args.output} ({report.done_before} were there already) in "
+              f"{report.seconds:.1f} s, {report.rows_per_second:.2f} rows/s", file=sys.stderr)
     return 0

@@ -15,29 +15,38 @@ validation loss, where the gold word ranks when 15% of held-out text is hidden, 
 up the words frequency cannot guess, and fill-ins for sentences whose context decides the word (`demo`).
 ``--data DIR`` trains the same model on your prepared data instead.
 
+``--init_from DIR`` continues training an existing BiGLM (a `biglm export` directory or a run directory, its
+newest checkpoint): its shape, tokenizer and weights are the start, with a fresh optimizer at step 0 and the
+recipe's schedule; the data must be prepared with its tokenizer (other data is refused before any step; the
+built-in text is prepared with it). ``--preset`` and the shape fields of ``--model`` are refused with it (the
+dropouts and max_position_embeddings may change); the objective decides the model's prefix_attention
+(`blocks-adapt` turns a paper model into a biglm-blocks one). A run with checkpoints resumes from them instead.
+
 The same command runs on many processes: ``torchrun --nproc_per_node N -m biglm pretrain RECIPE``.
 A run resumes from its newest checkpoint when started again with the same output directory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
-from ..config import ConfigError, apply_overrides, fail, format_help
-from .config import BUILTIN, TrainConfig, load_recipe_file
+from ..config import ConfigError, apply_overrides, fail, format_help, given_options
+from .config import BUILTIN, ModelArgs, TrainConfig, load_recipe_file
 from .recipes import RECIPES, get_recipe
 
 DEFAULT_VOCAB = 4096  # the built-in corpus's tokenizer
 PROG = "biglm pretrain"
 
-def prepare_builtin_data(out: Path) -> tuple[Path, Path]:
-    """Tokenizer and shards of the built-in corpus under ``out/data`` (reused when already built)."""
+def prepare_builtin_data(out: Path, *, tokenizer: Path | None = None) -> tuple[Path, Path]:
+    """Tokenizer and shards of the built-in corpus under ``out/data`` (reused when already built). ``tokenizer``:
+    prepare with that one (an --init_from model's) instead of training one."""
     from ..data import builtin_corpus, prepare, train_tokenizer
 
     data_dir = out / "data"
-    tok_dir = data_dir / "tokenizer"
-    if not (tok_dir / "tokenizer.json").exists():
+    tok_dir = tokenizer or data_dir / "tokenizer"
+    if tokenizer is None and not (tok_dir / "tokenizer.json").exists():
         print(f"[biglm] training a {DEFAULT_VOCAB}-token byte-level BPE tokenizer on the built-in corpus -> {tok_dir}")
         train_tokenizer(texts=builtin_corpus(), vocab_size=DEFAULT_VOCAB, out_dir=str(tok_dir))
     prepare(sources=["builtin"], tokenizer=str(tok_dir), out_dir=data_dir, val_docs=60, workers=None)
@@ -55,11 +64,37 @@ def resolve_config(argv: list[str]) -> TrainConfig:
         if local:
             raise ConfigError("--local shrinks a paper recipe: name one (see `biglm recipes`); the default is already small")
         base, rest = get_recipe("default"), argv
-    return apply_overrides(base, rest)
+    cfg = apply_overrides(base, rest)
+    if cfg.init_from:
+        cfg = _init_from_recipe(cfg, given_options(TrainConfig, rest))
+    return cfg
+
+
+def _init_from_recipe(cfg: TrainConfig, given: dict) -> TrainConfig:
+    """With --init_from the source model decides the shape and the tokenizer: the recipe's preset, shape fields and
+    tokenizer give way; the same named explicitly on the command line are refused (`TrainConfig.validate`)."""
+    if "preset" in given:
+        raise ConfigError(f"--preset {cfg.preset} with --init_from: the model's shape comes from {cfg.init_from}; "
+                          "drop --preset")
+    named = given.get("model", {}) if isinstance(given.get("model"), dict) else {}
+    # the recipe's dropouts stay (a training choice); any other model field only when named on the command line
+    keep = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k.endswith("_dropout") or k in named}
+    tokenizer = cfg.tokenizer if "tokenizer" in given else None
+    return dataclasses.replace(cfg, model=ModelArgs(**keep), tokenizer=tokenizer)
+
+
+def _init_tokenizer(cfg: TrainConfig) -> Path:
+    """The tokenizer of --init_from's model (the run's own copy once it has checkpoints: a resume needs no source)."""
+    from ..checkpoint import checkpoint_dirs, model_source
+
+    if checkpoint_dirs(cfg.output_dir) and (cfg.output_dir / "tokenizer").is_dir():
+        return cfg.output_dir / "tokenizer"
+    return model_source(cfg.init_from).tokenizer_dir
 
 
 def main(argv: list[str]) -> int:
     from ..checkpoint import CheckpointError
+    from ..data import PrepareError
     from ..data.shards import ShardError
     from .checkpoint import hold_run_dir
     from .distributed import destroy_distributed, init_distributed
@@ -91,14 +126,16 @@ def main(argv: list[str]) -> int:
         builtin = BUILTIN in cfg.data
         if builtin:
             data_dir, tok_dir = cfg.output_dir / "data", cfg.output_dir / "data" / "tokenizer"
+            init_tok = _init_tokenizer(cfg) if cfg.init_from else None  # the built-in text in the model's tokens
             if info.is_main:
-                prepare_builtin_data(cfg.output_dir)
+                prepare_builtin_data(cfg.output_dir, tokenizer=init_tok)
             if info.distributed:
                 import torch.distributed as dist
 
                 dist.barrier()
             cfg.data = {(str(data_dir) if k == BUILTIN else k): w for k, w in cfg.data.items()}
-            cfg.tokenizer = cfg.tokenizer or str(tok_dir)
+            if not cfg.init_from:
+                cfg.tokenizer = cfg.tokenizer or str(tok_dir)
         trainer = Trainer(cfg, info=info)
         result = trainer.train()
         if builtin and info.is_main and not result.interrupted:
@@ -107,7 +144,7 @@ def main(argv: list[str]) -> int:
     except NonFiniteLossError as e:
         print(f"[biglm] error: {e}", file=sys.stderr)
         return 3
-    except (ConfigError, ValueError, KeyError, FileNotFoundError, CheckpointError, ShardError) as e:
+    except (ConfigError, ValueError, KeyError, FileNotFoundError, CheckpointError, ShardError, PrepareError) as e:
         print(f"[biglm] error: {e}", file=sys.stderr)
         return 2
     finally:

@@ -17,6 +17,21 @@
   tokenizer into OUT/data), 450 steps of 32 x 128 tokens: about 3.5 minutes on 2 idle CPU cores (10,800
   tokens/s), 4.5 at load 1-3; much longer when the cores are oversubscribed (13 min at load 5; docs/LOG.md).
 
+- Continued pre-training of an existing BiGLM (``--init_from DIR``; these recipes refuse to start without it, and
+  take the model's shape and tokenizer from DIR, so they set neither):
+  - `blocks-adapt`: turn an existing BiGLM into a biglm-blocks model by continued pre-training (DESIGN §13: "a
+    paper model adapts"): the `default` recipe's data, batch and windows, objective biglm-blocks, 300 steps at
+    lr 3e-4 (a tenth of the default's 3e-3: the weights are already trained, so a from-scratch lr would undo
+    them) with a 20-step warm-up (the optimizer state is fresh) and cosine to 3e-5. ``biglm pretrain blocks-adapt
+    --init_from runs/default`` adapts the built-in demo; ``--data DIR`` any prepared data.
+  - `biglm-136m-from-smollm`, `biglm-360m-from-smollm` (issue 23, DESIGN §15, meant for a GPU): a SmolLM-135M /
+    360M checkpoint converted by `biglm convert` becomes a BiGLM with the paper objective on the final models' data
+    and batch (1024 x 2048, FineWeb-edu + Cosmopedia v2). Chosen, not measured: 20k steps (~43B tokens, a
+    fifteenth of the from-scratch 300k), a 500-step warm-up (fresh optimizer, weights already trained), peak lr
+    3e-4 (half the from-scratch 6e-4, as Dream and DiffuLLaMA adapt below their pre-training lr), WSD decaying
+    over the last 20% to 3e-5. Attention switches to BiGLM's at once, and a masked token is predicted at its own
+    position (no AR "shift"); the alternatives are issue 23's open measurements.
+
 Not stated in the paper, chosen here and written down: warm-up 2000 steps; min lr of the cosine runs
 3e-4 (10%); dropout 0.1 where the paper used it (Megatron's default); the final-model mixture weights
 follow the corpora's token counts in SmolLM-Corpus (FineWeb-edu-dedup ~220B, Cosmopedia v2 ~28B).
@@ -126,6 +141,16 @@ _BLOCKS = OBJECTIVES["biglm-blocks"]
 for _name in ("table1-biglm", "table1-micro-biglm", "biglm-136m", "biglm-360m", "biglm-1.3b", "biglm-3.5b"):
     _twin = _name.replace("-biglm", "") + "-blocks"
     RECIPES[_twin] = (lambda base=RECIPES[_name], twin=_twin: _r(base(), twin, objective=_BLOCKS))
+
+# continued pre-training from an existing model (--init_from required; the shape and tokenizer are the model's)
+_ADAPT = dict(model=ModelArgs(), tokenizer=None, requires_init=True)
+RECIPES["blocks-adapt"] = lambda: _r(_DEFAULT, "blocks-adapt", objective=_BLOCKS, steps=300, lr=3e-4, min_lr=3e-5,
+                                     warmup_steps=20, eval_every=100, save_every=100, **_ADAPT)
+for _size, _mb in (("136m", 16), ("360m", 8)):
+    RECIPES[f"biglm-{_size}-from-smollm"] = (
+        lambda size=_size, mb=_mb: _r(_final(f"biglm-{size}", mb), f"biglm-{size}-from-smollm", objective=_BIGLM,
+                                      steps=20_000, warmup_steps=500, lr=3e-4, min_lr=3e-5, anneal_fraction=0.2,
+                                      save_every=1000, eval_every=1000, **_ADAPT))
 
 # `--local`: the same recipe shrunk to a few minutes on a laptop (fewer steps, smaller batch, shorter windows)
 LOCAL = dict(steps=200, global_batch=8, micro_batch=8, seq_len=256, warmup_steps=20, eval_every=50, eval_windows=32,

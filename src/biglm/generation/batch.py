@@ -1,0 +1,376 @@
+"""Batch generation over files: a JSONL of prompts in, a JSONL of answers out, resumable by row id (DESIGN §14).
+
+    biglm generate RUN --input prompts.jsonl --output answers.jsonl [--batch_size 16] [any decoding option]
+
+Input rows are JSON objects: an ``id`` (a string or an integer, unique in the file), a ``prompt`` (text to
+continue) or chat ``messages`` (rendered with the model's chat template, as `biglm chat` and the server's
+``/v1/chat/completions`` do), and optionally any `DecodingConfig` field, which overrides the job's options for
+that row. Every row's settings come from `config.model_decoding` (the model's saved settings, the job's options,
+the row's fields), the function every entry point uses, so a row's answer is the one `biglm generate` writes for
+that prompt with those settings. Reading the whole input comes first: a malformed row (bad JSON, no id, a
+duplicate id, neither or both of prompt and messages, an unknown field, a bad value) is reported as
+``FILE:LINE: what is wrong`` and nothing is generated.
+
+Output rows, one per input row: ``{"id", "text", "finish_reason", "prompt_tokens", "completion_tokens"}``, the
+answer and its counts as the server reports them (``finish_reason`` "stop" for an EOS or a stop string, else
+"length"; ``completion_tokens`` up to the EOS). Rows with the same settings are decoded together, ``batch_size``
+at a time, by one `engine.DecodeEngine` (one merged model call per step; each row keeps its own seeded sampler,
+so its answer does not depend on what shares its batch), and each batch is appended and flushed as it finishes.
+
+Resuming: the job holds ``OUTPUT.lock`` (`checkpoint.RunLock.for_file`), so two jobs never write one file. Rows
+are written in one fixed order (settings groups by first appearance, input order within each), so the output
+of a job is always a prefix of that order. Running the same command again reads the ids already written, drops
+a partial last line left by a kill, and generates only the rest; on a finished output it changes nothing. An
+output line that is not a row of this input (another file's output) is refused, naming it.
+
+Layers: `read_rows` (the file, checked) -> `prepare_rows` (settings and token ids per row, checked against the
+model) -> `plan_batches` -> `BatchAnswerer` (rows in, output rows out: the piece a Ray Data ``map_batches``
+backend would run on each worker) -> `generate_file` (lock, resume, write, progress bar).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .api import _check_model, cut_at_stop
+from .chat import check_messages, render_chat
+from .config import FIELDS, DecodingConfig, model_decoding
+from .engine import DecodeEngine
+
+ROW_KEYS = ("id", "prompt", "messages")
+MAX_ERRORS = 20  # errors listed before the rest are counted
+
+
+class BatchInputError(ValueError):
+    """The input or output file is unusable; the message names each problem as ``FILE:LINE: what is wrong``."""
+
+
+@dataclass
+class BatchRow:
+    """One input row: where it was read, its id, its prompt (or chat messages) and its own decoding fields."""
+
+    line: int
+    id: str | int
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    decoding: dict[str, Any] = field(default_factory=dict)
+    # set by `prepare_rows`
+    config: DecodingConfig | None = None
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class BatchReport:
+    """What `generate_file` did: rows in the input, already in the output, written now, and the time it took."""
+
+    rows: int
+    done_before: int
+    written: int
+    batches: int
+    seconds: float
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.written / self.seconds if self.seconds > 0 else 0.0
+
+
+def id_key(row_id: Any) -> str:
+    """An id as one comparable key (1 and "1" are different ids, as in JSON)."""
+    return json.dumps(row_id)
+
+
+def _errors(where: str, problems: list[tuple[int, str]]) -> BatchInputError:
+    lines = [f"{where}:{line}: {what}" for line, what in problems[:MAX_ERRORS]]
+    if len(problems) > MAX_ERRORS:
+        lines.append(f"{where}: ... and {len(problems) - MAX_ERRORS} more")
+    return BatchInputError("\n".join(lines))
+
+
+def read_rows(path: str | Path) -> list[BatchRow]:
+    """The rows of a JSONL prompts file, or a `BatchInputError` listing every malformed row as ``FILE:LINE: ...``.
+
+    Blank lines are skipped. Decoding fields are checked for name and type here (unknown names refused); whether
+    they fit together with the job's options and the model is `prepare_rows`' check."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BatchInputError(f"{path}: no such file (--input: a JSONL file, one prompt object per line)") from None
+    except UnicodeDecodeError as e:
+        raise BatchInputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    rows: list[BatchRow] = []
+    problems: list[tuple[int, str]] = []
+    first_line: dict[str, int] = {}
+    for n, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError as e:
+            problems.append((n, f"not valid JSON ({e.msg} at column {e.colno})"))
+            continue
+        row, what = _parse_row(obj, n)
+        if row is None:
+            problems.append((n, what))
+            continue
+        key = id_key(row.id)
+        if key in first_line:
+            problems.append((n, f"duplicate id {key} (first on line {first_line[key]}): ids must be unique"))
+            continue
+        first_line[key] = n
+        rows.append(row)
+    if problems:
+        raise _errors(str(path), problems)
+    if not rows:
+        raise BatchInputError(f"{path}: no rows (expected one JSON object per line with an id and a prompt)")
+    return rows
+
+
+def _parse_row(obj: Any, line: int) -> tuple[BatchRow | None, str]:
+    if not isinstance(obj, dict):
+        return None, f"a row must be a JSON object, got {type(obj).__name__}"
+    if "id" not in obj:
+        return None, 'no "id": give each row a unique string or integer id'
+    row_id = obj["id"]
+    if isinstance(row_id, bool) or not isinstance(row_id, (str, int)):
+        return None, f'"id" must be a string or an integer, got {json.dumps(row_id)}'
+    has_prompt, has_messages = "prompt" in obj, "messages" in obj
+    if has_prompt == has_messages:
+        return None, ('neither "prompt" nor "messages": give one' if not has_prompt
+                      else 'both "prompt" and "messages": give one')
+    if has_prompt and not isinstance(obj["prompt"], str):
+        return None, f'"prompt" must be a string, got {type(obj["prompt"]).__name__}'
+    unknown = sorted(k for k in obj if k not in ROW_KEYS and k not in FIELDS)
+    if unknown:
+        return None, (f"unknown field(s) {', '.join(unknown)}: a row holds id, prompt or messages, and decoding "
+                      f"options ({', '.join(FIELDS)})")
+    decoding = {k: obj[k] for k in FIELDS if k in obj}
+    try:
+        DecodingConfig().override(**decoding)  # names and types; the combination is checked with the job's options
+        messages = check_messages(obj["messages"]) if has_messages else None
+    except ValueError as e:
+        return None, str(e)
+    return BatchRow(line=line, id=row_id, prompt=obj.get("prompt"), messages=messages, decoding=decoding), ""
+
+
+def job_options(config: DecodingConfig | Mapping[str, Any] | None) -> dict[str, Any]:
+    """The options a job sets under every row: a mapping of explicitly given fields (as the CLI passes them), or
+    every field of a `DecodingConfig` (as Python's `generate(config=...)` takes one), or none."""
+    if config is None:
+        return {}
+    if isinstance(config, DecodingConfig):
+        return {name: getattr(config, name) for name in FIELDS}
+    return dict(config)
+
+
+def prepare_rows(model: torch.nn.Module, tokenizer, rows: Sequence[BatchRow], *, where: str,
+                 config: DecodingConfig | Mapping[str, Any] | None = None) -> None:
+    """Give each row its settings (`model_decoding`: the model's saved settings, the job's options, the row's
+    fields) and its prompt's token ids, as `generate` encodes them; a row that cannot be decoded raises a
+    `BatchInputError` naming it. ``where`` is the input's name for the messages."""
+    base = job_options(config)
+    by_key: dict[str, DecodingConfig | str] = {}
+    problems: list[tuple[int, str]] = []
+    window = model.config.max_position_embeddings
+    for row in rows:
+        merged = {**base, **row.decoding}
+        key = json.dumps(merged, sort_keys=True, default=str)
+        if key not in by_key:
+            try:
+                cfg = model_decoding(model.config, merged)
+                _check_model(model, cfg)
+                by_key[key] = cfg
+            except ValueError as e:
+                by_key[key] = str(e)
+        cfg = by_key[key]
+        if isinstance(cfg, str):
+            problems.append((row.line, cfg))
+            continue
+        try:
+            text = row.prompt if row.messages is None else render_chat(tokenizer, row.messages)
+        except Exception as e:  # a model's own chat template may raise anything (jinja errors)
+            problems.append((row.line, f"cannot render messages with the model's chat template: {e}"))
+            continue
+        if cfg.max_new_tokens >= window and text:
+            problems.append((row.line, f"max_new_tokens={cfg.max_new_tokens} leaves no room for a prompt in the "
+                                       f"model's window of {window} tokens"))
+            continue
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        room = min(_check_model(model, cfg), window - cfg.max_new_tokens)  # (the engine keeps the whole answer)
+        if len(ids) > room:  # as `generate`: the end of a prompt is what the answer continues
+            warnings.warn(f"{where}:{row.line}: the prompt has {len(ids)} tokens but only {room} fit beside the "
+                          f"answer: keeping its last {room}", stacklevel=2)
+            ids = ids[len(ids) - room:]
+        row.config, row.prompt_ids = cfg, ids
+    if problems:
+        raise _errors(where, problems)
+
+
+def settings_key(config: DecodingConfig) -> str:
+    """Rows whose settings give the same key are batched together."""
+    return json.dumps({name: getattr(config, name) for name in FIELDS}, sort_keys=True)
+
+
+def plan_batches(rows: Sequence[BatchRow], *, batch_size: int) -> list[list[BatchRow]]:
+    """Rows in output order, cut into batches: settings groups in order of first appearance, input order within
+    each, at most ``batch_size`` rows a batch. Rows already written are left out by the caller first; since the
+    order is fixed, the batches of a resumed job write the same file as an uninterrupted one."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1.")
+    groups: dict[str, list[BatchRow]] = {}
+    for row in rows:
+        groups.setdefault(settings_key(row.config), []).append(row)
+    return [group[i:i + batch_size] for group in groups.values() for i in range(0, len(group), batch_size)]
+
+
+class BatchAnswerer:
+    """Prepared rows in, output rows out (in the same order): one `DecodeEngine` stepped until the batch is done.
+
+    Holds the model and tokenizer; stateless between calls, so a Ray Data backend can build one per worker and
+    map it over batches of rows."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch_rows: int = 64) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.engine = DecodeEngine(model, max_batch_rows=max_batch_rows, tokenizer=tokenizer)
+
+    def __call__(self, rows: Sequence[BatchRow]) -> list[dict[str, Any]]:
+        engine = self.engine
+        need = max(r.config.length_beam for r in rows)
+        if engine.max_batch_rows < need:
+            engine.max_batch_rows = need  # a length beam wider than the budget still runs (one row at a time)
+        finished: dict[str, tuple[list[int], str]] = {}
+        for i, row in enumerate(rows):
+            engine.submit(str(i), row.prompt_ids, row.config)
+        while len(finished) < len(rows):
+            for event in engine.step():
+                if event.finished:
+                    finished[event.request_id] = (event.token_ids, event.finish_reason)
+        return [self.answer(row, *finished[str(i)]) for i, row in enumerate(rows)]
+
+    def answer(self, row: BatchRow, token_ids: list[int], reason: str) -> dict[str, Any]:
+        """An output row: the text `generate` returns for these tokens, the finish reason and the counts."""
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        if row.config.stop:
+            cut = cut_at_stop(text, row.config.stop)
+            reason = "stop" if len(cut) < len(text) else reason
+            text = cut
+        return {"id": row.id, "text": text, "finish_reason": reason, "prompt_tokens": len(row.prompt_ids),
+                "completion_tokens": len(token_ids)}
+
+
+def read_done(output: str | Path, rows: Sequence[BatchRow]) -> tuple[set[str], int, int]:
+    """``(ids written, bytes of whole lines, line count)`` of an existing output. A last line without its newline
+    (a write cut short by a kill) is not counted: its bytes are past the returned size. A line that is not an output
+    row of these ``rows`` raises a `BatchInputError` naming it."""
+    output = Path(output)
+    if not output.exists():
+        return set(), 0, 0
+    data = output.read_bytes()
+    whole = data.rfind(b"\n") + 1
+    ids = {id_key(r.id) for r in rows}
+    done: set[str] = set()
+    problems: list[tuple[int, str]] = []
+    lines = data[:whole].split(b"\n")[:-1] if whole else []
+    for n, raw in enumerate(lines, start=1):
+        try:
+            obj = json.loads(raw)
+            key = id_key(obj["id"]) if isinstance(obj, dict) and "id" in obj else None
+        except ValueError:
+            key = None
+        if key is None:
+            problems.append((n, "not an output row (a JSON object with an id): choose another --output"))
+        elif key not in ids:
+            problems.append((n, f"id {key} is not in the input: is this the output of another input file?"))
+        elif key in done:
+            problems.append((n, f"id {key} written twice"))
+        else:
+            done.add(key)
+    if problems:
+        raise _errors(str(output), problems)
+    return done, whole, len(lines)
+
+
+def generate_file(
+    model: torch.nn.Module,
+    tokenizer,
+    input: str | Path,
+    output: str | Path,
+    *,
+    config: DecodingConfig | Mapping[str, Any] | None = None,
+    batch_size: int = 16,
+    progress: bool = True,
+    echo: Callable[[str], None] | None = None,
+    on_batch: Callable[[int, list[dict[str, Any]]], None] | None = None,
+) -> BatchReport:
+    """Answer every row of the JSONL ``input`` into the JSONL ``output`` (see the module docstring).
+
+    Args:
+        model, tokenizer: a `BiGLMForMaskedLM` in eval mode and its tokenizer (`checkpoint.load_model`).
+        input: the prompts file; output: the answers file (created, or continued where a run stopped).
+        config: the job's decoding options under each row's own fields: a mapping of the options given explicitly
+            (the CLI's flags; the rest take the model's saved settings), or a whole `DecodingConfig` (as
+            `generate(config=...)`); default: the model's settings.
+        batch_size: rows decoded together (rows of one settings group).
+        progress: show a progress bar on stderr.
+        echo: where notes go (a dropped partial line; default: stderr).
+        on_batch: called with (batch number, its output rows) after each batch is written and flushed.
+
+    Returns:
+        A `BatchReport`. Raises `BatchInputError` for a malformed input row or an output of another job,
+        `checkpoint.RunDirLockedError` when another job holds the output, both before any generation.
+    """
+    from ..checkpoint.lock import RunLock
+
+    input, output = Path(input), Path(output)
+    echo = echo or (lambda s: print(s, file=sys.stderr))
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1.")
+    if output.resolve() == input.resolve():
+        raise BatchInputError(f"{output}: the output is the input file: choose another --output")
+    rows = read_rows(input)
+    prepare_rows(model, tokenizer, rows, where=str(input), config=config)
+    start = time.perf_counter()
+    with RunLock.for_file(output, echo=echo):
+        done, size, nlines = read_done(output, rows)
+        todo = [r for r in rows if id_key(r.id) not in done]
+        batches = plan_batches(todo, batch_size=batch_size)
+        if output.exists() and output.stat().st_size != size:  # a kill cut the last write short
+            echo(f"[biglm] {output}:{nlines + 1}: dropping a partial last line left by a stopped run")
+            os.truncate(output, size)
+        if not batches:
+            return BatchReport(rows=len(rows), done_before=len(done), written=0, batches=0, seconds=0.0)
+        answerer = BatchAnswerer(model, tokenizer, max_batch_rows=batch_size * max(r.config.length_beam for r in todo))
+        bar = _progress(total=len(rows), initial=len(done), enabled=progress)
+        written = 0
+        try:
+            with open(output, "ab") as f:
+                for b, batch in enumerate(batches):
+                    answers = answerer(batch)
+                    f.write("".join(json.dumps(a, ensure_ascii=False) + "\n" for a in answers).encode("utf-8"))
+                    f.flush()
+                    os.fsync(f.fileno())
+                    written += len(answers)
+                    bar.update(len(answers))
+                    if on_batch is not None:
+                        on_batch(b, answers)
+        finally:
+            bar.close()
+    return BatchReport(rows=len(rows), done_before=len(done), written=written, batches=len(batches),
+                       seconds=time.perf_counter() - start)
+
+
+def _progress(*, total: int, initial: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit="row", desc="generating", file=sys.stderr, disable=not enabled,
+                dynamic_ncols=True)

@@ -1,0 +1,252 @@
+"""Batch generation over files (`biglm generate --input --output`): answers equal `generate` prompt by prompt,
+a stopped job resumes without losing or repeating a row, a finished one is left alone, bad rows are named."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from biglm.checkpoint import RunDirLockedError, RunLock, load_model
+from biglm.generation import generate
+from biglm.generation.batch import BatchInputError, generate_file, read_rows
+from biglm.generation.chat import render_chat
+from biglm.generation.cli import main as generate_main
+from biglm.generation.config import model_decoding
+
+REPO = Path(__file__).resolve().parents[1]
+
+ROWS = [
+    {"id": "a", "prompt": "The king"},
+    {"id": 2, "prompt": "To be, or not"},
+    {"id": "chat", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who?"}]},
+    {"id": "short", "prompt": "My lord,", "max_new_tokens": 6, "steps": 3},
+    {"id": "sampled", "prompt": "The king", "temperature": 1.0, "top_k": 20, "seed": 7},
+    {"id": "conf", "prompt": "", "strategy": "confidence", "max_new_tokens": 8},
+    {"id": "stop", "prompt": "And then", "stop": ["e"], "max_new_tokens": 12},
+    {"id": "e", "prompt": "What, my dear lady", "steps": 3, "max_new_tokens": 6},
+    {"id": "beam", "prompt": "Come", "length_beam": 2, "max_new_tokens": 10, "steps": 4},
+]
+
+
+@pytest.fixture(scope="module")
+def loaded(checkpoint):
+    return load_model(checkpoint, device="cpu")
+
+
+def _write(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def _expected(model, tok, row: dict, options: dict | None = None) -> str:
+    fields = {k: v for k, v in row.items() if k not in ("id", "prompt", "messages")}
+    text = row["prompt"] if "prompt" in row else render_chat(tok, row["messages"])
+    return generate(model, tok, [text], config=model_decoding(model.config, {**(options or {}), **fields}))[0]
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_answers_equal_generate_prompt_by_prompt(loaded, tmp_path):
+    """Every row, whatever shares its batch: the text `generate` gives that prompt alone with the row's settings
+    (the job's options under the row's own fields); one output row per input row, ids kept."""
+    model, tok = loaded
+    src = _write(tmp_path / "in.jsonl", ROWS)
+    options = {"steps": 5, "max_new_tokens": 16}
+    report = generate_file(model, tok, src, tmp_path / "out.jsonl", config=options, batch_size=2, progress=False)
+    out = _rows(tmp_path / "out.jsonl")
+    assert report.written == len(ROWS) and report.done_before == 0
+    assert sorted(map(json.dumps, (r["id"] for r in out))) == sorted(json.dumps(r["id"]) for r in ROWS)
+    by_id = {json.dumps(r["id"]): r for r in out}
+    for row in ROWS:
+        got = by_id[json.dumps(row["id"])]
+        assert got["text"] == _expected(model, tok, row, options), row["id"]
+        assert set(got) == {"id", "text", "finish_reason", "prompt_tokens", "completion_tokens"}
+    # per-row fields applied: answer lengths and stop strings
+    assert by_id['"short"']["completion_tokens"] <= 6 and by_id['"conf"']["completion_tokens"] <= 8
+    assert by_id['"a"']["completion_tokens"] <= 16 and by_id['"a"']["prompt_tokens"] > 0
+    stop = by_id['"stop"']
+    assert "e" not in stop["text"]
+    if "e" in _expected(model, tok, {**ROWS[6], "stop": []}, options):
+        assert stop["finish_reason"] == "stop"
+    # the sampled row differs from the greedy one on the same prompt (its temperature was used)
+    assert by_id['"sampled"']["text"] != by_id['"a"']["text"]
+
+
+def test_cli_matches_biglm_generate(checkpoint, tmp_path, capsys):
+    """`biglm generate --input` and `biglm generate --prompt` with the same flags write the same answers."""
+    rows = [{"id": 1, "prompt": "The king"}, {"id": 2, "prompt": "To be, or not", "steps": 2}]
+    src = _write(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    flags = ["--max_new_tokens", "12", "--steps", "4", "--device", "cpu"]
+    assert generate_main([str(checkpoint), "--input", str(src), "--output", str(out), *flags,
+                          "--progress", "false"]) == 0
+    assert "wrote 2 rows" in capsys.readouterr().err
+    answers = [r["text"] for r in _rows(out)]
+    for row, answer in zip(rows, answers):
+        steps = ["--steps", str(row.get("steps", 4))]  # the row's own field in place of the job's flag
+        assert generate_main([str(checkpoint), "--prompt", row["prompt"], *flags[:2], *steps, *flags[4:]]) == 0
+        printed = capsys.readouterr().out
+        assert printed == f"### prompt 1: {row['prompt']}\n{answer}\n"
+
+
+def test_stopped_job_resumes_to_the_same_file(loaded, tmp_path):
+    """Stopped after two batches, with half a line of a third written (a kill mid-write): the re-run drops the
+    partial line, writes only the rest, and the file equals an uninterrupted run's byte for byte; a finished
+    re-run changes nothing."""
+    model, tok = loaded
+    src = _write(tmp_path / "in.jsonl", ROWS)
+    whole = tmp_path / "whole.jsonl"
+    generate_file(model, tok, src, whole, batch_size=2, progress=False, config={"max_new_tokens": 10})
+
+    part = tmp_path / "part.jsonl"
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_two(b, answers):
+        if b == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        generate_file(model, tok, src, part, batch_size=2, progress=False, config={"max_new_tokens": 10},
+                      on_batch=stop_after_two)
+    written = part.read_bytes()
+    n = written.count(b"\n")
+    assert 0 < n < len(ROWS) and whole.read_bytes().startswith(written)
+    next_line = whole.read_bytes().split(b"\n")[n]
+    with open(part, "ab") as f:  # a write cut short by a kill
+        f.write(next_line[: len(next_line) // 2])
+    notes: list[str] = []
+    report = generate_file(model, tok, src, part, batch_size=3, progress=False, config={"max_new_tokens": 10},
+                           echo=notes.append)
+    assert report.done_before == n and report.written == len(ROWS) - n
+    assert any(f"part.jsonl:{n + 1}: dropping a partial last line" in s for s in notes)
+    assert part.read_bytes() == whole.read_bytes()
+
+    stat = part.stat()
+    again = generate_file(model, tok, src, part, batch_size=2, progress=False, config={"max_new_tokens": 10})
+    assert again.written == 0 and again.done_before == len(ROWS)
+    assert part.read_bytes() == whole.read_bytes() and part.stat().st_mtime_ns == stat.st_mtime_ns
+
+
+def test_killed_process_resumes(checkpoint, tmp_path):
+    """A real `biglm generate --input` killed (SIGKILL) after its first flush, then run again: every row once,
+    the file equal to an uninterrupted run's."""
+    rows = [{"id": i, "prompt": f"The king {'and queen ' * (i % 4)}said"} for i in range(16)]
+    src = _write(tmp_path / "in.jsonl", rows)
+    args = [sys.executable, "-m", "biglm", "generate", str(checkpoint), "--input", str(src), "--batch_size", "2",
+            "--steps", "16", "--max_new_tokens", "32", "--device", "cpu", "--progress", "false"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "killed.jsonl"
+    proc = subprocess.Popen([*args, "--output", str(out)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out.exists() and out.stat().st_size > 0) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the job ended before it could be killed"
+    first = out.read_bytes().count(b"\n")
+    assert 0 < first < len(rows)
+    done = subprocess.run([*args, "--output", str(out)], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    whole = tmp_path / "whole.jsonl"  # uninterrupted, in this process: the same code
+    model, tok = load_model(checkpoint, device="cpu")
+    generate_file(model, tok, src, whole, config={"steps": 16, "max_new_tokens": 32}, batch_size=2, progress=False)
+    ids = [r["id"] for r in _rows(out)]
+    assert sorted(ids) == list(range(len(rows)))
+    assert out.read_bytes() == whole.read_bytes()
+
+
+@pytest.mark.parametrize("line, needle", [
+    ('{"id": 9, "prompt": "x"', "not valid JSON"),
+    ('{"prompt": "x"}', 'no "id"'),
+    ('{"id": 1, "prompt": "x"}', "duplicate id 1 (first on line 1)"),
+    ('{"id": 9}', 'neither "prompt" nor "messages"'),
+    ('{"id": 9, "prompt": "x", "messages": [{"role": "user", "content": "y"}]}', 'both "prompt" and "messages"'),
+    ('{"id": 9, "prompt": 3}', '"prompt" must be a string'),
+    ('{"id": [9], "prompt": "x"}', '"id" must be a string or an integer'),
+    ('{"id": 9, "prompt": "x", "steps": "4"}', "steps='4' must be an integer"),
+    ('{"id": 9, "prompt": "x", "temprature": 0.5}', "unknown field(s) temprature"),
+    ('{"id": 9, "messages": [{"role": "bot", "content": "y"}]}', "role='bot'"),
+    ('[1, 2]', "must be a JSON object"),
+])
+def test_bad_row_is_named_before_any_work(loaded, tmp_path, line, needle):
+    model, tok = loaded
+    src = _write(tmp_path / "in.jsonl", ['{"id": 1, "prompt": "x"}', "", line])
+    calls = []
+    hook = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(BatchInputError) as e:
+            generate_file(model, tok, src, tmp_path / "out.jsonl", progress=False)
+    finally:
+        hook.remove()
+    assert str(e.value).startswith(f"{src}:3: ") and needle in str(e.value)
+    assert not calls and not (tmp_path / "out.jsonl").exists()
+
+
+def test_settings_that_do_not_fit_the_model_are_named(loaded, tmp_path):
+    """Checked with the job's options and the model, still before any work: every bad line listed."""
+    model, tok = loaded
+    src = _write(tmp_path / "in.jsonl", [{"id": 1, "prompt": "x", "strategy": "confidence"},
+                                         {"id": 2, "prompt": "x", "max_new_tokens": 100000},
+                                         {"id": 3, "prompt": "x", "strategy": "mask-predict"}])
+    with pytest.raises(BatchInputError) as e:
+        generate_file(model, tok, src, tmp_path / "out.jsonl", config={"early_stop": True}, progress=False)
+    lines = str(e.value).splitlines()
+    assert lines[0].startswith(f"{src}:1: early_stop applies to mask-predict only")
+    assert lines[1].startswith(f"{src}:2: max_new_tokens=100000 exceeds")
+    assert len(lines) == 2 and not (tmp_path / "out.jsonl").exists()
+
+
+def test_cli_refuses_a_bad_row_before_loading_the_model(tmp_path, capsys):
+    src = _write(tmp_path / "in.jsonl", ['{"id": 1, "prompt": "x"}', '{"id": 1, "prompt": "y"}'])
+    # no model at this path: the input is checked first
+    assert generate_main([str(tmp_path / "no-model"), "--input", str(src), "--output", str(tmp_path / "o.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}:2: duplicate id 1" in err and "no checkpoint" not in err
+    assert generate_main(["x", "--input", str(src), "--prompt", "y", "--output", "o"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
+    assert generate_main(["x", "--input", str(src)]) == 2
+    assert "--input needs --output" in capsys.readouterr().err
+
+
+def test_output_of_another_input_is_refused(loaded, tmp_path):
+    model, tok = loaded
+    src = _write(tmp_path / "in.jsonl", [{"id": 1, "prompt": "x"}])
+    out = _write(tmp_path / "out.jsonl", [{"id": 5, "text": "y"}])
+    with pytest.raises(BatchInputError, match=r"out.jsonl:1: id 5 is not in the input"):
+        generate_file(model, tok, src, out, progress=False)
+    assert read_rows(src)[0].id == 1
+
+
+def test_a_second_job_on_the_same_output_is_refused(loaded, tmp_path):
+    model, tok = loaded
+    src = _write(tmp_path / "in.jsonl", [{"id": 1, "prompt": "x"}])
+    out = tmp_path / "out.jsonl"
+    code = ("import sys, time; from biglm.checkpoint import RunLock; "
+            "RunLock.for_file(sys.argv[1], command='biglm generate other').acquire(); print('locked', flush=True); "
+            "time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunDirLockedError, match=r"out.jsonl is in use by another run .*biglm generate other"):
+            generate_file(model, tok, src, out, progress=False)
+        assert not out.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    with RunLock.for_file(out):  # free again once the holder is gone
+        pass
+    assert generate_file(model, tok, src, out, progress=False).written == 1
