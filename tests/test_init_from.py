@@ -153,3 +153,43 @@ def test_blocks_adapt_turns_a_paper_model_into_a_blocks_model_and_back(synthetic
     back.data = {str(synthetic_data / "shards"): 1.0}
     trainer = Trainer(back, info=SINGLE, **QUIET)
     assert (trainer.model_config.prefix_attention, trainer.model_config.prefix_block_lengths) == ("bidirectional", [])
+
+
+def test_model_card_front_matter_names_base_model_objective_and_data(synthetic_data, source, tmp_path):
+    _, export = source
+    run = tmp_path / "run"
+    Trainer(_cfg(synthetic_data, run, init_from=str(export), steps=3, model=ModelArgs(),
+                 objective=OBJECTIVES["biglm-blocks"]), info=SINGLE, **QUIET).train()
+    (run / "eval").mkdir()  # what `biglm eval --suite heldout --output_path RUN/eval` leaves (lm-eval's layout)
+    (run / "eval" / "heldout.json").write_text(json.dumps(
+        {"results": {"heldout": {"alias": "heldout", "masked_loss,none": 5.25, "masked_loss_stderr,none": 0.1}}}))
+    out = export_checkpoint(run, tmp_path / "hf", license="mit")
+    card = (out / "README.md").read_text()
+    front = _front_matter(card)
+    assert (front["library_name"], front["license"], front["pipeline_tag"]) == ("biglm", "mit", "fill-mask")
+    assert front["base_model"] == str(export)
+    assert {"biglm", "masked-lm", "biglm-blocks"} <= set(front["tags"])
+    assert front["datasets"] == [str(synthetic_data / "corpus.txt")]  # the source the shards were prepared from
+    assert "prefix attention: `blocks`" in card and "steps: 3 of 3" in card and f"tokens: {3 * 8 * 32:,}" in card
+    assert "validation masked-token loss at step 3" in card and "| heldout | masked_loss | 5.25 |" in card
+    assert "load_model(" in card and "generate(" in card
+    # trained from scratch: no base model; the default license
+    scratch = _front_matter((export / "README.md").read_text())
+    assert "base_model" not in scratch and scratch["license"] == "apache-2.0" and "biglm" in scratch["tags"]
+
+
+def test_fine_tuned_model_card_says_task_and_metric(source, tmp_path):
+    _, export = source
+    run = tmp_path / "ft"
+    shutil.copytree(export, run / "best")  # the layout `biglm finetune` leaves: the best epoch's export, task.json
+    (run / "task.json").write_text(json.dumps({"task": "sst2", "kind": "classification", "settings": {}}))
+    (run / "finetune_config.json").write_text(json.dumps({"model": "runs/base", "epochs": 2, "lr": 2e-5,
+                                                          "global_batch": 32}))
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"kind": "eval", "step": 5, "epoch": 1, "split": "validation", "accuracy": 0.61},
+        {"kind": "eval", "step": 10, "epoch": 2, "split": "validation", "accuracy": 0.7}]) + "\n")
+    card = (export_checkpoint(run, tmp_path / "hf") / "README.md").read_text()
+    front = _front_matter(card)
+    assert front["base_model"] == "runs/base" and "sst2" in front["tags"]
+    assert front["pipeline_tag"] == "text-classification"
+    assert "metric: `accuracy`" in card and "best epoch: 2 (validation accuracy 0.7)" in card

@@ -1,5 +1,7 @@
 """`biglm export RUN_OR_CHECKPOINT OUT_DIR`: write a Hugging Face directory (config.json,
-model.safetensors, tokenizer) that `AutoModelForMaskedLM.from_pretrained` loads (after `import biglm`)."""
+model.safetensors, tokenizer) that `AutoModelForMaskedLM.from_pretrained` loads (after `import biglm`), with a
+model card (README.md: YAML front matter for the Hub, then the architecture, objective, training steps and tokens,
+the evaluation results found in the run, and how to load and generate)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,12 @@ class ExportArgs:
     """a run directory (its newest checkpoint is used) or one checkpoint directory"""
     out_dir: str
     """where to write the Hugging Face model directory"""
+    license: str = "apache-2.0"
+    """the model card's license (a Hugging Face license id)"""
+    base_model: str | None = None
+    """the model card's base_model (default: the run's --init_from, or a fine-tuning run's --model); e.g. a hub id"""
+    card: bool = True
+    """write the model card README.md"""
 
 
 def main(argv: list[str]) -> int:
@@ -21,7 +29,8 @@ def main(argv: list[str]) -> int:
 
     args = parse_cli(ExportArgs, argv, prog="biglm export", doc=__doc__, positionals=("checkpoint", "out_dir"))
     try:
-        out = export_checkpoint(args.checkpoint, args.out_dir)
+        out = export_checkpoint(args.checkpoint, args.out_dir, card=args.card, license=args.license,
+                                base_model=args.base_model)
     except FileNotFoundError as e:
         print(f"[biglm] error: {e}", file=sys.stderr)
         return 2

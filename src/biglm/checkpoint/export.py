@@ -1,6 +1,7 @@
 """`biglm export RUN_OR_CHECKPOINT OUT_DIR`: write a Hugging Face directory (config.json,
 model.safetensors, tokenizer) that `AutoModelForMaskedLM.from_pretrained` loads (after `import biglm`).
-For a `biglm finetune` run it is the best epoch's model: the task's HF class, tokenizer and template."""
+For a `biglm finetune` run it is the best epoch's model: the task's HF class, tokenizer and template. A model card
+(README.md, `model_card`) says what the model is, how it was trained and evaluated, and how to load it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ import os
 import shutil
 from pathlib import Path
 
+from .layout import latest_checkpoint, newest_intact_checkpoint, run_dir_of
 from .loading import load_inference_checkpoint
+from .model_card import DEFAULT_LICENSE, finetune_card, pretrain_card
 
 
-def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
-    """Write a plain Hugging Face directory (config.json, model.safetensors, tokenizer) from a run.
+def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = True, license: str = DEFAULT_LICENSE,
+                      base_model: str | None = None) -> Path:
+    """Write a plain Hugging Face directory (config.json, model.safetensors, tokenizer) from a run, with a model card
+    (README.md) unless ``card`` is False: ``license`` and ``base_model`` (default: the run's --init_from, or a
+    fine-tuning run's --model) go into its front matter.
 
     Every file gets the mode a plain ``open()`` gives (0644 under the usual umask 022), so the directory can
     be shared as it is: safetensors writes its file through a private temporary file (mode 0600).
@@ -24,12 +30,23 @@ def export_checkpoint(path: str | Path, out_dir: str | Path) -> Path:
             raise FileNotFoundError(f"{path} is a fine-tuning run without a finished epoch yet ({best} is missing): "
                                     "let it finish an epoch, or resume it with the same `biglm finetune` command")
         shutil.copytree(best, out, dirs_exist_ok=True)
+        if card:
+            from ..model import BiGLMConfig
+
+            text = finetune_card(path, config=BiGLMConfig.from_pretrained(best), name=out.name, license=license,
+                                 base_model=base_model)
+            (out / "README.md").write_text(text)
         share_files(out)
         return out
     model, tokenizer = load_inference_checkpoint(path)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    if card:
+        ckpt = path if latest_checkpoint(path) == path else newest_intact_checkpoint(path, checksums=False)[0]
+        text = pretrain_card(run_dir_of(ckpt), checkpoint=ckpt, config=model.config, name=out.name, license=license,
+                             base_model=base_model)
+        (out / "README.md").write_text(text)
     share_files(out)
     return out
 

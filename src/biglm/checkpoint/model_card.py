@@ -1,0 +1,219 @@
+"""The model card `biglm export` writes beside the weights: ``README.md`` in the Hugging Face model-card format.
+
+YAML front matter (``library_name: biglm``, ``license``, ``tags``: biglm, masked-lm and the objective, ``base_model``
+when the run started from another model, ``datasets`` from the run's data sources, ``pipeline_tag``), then the
+architecture, the objective, the training (steps and tokens of the exported checkpoint, schedule, data), the
+evaluation results the run holds (the validation loss of metrics.jsonl, zero-shot scores logged during training,
+``RUN/eval/*.json`` written by `biglm eval --output_path RUN/eval`), and how to load and generate.
+
+Everything comes from what the run wrote (train_config.json, metrics.jsonl, the checkpoint's meta.json; for a
+`biglm finetune` run task.json and finetune_config.json); nothing is measured here. A value the run did not record
+is left out, never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..model import count_parameters
+
+DEFAULT_LICENSE = "apache-2.0"
+# the task metric of a fine-tuning kind, when task.json does not name it (finetune/ owns the tasks; this mirrors them)
+_KIND_METRIC = {"classification": "accuracy", "retrieval": "ndcg@10", "squad": "f1"}
+_KIND_PIPELINE = {"classification": "text-classification", "retrieval": "sentence-similarity",
+                  "squad": "question-answering", "seq2seq": "text2text-generation"}
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    rows = []
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return rows
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a kill
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _dataset_names(folders: list[str], hub_sources: dict[str, str]) -> list[str]:
+    """The sources the run's shard folders were prepared from: a hub source ``hf:ORG/NAME[:CONFIG][@SPLIT]`` as its
+    dataset id ``ORG/NAME``, any other (a local file or folder, ``builtin``) as written to `biglm data prepare`."""
+    names: list[str] = []
+    for folder in folders:
+        manifest = _json(Path(folder) / "manifest.json")
+        sources = (manifest or {}).get("config", {}).get("sources") if isinstance(manifest, dict) else None
+        if not sources:
+            sources = hub_sources.get(folder, "").split() or [folder]
+        for s in sources:
+            s = str(s)
+            if s.startswith("hf:"):
+                s = s[3:].split("@")[0].split(":")[0]
+            if s not in names:
+                names.append(s)
+    return names
+
+
+def _eval_results(run_dir: Path) -> list[tuple[str, str, float]]:
+    """(task, metric, value) from ``RUN/eval/**/*.json`` files in lm-eval's results layout (standard errors left out)."""
+    out = []
+    for f in sorted((run_dir / "eval").rglob("*.json")) if (run_dir / "eval").is_dir() else []:
+        data = _json(f)
+        results = data.get("results") if isinstance(data, dict) else None
+        if not isinstance(results, dict):
+            continue
+        for task, metrics in results.items():
+            for key, value in (metrics or {}).items():
+                name = key.split(",")[0]
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and "stderr" not in name:
+                    out.append((task, name, float(value)))
+    return out
+
+
+def _architecture(config) -> list[str]:
+    n = count_parameters(config)
+    return ["## Architecture", "",
+            "| layers | hidden | heads | kv heads | intermediate | vocab | max positions | parameters | non-embedding |",
+            "|---|---|---|---|---|---|---|---|---|",
+            f"| {config.num_hidden_layers} | {config.hidden_size} | {config.num_attention_heads} | "
+            f"{config.num_key_value_heads} | {config.intermediate_size} | {config.vocab_size} | "
+            f"{config.max_position_embeddings} | {n['total'] / 1e6:.2f}M | {n['non_embedding'] / 1e6:.2f}M |", "",
+            "A BiGLM encoder (RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases), "
+            f"{'tied' if config.tie_word_embeddings else 'untied'} input/output embeddings.", ""]
+
+
+def _usage(name: str) -> list[str]:
+    return ["## How to use", "", "```python", "from biglm.checkpoint import load_model",
+            "from biglm.generation import generate", "",
+            f'model, tok = load_model("{name}")  # this directory (or: import biglm; AutoModelForMaskedLM.from_pretrained)',
+            'print(generate(model, tok, ["The default value is"], max_new_tokens=32, steps=8))', "```", "",
+            f'On the command line: `biglm generate {name} --prompt "..."`; `biglm eval --model_args pretrained={name}` '
+            "scores it.", ""]
+
+
+def _finetune_usage(name: str, config) -> list[str]:
+    arch = (config.architectures or ["BiGLMForMaskedLM"])[0]
+    return ["## How to use", "", "```python", f"from biglm.model import {arch}", "from transformers import AutoTokenizer",
+            "", f'model = {arch}.from_pretrained("{name}")  # this directory',
+            f'tok = AutoTokenizer.from_pretrained("{name}")', "```", "",
+            "`biglm_task.json` beside the weights holds the task's settings and template (what `biglm finetune` "
+            "used to build the inputs); `biglm generate` / `biglm serve` read it for generation tasks.", ""]
+
+
+def pretrain_card(run_dir: Path, *, checkpoint: Path, config, name: str, license: str,
+                  base_model: str | None) -> str:
+    """The card of a `biglm pretrain` run exported from ``checkpoint``."""
+    train = _json(run_dir / "train_config.json") or {}
+    meta = _json(checkpoint / "meta.json") or {}
+    step = meta.get("step")
+    objective = (train.get("objective") or {}).get("name", "unknown")
+    base_model = base_model or train.get("init_from")
+    folders = list(train.get("data") or {}) + [f for f in (train.get("anneal_data") or {}) if f not in (train.get("data") or {})]
+    datasets = _dataset_names(folders, train.get("hub_sources") or {})
+    front: dict[str, Any] = {"library_name": "biglm", "license": license, "pipeline_tag": "fill-mask",
+                             "tags": ["biglm", "masked-lm", objective]}
+    if base_model:
+        front["base_model"] = str(base_model)
+    if datasets:
+        front["datasets"] = datasets
+    body = [f"# {name}", "",
+            f"A BiGLM (bidirectional language model) pre-trained with `biglm pretrain` (run `{train.get('name', run_dir.name)}`)"
+            + (f", continued from `{base_model}`." if base_model else "."), ""]
+    body += _architecture(config)
+    block = f", block lengths {config.prefix_block_lengths}" if config.prefix_attention == "blocks" else ""
+    body += ["## Objective", "", f"`{objective}`; the model's prefix attention: `{config.prefix_attention}`{block} "
+             "(read by block decoding to choose its cache).", ""]
+    body += ["## Training", ""]
+    if step is not None:
+        total = train.get("steps")
+        body.append(f"- steps: {step}" + (f" of {total}" if total else "") + f" (checkpoint `{checkpoint.name}`)")
+        if train.get("global_batch") and train.get("seq_len"):
+            tokens = step * train["global_batch"] * train["seq_len"]
+            body.append(f"- tokens: {tokens:,} ({train['global_batch']} windows x {train['seq_len']} tokens per step)")
+    if train.get("lr") is not None:
+        body.append(f"- schedule: {train.get('schedule')} lr {train['lr']:g} -> {train.get('min_lr', 0):g}, "
+                    f"{train.get('warmup_steps')} warm-up steps")
+    if base_model:
+        body.append(f"- started from `{base_model}` (its weights; a fresh optimizer)")
+    if datasets:
+        body.append("- data: " + ", ".join(f"`{d}`" for d in datasets))
+    body.append("")
+    rows = _rows(run_dir)
+    upto = [r for r in rows if step is None or (isinstance(r.get("step"), int) and r["step"] <= step)]
+    val = [r for r in upto if r.get("kind") == "val" and "val_loss" in r]
+    tasks = [r for r in upto if r.get("kind") == "tasks"]
+    results = _eval_results(run_dir)
+    body += ["## Evaluation", ""]
+    if val:
+        body.append(f"- validation masked-token loss at step {val[-1]['step']}: {val[-1]['val_loss']:.4f}")
+    if tasks:
+        scores = {k: v for k, v in tasks[-1].items() if k not in {"kind", "step", "tokens"} and "stderr" not in k}
+        body.append(f"- zero-shot during training (step {tasks[-1]['step']}): "
+                    + ", ".join(f"{k} {100 * v:.1f}" for k, v in scores.items() if isinstance(v, (int, float))))
+    if results:
+        body += ["", "| task | metric | value |", "|---|---|---|"]
+        body += [f"| {t} | {m} | {v:.4g} |" for t, m, v in results]
+    if not (val or tasks or results):
+        body.append("No evaluation results were found in the run.")
+    body.append("")
+    body += _usage(name)
+    return _render(front, body)
+
+
+def finetune_card(run_dir: Path, *, config, name: str, license: str, base_model: str | None) -> str:
+    """The card of a `biglm finetune` run (its best epoch is what is exported)."""
+    task = _json(run_dir / "task.json") or {}
+    ft = _json(run_dir / "finetune_config.json") or {}
+    kind = str(task.get("kind", ""))
+    task_name = str(task.get("task", "task"))
+    settings = task.get("settings") if isinstance(task.get("settings"), dict) else {}
+    metric = task.get("metric") or settings.get("metric") or _KIND_METRIC.get(kind)
+    if kind == "seq2seq" and not metric:
+        metric = "rougeL" if settings.get("metrics") == "rouge" else "bleu4"
+    base_model = base_model or ft.get("model") or None
+    front: dict[str, Any] = {"library_name": "biglm", "license": license,
+                             "pipeline_tag": _KIND_PIPELINE.get(kind, "fill-mask"),
+                             "tags": ["biglm", "masked-lm", "fine-tuned", task_name]}
+    if base_model:
+        front["base_model"] = str(base_model)
+    data = [str(settings[k]) for k in ("data", "dataset", "train") if isinstance(settings.get(k), str)]
+    if data:
+        front["datasets"] = data
+    body = [f"# {name}", "", f"A BiGLM fine-tuned with `biglm finetune` on the task `{task_name}`"
+            + (f" ({kind})" if kind else "") + (f", from `{base_model}`." if base_model else "."), ""]
+    body += _architecture(config)
+    evals = [r for r in _rows(run_dir) if r.get("kind") == "eval"]
+    body += ["## Task and evaluation", "", f"- task: `{task_name}`" + (f", metric: `{metric}`" if metric else "")]
+    scored = [r for r in evals if metric and isinstance(r.get(metric), (int, float))]
+    if scored:
+        best = max(scored, key=lambda r: r[metric])
+        body.append(f"- best epoch: {best.get('epoch')} ({best.get('split', 'validation')} {metric} {best[metric]:.4g});"
+                    " this export is that epoch's model")
+        body += ["", f"| epoch | {metric} |", "|---|---|"] + [f"| {r.get('epoch')} | {r[metric]:.4g} |" for r in scored]
+    elif not evals:
+        body.append("- no evaluation results were found in the run")
+    if ft:
+        body.append("")
+        body.append(f"- training: {ft.get('epochs')} epochs, lr {ft.get('lr')}, global batch {ft.get('global_batch')}")
+    body.append("")
+    body += _finetune_usage(name, config)
+    return _render(front, body)
+
+
+def _render(front: dict[str, Any], body: list[str]) -> str:
+    return "---\n" + yaml.safe_dump(front, sort_keys=False, allow_unicode=True) + "---\n\n" + "\n".join(body).rstrip() + "\n"
