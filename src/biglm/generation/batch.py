@@ -15,13 +15,17 @@ Output rows, one per input row: ``{"id", "text", "finish_reason", "prompt_tokens
 answer and its counts as the server reports them (``finish_reason`` "stop" for an EOS or a stop string, else
 "length"; ``completion_tokens`` up to the EOS). Rows with the same settings are decoded together, ``batch_size``
 at a time, by one `engine.DecodeEngine` (one merged model call per step; each row keeps its own seeded sampler,
-so its answer does not depend on what shares its batch), and each batch is appended and flushed as it finishes.
+so its answer does not depend on what shares its batch, up to the float rounding of a batched call, which can
+only matter where two predictions nearly tie, as for the server), and each batch is appended and flushed as it
+finishes.
 
 Resuming: the job holds ``OUTPUT.lock`` (`checkpoint.RunLock.for_file`), so two jobs never write one file. Rows
 are written in one fixed order (settings groups by first appearance, input order within each), so the output
 of a job is always a prefix of that order. Running the same command again reads the ids already written, drops
-a partial last line left by a kill, and generates only the rest; on a finished output it changes nothing. An
-output line that is not a row of this input (another file's output) is refused, naming it.
+a partial last line left by a kill, and runs the batches not yet written, the same batches as an uninterrupted
+run (a batch cut short runs again whole and writes its missing rows), so it ends with the same file, byte for
+byte; on a finished output it changes nothing. An output line that is not a row of this input (another file's
+output) is refused, naming it.
 
 Layers: `read_rows` (the file, checked) -> `prepare_rows` (settings and token ids per row, checked against the
 model) -> `plan_batches` -> `BatchAnswerer` (rows in, output rows out: the piece a Ray Data ``map_batches``
@@ -223,8 +227,8 @@ def settings_key(config: DecodingConfig) -> str:
 
 def plan_batches(rows: Sequence[BatchRow], *, batch_size: int) -> list[list[BatchRow]]:
     """Rows in output order, cut into batches: settings groups in order of first appearance, input order within
-    each, at most ``batch_size`` rows a batch. Rows already written are left out by the caller first; since the
-    order is fixed, the batches of a resumed job write the same file as an uninterrupted one."""
+    each, at most ``batch_size`` rows a batch. The output is always a prefix of this order, so a resumed job that
+    runs the batches not yet written (and of a batch cut short, its missing rows) writes an uninterrupted job's file."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1.")
     groups: dict[str, list[BatchRow]] = {}
@@ -342,20 +346,21 @@ def generate_file(
     start = time.perf_counter()
     with RunLock.for_file(output, echo=echo):
         done, size, nlines = read_done(output, rows)
-        todo = [r for r in rows if id_key(r.id) not in done]
-        batches = plan_batches(todo, batch_size=batch_size)
+        # the batches of an uninterrupted run, so a resumed one makes the same model calls (a batched call rounds
+        # differently from a smaller one, which may flip a near-tie); a batch cut short by a kill runs again whole
+        batches = [b for b in plan_batches(rows, batch_size=batch_size) if any(id_key(r.id) not in done for r in b)]
         if output.exists() and output.stat().st_size != size:  # a kill cut the last write short
             echo(f"[biglm] {output}:{nlines + 1}: dropping a partial last line left by a stopped run")
             os.truncate(output, size)
         if not batches:
             return BatchReport(rows=len(rows), done_before=len(done), written=0, batches=0, seconds=0.0)
-        answerer = BatchAnswerer(model, tokenizer, max_batch_rows=batch_size * max(r.config.length_beam for r in todo))
+        answerer = BatchAnswerer(model, tokenizer, max_batch_rows=batch_size * max(r.config.length_beam for r in rows))
         bar = _progress(total=len(rows), initial=len(done), enabled=progress)
         written = 0
         try:
             with open(output, "ab") as f:
                 for b, batch in enumerate(batches):
-                    answers = answerer(batch)
+                    answers = [a for a in answerer(batch) if id_key(a["id"]) not in done]
                     f.write("".join(json.dumps(a, ensure_ascii=False) + "\n" for a in answers).encode("utf-8"))
                     f.flush()
                     os.fsync(f.fileno())

@@ -184,6 +184,9 @@ def _main_file(args: GenerateArgs, argv: list[str]) -> int:
     except (RunDirLockedError, ValueError, TypeError) as e:  # (BatchInputError is a ValueError)
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # every finished batch is in the file
+        print(f"\n{prog}: stopped; run the same command again to continue {args.output}", file=sys.stderr)
+        return 130
     if report.written == 0:
         print(f"{prog}: {args.output} already holds all {report.rows} rows: nothing to do", file=sys.stderr)
     else:
