@@ -9,7 +9,10 @@ front matter parses as YAML and names the base model, the objective and the data
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,28 +81,28 @@ def test_init_from_starts_from_the_source_weights(synthetic_data, source, tmp_pa
     assert saved["init_from"] == str(src)  # the start is recorded in the run
 
 
+def _run_cli(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "biglm", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **env})
+
+
 def test_init_from_resumes_exactly_after_a_kill(synthetic_data, source, tmp_path):
     _, export = source
     moved = tmp_path / "source-copy"
     shutil.copytree(export, moved)
     full, crashed = tmp_path / "full", tmp_path / "crashed"
-    Trainer(_cfg(synthetic_data, full, init_from=str(moved)), info=SINGLE, **QUIET).train()
-
-    class Killed(Exception):
-        pass
-
-    def kill_after_4(trainer, step):
-        if step == 4:
-            raise Killed  # dies after step 4: the checkpoint of step 3 is the newest
-
-    with pytest.raises(Killed):
-        Trainer(_cfg(synthetic_data, crashed, init_from=str(moved)), info=SINGLE, after_step=kill_after_4,
-                **QUIET).train()
+    Trainer(_cfg(synthetic_data, full, init_from=str(moved), model=ModelArgs()), info=SINGLE, **QUIET).train()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(_cfg(synthetic_data, crashed, init_from=str(moved), model=ModelArgs()).to_dict()))
+    # a hard kill (os._exit) after step 4: the checkpoint of step 3 is the newest
+    proc = _run_cli(["pretrain", str(recipe)], BIGLM_FAULT_AFTER_STEP="4")
+    assert proc.returncode == 17, proc.stderr
     assert [d.name for d in checkpoint_dirs(crashed)] == ["step_0000003"]
+    assert json.loads((crashed / "train_config.json").read_text())["init_from"] == str(moved)
     shutil.rmtree(moved)  # the resume reads the run's own checkpoint, config and tokenizer, never the source
-    again = Trainer(_cfg(synthetic_data, crashed, init_from=str(moved)), info=SINGLE, **QUIET)
-    assert again.init_source is None
-    assert again.train().step == 6
+    proc = _run_cli(["pretrain", str(recipe)])
+    assert proc.returncode == 0, proc.stderr
+    assert "resumed from" in proc.stdout and "starting from" not in proc.stdout
     a, b = _losses(full), _losses(crashed)
     for step in range(1, 7):
         assert a[step] == b[step], (step, a[step], b[step])  # exact, step for step
