@@ -15,7 +15,7 @@ import pytest
 
 from biglm.checkpoint import RunDirLockedError, RunLock, load_model
 from biglm.generation import generate
-from biglm.generation.batch import BatchInputError, generate_file, read_rows
+from biglm.generation.batch import BatchInputError, generate_file, local_backend, read_rows
 from biglm.generation.chat import render_chat
 from biglm.generation.cli import main as generate_main
 from biglm.generation.config import model_decoding
@@ -89,6 +89,25 @@ def test_answers_equal_generate_prompt_by_prompt(loaded, tmp_path):
         assert stop["finish_reason"] == "stop"
     # the sampled row differs from the greedy one on the same prompt (its temperature was used)
     assert by_id['"sampled"']["text"] != by_id['"a"']["text"]
+
+
+def test_rows_with_the_same_settings_share_batches(loaded, tmp_path):
+    """Batches of at most batch_size rows, one settings group each (groups by first appearance, input order within),
+    and the file in that order."""
+    model, tok = loaded
+    rows = [{"id": i, "prompt": f"Row {i}", **({"steps": 2} if i % 3 == 0 else {})} for i in range(8)]
+    src = _write(tmp_path / "in.jsonl", rows)
+    seen: list[list] = []
+    inner = local_backend(model, tok)
+
+    def spy(batches):
+        seen.extend([r.id for r in b] for b in batches)
+        return inner(batches)
+
+    generate_file(model, tok, src, tmp_path / "out.jsonl", config={"max_new_tokens": 6}, batch_size=2, progress=False,
+                  backend=spy)
+    assert seen == [[0, 3], [6], [1, 2], [4, 5], [7]]
+    assert [r["id"] for r in _rows(tmp_path / "out.jsonl")] == [0, 3, 6, 1, 2, 4, 5, 7]
 
 
 def test_cli_matches_biglm_generate(peaked, tmp_path, capsys):

@@ -28,8 +28,11 @@ byte; on a finished output it changes nothing. An output line that is not a row 
 output) is refused, naming it.
 
 Layers: `read_rows` (the file, checked) -> `prepare_rows` (settings and token ids per row, checked against the
-model) -> `plan_batches` -> `BatchAnswerer` (rows in, output rows out: the piece a Ray Data ``map_batches``
-backend would run on each worker) -> `generate_file` (lock, resume, write, progress bar).
+model) -> `plan_batches` -> `BatchAnswerer` (rows in, output rows out) -> `generate_file` (lock, resume, write,
+progress bar). The answering is a `Backend`, a function from the batches to run to their output rows, batch by
+batch in order: `local_backend` answers them here with one `BatchAnswerer`; a cluster backend (Ray Data:
+``map_batches`` with a `BatchAnswerer` per worker, order preserved) plugs in there, while reading, checking,
+the lock, resuming and writing stay with `generate_file` on the driver, so the output is the same.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,6 +275,21 @@ class BatchAnswerer:
                 "completion_tokens": len(token_ids)}
 
 
+Backend = Callable[[Sequence[Sequence[BatchRow]]], Iterable[list[dict[str, Any]]]]
+"""Answers batches of prepared rows: yields each batch's output rows (in row order), batch by batch in order."""
+
+
+def local_backend(model: torch.nn.Module, tokenizer, *, max_batch_rows: int = 64) -> Backend:
+    """The batches answered one after another in this process, by one `BatchAnswerer`."""
+    answerer = BatchAnswerer(model, tokenizer, max_batch_rows=max_batch_rows)
+
+    def run(batches: Sequence[Sequence[BatchRow]]) -> Iterator[list[dict[str, Any]]]:
+        for batch in batches:
+            yield answerer(batch)
+
+    return run
+
+
 def read_done(output: str | Path, rows: Sequence[BatchRow]) -> tuple[set[str], int, int]:
     """``(ids written, bytes of whole lines, line count)`` of an existing output. A last line without its newline
     (a write cut short by a kill) is not counted: its bytes are past the returned size. A line that is not an output
@@ -315,6 +333,7 @@ def generate_file(
     progress: bool = True,
     echo: Callable[[str], None] | None = None,
     on_batch: Callable[[int, list[dict[str, Any]]], None] | None = None,
+    backend: Backend | None = None,
 ) -> BatchReport:
     """Answer every row of the JSONL ``input`` into the JSONL ``output`` (see the module docstring).
 
@@ -328,6 +347,7 @@ def generate_file(
         progress: show a progress bar on stderr.
         echo: where notes go (a dropped partial line; default: stderr).
         on_batch: called with (batch number, its output rows) after each batch is written and flushed.
+        backend: answers the batches (default: `local_backend`, here, on the model's device).
 
     Returns:
         A `BatchReport`. Raises `BatchInputError` for a malformed input row or an output of another job,
@@ -354,13 +374,17 @@ def generate_file(
             os.truncate(output, size)
         if not batches:
             return BatchReport(rows=len(rows), done_before=len(done), written=0, batches=0, seconds=0.0)
-        answerer = BatchAnswerer(model, tokenizer, max_batch_rows=batch_size * max(r.config.length_beam for r in rows))
+        if backend is None:
+            backend = local_backend(model, tokenizer,
+                                    max_batch_rows=batch_size * max(r.config.length_beam for r in rows))
         bar = _progress(total=len(rows), initial=len(done), enabled=progress)
-        written = 0
+        written, b = 0, -1
         try:
             with open(output, "ab") as f:
-                for b, batch in enumerate(batches):
-                    answers = [a for a in answerer(batch) if id_key(a["id"]) not in done]
+                for b, (batch, answered) in enumerate(zip(batches, backend(batches))):
+                    if [a["id"] for a in answered] != [r.id for r in batch]:  # the file must stay in plan order
+                        raise RuntimeError(f"the backend answered batch {b} out of order or incompletely")
+                    answers = [a for a in answered if id_key(a["id"]) not in done]
                     f.write("".join(json.dumps(a, ensure_ascii=False) + "\n" for a in answers).encode("utf-8"))
                     f.flush()
                     os.fsync(f.fileno())
@@ -368,6 +392,8 @@ def generate_file(
                     bar.update(len(answers))
                     if on_batch is not None:
                         on_batch(b, answers)
+            if b + 1 != len(batches):
+                raise RuntimeError(f"the backend answered {b + 1} of {len(batches)} batches")
         finally:
             bar.close()
     return BatchReport(rows=len(rows), done_before=len(done), written=written, batches=len(batches),
