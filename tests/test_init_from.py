@@ -79,6 +79,9 @@ def test_init_from_starts_from_the_source_weights(synthetic_data, source, tmp_pa
     assert result.step == 2 and not _same_weights(trainer.raw_model, original)  # it trained
     saved = json.loads((tmp_path / "train_config.json").read_text())
     assert saved["init_from"] == str(src)  # the start is recorded in the run
+    # started again with another --init_from, the run resumes from its own checkpoints and keeps its record
+    again = _cfg(synthetic_data, tmp_path, init_from=str(tmp_path / "elsewhere"), steps=2, model=ModelArgs())
+    assert Trainer(again, info=SINGLE, **QUIET).init_source is None and again.init_from == str(src)
 
 
 def _run_cli(args: list[str], **env: str) -> subprocess.CompletedProcess:

@@ -211,6 +211,16 @@ class Trainer:
         takes both from its own directory (it resumes; the source is not read again, and may even be gone)."""
         cfg = self.cfg
         if checkpoint_dirs(self.out) and (self.out / "config.json").is_file():
+            import json
+
+            try:
+                recorded = json.loads((self.out / "train_config.json").read_text()).get("init_from")
+            except (OSError, ValueError):
+                recorded = None
+            if recorded and recorded != cfg.init_from:  # the record stays true: the run started from `recorded`
+                self.echo(f"[biglm] note: {self.out} started from {recorded} and resumes from its own checkpoints; "
+                          f"--init_from {cfg.init_from} is not used")
+                cfg.init_from = recorded
             return BiGLMConfig.from_pretrained(self.out), self.out / "tokenizer"
         self.init_source = model_source(cfg.init_from)
         return BiGLMConfig.from_pretrained(self.init_source.config_dir), self.init_source.tokenizer_dir
