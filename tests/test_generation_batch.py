@@ -28,6 +28,7 @@ ROWS = [
     {"id": "chat", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who?"}]},
     {"id": "short", "prompt": "My lord,", "max_new_tokens": 6, "steps": 3},
     {"id": "sampled", "prompt": "The king", "temperature": 1.0, "top_k": 20, "seed": 7},
+    {"id": "sampled2", "prompt": "To be, or not", "temperature": 1.0, "top_k": 20, "seed": 7},  # its batch-mate
     {"id": "conf", "prompt": "", "strategy": "confidence", "max_new_tokens": 8},
     {"id": "stop", "prompt": "And then", "stop": ["e"], "max_new_tokens": 12},
     {"id": "e", "prompt": "What, my dear lady", "steps": 3, "max_new_tokens": 6},
@@ -85,7 +86,7 @@ def test_answers_equal_generate_prompt_by_prompt(loaded, tmp_path):
     assert by_id['"a"']["completion_tokens"] <= 16 and by_id['"a"']["prompt_tokens"] > 0
     stop = by_id['"stop"']
     assert "e" not in stop["text"]
-    if "e" in _expected(model, tok, {**ROWS[6], "stop": []}, options):
+    if "e" in _expected(model, tok, {**ROWS[7], "stop": []}, options):
         assert stop["finish_reason"] == "stop"
     # the sampled row differs from the greedy one on the same prompt (its temperature was used)
     assert by_id['"sampled"']["text"] != by_id['"a"']["text"]

@@ -14,10 +14,11 @@ duplicate id, neither or both of prompt and messages, an unknown field, a bad va
 Output rows, one per input row: ``{"id", "text", "finish_reason", "prompt_tokens", "completion_tokens"}``, the
 answer and its counts as the server reports them (``finish_reason`` "stop" for an EOS or a stop string, else
 "length"; ``completion_tokens`` up to the EOS). Rows with the same settings are decoded together, ``batch_size``
-at a time, by one `engine.DecodeEngine` (one merged model call per step; each row keeps its own seeded sampler,
-so its answer does not depend on what shares its batch, up to the float rounding of a batched call, which can
-only matter where two predictions nearly tie, as for the server), and each batch is appended and flushed as it
-finishes.
+at a time (greedy rows: one `generate_ids` call over the left-padded prompts, as `generate` runs a batch; sampled
+rows: an `engine.DecodeEngine`, one merged model call per step, each row with its own seeded sampler), so a row's
+answer does not depend on what shares its batch, up to the float rounding of a batched call, which can only
+matter where two predictions nearly tie (as for `generate` batches and the server); each batch is appended and
+flushed as it finishes.
 
 Resuming: the job holds ``OUTPUT.lock`` (`checkpoint.RunLock.for_file`), so two jobs never write one file. Rows
 are written in one fixed order (settings groups by first appearance, input order within each), so the output
@@ -52,6 +53,7 @@ import torch
 from .api import _check_model, cut_at_stop
 from .chat import check_messages, render_chat
 from .config import FIELDS, DecodingConfig, model_decoding
+from .decoding import generate_ids, left_pad
 from .engine import DecodeEngine
 
 ROW_KEYS = ("id", "prompt", "messages")
@@ -241,16 +243,37 @@ def plan_batches(rows: Sequence[BatchRow], *, batch_size: int) -> list[list[Batc
 
 
 class BatchAnswerer:
-    """Prepared rows in, output rows out (in the same order): one `DecodeEngine` stepped until the batch is done.
+    """Prepared rows in, output rows out (in the same order).
 
-    Holds the model and tokenizer; stateless between calls, so a Ray Data backend can build one per worker and
-    map it over batches of rows."""
+    Greedy rows of one setting (no sampler: nothing depends on what shares the batch) are one `generate_ids` call
+    over their left-padded prompts, as `generate` runs a batch. Sampled rows go through a `DecodeEngine` stepped
+    until the batch is done: each row has its own sampler seeded with its ``seed``, so its answer is the one it
+    gets alone (in one `generate_ids` call the rows would share one random stream). Holds the model and tokenizer;
+    stateless between calls, so a Ray Data backend can build one per worker and map it over batches of rows."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch_rows: int = 64) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.engine = DecodeEngine(model, max_batch_rows=max_batch_rows, tokenizer=tokenizer)
+        self.suppress = list(range(len(tokenizer), model.config.vocab_size))  # ids the tokenizer cannot decode
 
     def __call__(self, rows: Sequence[BatchRow]) -> list[dict[str, Any]]:
+        if not rows:
+            return []
+        if rows[0].config.temperature == 0.0 and len({settings_key(r.config) for r in rows}) == 1:
+            return self._padded(rows)
+        return self._engine(rows)
+
+    def _padded(self, rows: Sequence[BatchRow]) -> list[dict[str, Any]]:
+        cfg = self.model.config
+        device = next(self.model.parameters()).device
+        ids, mask = left_pad([r.prompt_ids for r in rows], pad_id=cfg.pad_token_id if cfg.pad_token_id is not None
+                             else 0, device=device)
+        out = generate_ids(self.model, ids, mask, config=rows[0].config, suppress_ids=self.suppress)
+        cut, full = out.lengths.tolist(), out.candidate_length.tolist()
+        return [self.answer(row, tokens, "stop" if n < m else "length")
+                for row, tokens, n, m in zip(rows, out.token_lists(), cut, full)]
+
+    def _engine(self, rows: Sequence[BatchRow]) -> list[dict[str, Any]]:
         engine = self.engine
         need = max(r.config.length_beam for r in rows)
         if engine.max_batch_rows < need:
