@@ -112,7 +112,7 @@ def read_rows(path: str | Path) -> list[BatchRow]:
     they fit together with the job's options and the model is `prepare_rows`' check."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # (a byte-order mark some editors write is not a row)
     except FileNotFoundError:
         raise BatchInputError(f"{path}: no such file (--input: a JSONL file, one prompt object per line)") from None
     except UnicodeDecodeError as e:
