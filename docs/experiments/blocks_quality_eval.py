@@ -48,7 +48,11 @@ def main() -> None:
     ap.add_argument("--models", type=Path, required=True)
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--dump", type=Path, default=None,
+                    help="only write the TinyStories models' (prompt, continuation) ids for ar_judge.py here")
     args = ap.parse_args()
+    if args.dump:
+        return dump(args)
     torch.set_num_threads(1)
     results = json.loads(args.out.read_text()) if args.out.is_file() else {}
     for model_dir in sorted(args.models.iterdir()):
@@ -83,6 +87,26 @@ def main() -> None:
             e = row[label]
             print("  ", label, {k: (round(v, 3) if isinstance(v, float) else v) for k, v in e.items() if k != "samples"},
                   flush=True)
+
+
+def dump(args: argparse.Namespace) -> None:
+    """Every TinyStories model's continuations of the same 48 held-out prompts (ids, cut at EOS), and the gold ones."""
+    torch.set_num_threads(1)
+    out: dict = {}
+    p = prompts(args.data / "ts_data", n=48, prompt_len=24, new=64)
+    shard = ShardReader(sorted((args.data / "ts_data").glob("val-*.bin"))[0], expected_vocab_size=None)
+    gold = [r[24:88] for r in (shard.doc(i).astype("int64").tolist() for i in range(len(shard))) if len(r) >= 88][:48]
+    out["gold"] = {"held-out text": [[q.tolist(), g] for q, g in zip(p, gold)]}
+    for model_dir in sorted(args.models.iterdir()):
+        if not model_dir.name.startswith("ts"):
+            continue
+        model, _ = load_model(model_dir)
+        model.float().eval()
+        out[model_dir.name] = {label: [[q.tolist(), a] for q, a in zip(p, generate_ids(model, p, max_new_tokens=64,
+                                                                                        **kw).token_lists())]
+                               for label, kw in SETTINGS.items()}
+        print(model_dir.name, flush=True)
+    args.dump.write_text(json.dumps(out))
 
 
 if __name__ == "__main__":
