@@ -34,6 +34,12 @@ SETTINGS = {
     "blocks of 16, T=N/2": dict(strategy="confidence", steps=32, block_length=16),
     "blocks of 8, T=N/2": dict(strategy="confidence", steps=32, block_length=8),
 }
+# fewer positions per committed token (<= 3 with the append cache), the issue's batch-32 aim: --settings lean
+LEAN = {
+    "blocks of 4, T=N/2": dict(strategy="confidence", steps=32, block_length=4),
+    "threshold 0.9, blocks of 8": dict(strategy="threshold", threshold=0.9, block_length=8),
+    "threshold 0.7, blocks of 8": dict(strategy="threshold", threshold=0.7, block_length=8),
+}
 
 
 def prompts(data: Path, *, n: int, prompt_len: int, new: int) -> torch.Tensor:
@@ -48,6 +54,8 @@ def main() -> None:
     ap.add_argument("--models", type=Path, required=True)
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", default="", help="only models whose name starts with this (e.g. grammar)")
+    ap.add_argument("--settings", choices=["default", "lean"], default="default")
     ap.add_argument("--dump", type=Path, default=None,
                     help="only write the TinyStories models' (prompt, continuation) ids for ar_judge.py here")
     args = ap.parse_args()
@@ -55,21 +63,24 @@ def main() -> None:
         return dump(args)
     torch.set_num_threads(1)
     results = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    settings = SETTINGS if args.settings == "default" else LEAN
     for model_dir in sorted(args.models.iterdir()):
         name = model_dir.name
-        if name in results:
+        if name in results or not name.startswith(args.only):
             continue
         model, tok = load_model(model_dir)
         model.float().eval()
         grammar = name.startswith("grammar")
         data = args.data / ("data" if grammar else "ts_data")
         row = {"prefix_attention": model.config.prefix_attention}
-        row.update(heldout_metrics(model, data=data, windows=256, seq_len=128, docs=200))
+        if args.settings == "default":  # the held-out metrics do not depend on the decoding settings
+            row.update(heldout_metrics(model, data=data, windows=256, seq_len=128, docs=200))
         p = prompts(data, n=48, prompt_len=24, new=64)
-        for label, kw in SETTINGS.items():
+        for label, kw in settings.items():
             out = generate_ids(model, p, max_new_tokens=64, **kw)
             texts = [tok.decode(a, skip_special_tokens=True) for a in out.token_lists()]
-            entry = {"calls": out.steps}
+            entry = {"calls": out.steps, "forward_calls": out.forward_calls,
+                     "positions_per_token": out.positions / (p.shape[0] * 64)}
             if grammar:
                 counts = [check(tok.decode(q.tolist(), skip_special_tokens=True), t) for q, t in zip(p, texts)]
                 total = max(1, sum(c["sentences"] for c in counts))
@@ -83,7 +94,7 @@ def main() -> None:
         args.out.write_text(json.dumps(results, indent=1))
         print(name, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
                      if not isinstance(v, dict)}, flush=True)
-        for label in SETTINGS:
+        for label in settings:
             e = row[label]
             print("  ", label, {k: (round(v, 3) if isinstance(v, float) else v) for k, v in e.items() if k != "samples"},
                   flush=True)
