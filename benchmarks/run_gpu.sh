@@ -21,7 +21,7 @@ for s in "${sections[@]}"; do
     pretrain) python benchmarks/bench_pretrain.py --presets biglm-136m,biglm-360m --seq-len 2048 --batch 8 --compile \
                 --out pretrain-gpu ;;                                      # MFU >= 45% @360M, >= 1.3x ModernBERT
     generation) python benchmarks/bench_generation.py --preset biglm-136m --device cuda --dtype bfloat16 \
-                  --new-tokens 128 512 --batch 1 32 --tokens-per-step 2 --block-length 32 --repeats 2 \
+                  --new-tokens 128 512 --batch 1 32 --tokens-per-step 2 --block-length 8 32 --repeats 2 \
                   --out generation-gpu ;;                                   # issue 21's protocol, eager (the AR peer's --compile path breaks on transformers 5.17 cudagraphs)
     *) echo "unknown section $s (tests, attention, pretrain, generation)"; exit 2 ;;
   esac
