@@ -258,3 +258,33 @@ def test_cache_and_prefix_len_together_are_a_fused_append_pass():
             model(window, prefix_cache=cache, prefix_len=3)
     torch.testing.assert_close(out.logits[:, 4:], want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out["cache"].first(4).keys[1], appended.keys[1][:, :, 6:], atol=1e-5, rtol=1e-5)
+
+
+def test_engine_folds_blocks_and_equals_generate_ids():
+    """The server's engine on a blocks model (append cache by default): each request's answer equals its solo
+    `generate_ids`, alone and sharing calls with others, and a held block rides on the next step (the inner model
+    runs once per prompt and once per step, no separate block passes)."""
+    from biglm.generation.engine import DecodeEngine
+
+    model = _blocks_model()
+    cfgs = [DecodingConfig(max_new_tokens=12, strategy="confidence", steps=6, block_length=4),
+            DecodingConfig(max_new_tokens=10, strategy="mask-predict", steps=6, block_length=5, block_suffix="rest"),
+            DecodingConfig(max_new_tokens=12, strategy="confidence", steps=6)]  # the model's default blocks (8)
+    want = {f"r{i}": generate_ids(model, torch.tensor([PROMPTS[i]]), config=c).token_lists()[0]
+            for i, c in enumerate(cfgs)}
+    calls: list[int] = []
+    hook = model.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        engine = DecodeEngine(model)
+        engine.submit("r0", PROMPTS[0], cfgs[0])
+        steps, got = 0, {}
+        while engine.num_running or engine.num_waiting or steps == 0:
+            if steps == 1:
+                engine.submit("r1", PROMPTS[1], cfgs[1])
+                engine.submit("r2", PROMPTS[2], cfgs[2])
+            got.update({e.request_id: e.token_ids for e in engine.step() if e.finished})
+            steps += 1
+    finally:
+        hook.remove()
+    assert got == want
+    assert len(calls) == 3 + steps  # three prompt encodings, one merged call per step

@@ -13,8 +13,10 @@ Notable features
   ``max_batch_rows`` rows, a length beam of K candidates is K rows), encodes their prompts, then
   runs one decoding call. A request that finishes leaves at once; the next one joins at the next step.
 - Block decoding: a committed block joins that request's cache right after the step (prompt +
-  committed blocks re-encoded as one prefix, or with ``block_cache="append"`` the block alone,
-  ``encode_prefix(block, past=cache)``), so later steps run only the suffix.
+  committed blocks re-encoded as one prefix), so later steps run only the suffix. With
+  ``block_cache="append"`` the block is held and rides on the request's next step as its leading prefix
+  tokens (they see the cache and themselves; their keys/values extend the cache): one call per block saved,
+  as `generate_ids` does.
 - Events: after each step, one `EngineEvent` per request that took part, with the answer so far
   and ``stable_ids``, its leading part that can no longer change (what a server may stream).
 - Early finish: with one candidate, once the stable part holds an EOS (or, given a tokenizer, a
@@ -68,6 +70,7 @@ class _Request:
         self.config = config
         self.run: DecodeRun | None = None
         self.cache: PrefixCache | None = None
+        self.held: Commit | None = None  # an append-cache block waiting to ride on the next step
         self.stable: list[int] = []
 
     @property
@@ -151,7 +154,13 @@ class DecodeEngine:
             for req in reqs:
                 # a committed block joins the request's cache before its next query
                 while isinstance(req.run.pending, Commit):
-                    self._extend(req, req.run.pending)
+                    if req.held is not None:  # two blocks in a row without a step: the first goes in alone
+                        self._extend(req, req.held)
+                        req.held = None
+                    if req.run.config.block_cache == "append":
+                        req.held = req.run.pending  # its cache pass shares the next step (if there is one)
+                    else:
+                        self._extend(req, req.run.pending)
                     req.run.advance()
                 events.append(self._report(req))
         return events
@@ -204,22 +213,42 @@ class DecodeEngine:
     def _decode(self, reqs: list[_Request]) -> None:
         """One model call over every request's pending query."""
         queries = [r.run.pending for r in reqs]
-        width = max(q.end - q.start for q in queries)
-        ids, valid, where, pos = [], [], [], []
-        for req, q in zip(reqs, queries):
-            n = q.end - q.start
-            pad = (0, width - n)
-            ids.append(torch.nn.functional.pad(q.inputs[:, q.start:q.end], pad, value=req.run.mask_id))
-            valid.append(torch.nn.functional.pad(req.run.valid[:, q.start:q.end], pad, value=False))
-            where.append(torch.nn.functional.pad(q.where[:, q.start:q.end], pad, value=False))
+        held = [0 if r.held is None else r.held.end - r.held.start for r in reqs]  # leading prefix tokens per request
+        width = max(h + q.end - q.start for h, q in zip(held, queries))
+        ids, valid, where, pos, lead = [], [], [], [], []
+        for req, q, h in zip(reqs, queries, held):
+            seg_ids, seg_valid = q.inputs[:, q.start:q.end], req.run.valid[:, q.start:q.end]
+            seg_where = q.where[:, q.start:q.end]
+            if h:  # the held block first: prefix tokens of this call
+                b = req.held
+                seg_ids = torch.cat((b.ids, seg_ids), dim=1)
+                seg_valid = torch.cat((req.run.valid[:, b.start:b.end], seg_valid), dim=1)
+                seg_where = torch.cat((torch.zeros_like(b.ids, dtype=torch.bool), seg_where), dim=1)
+            pad = (0, width - seg_ids.shape[1])
+            ids.append(torch.nn.functional.pad(seg_ids, pad, value=req.run.mask_id))
+            valid.append(torch.nn.functional.pad(seg_valid, pad, value=False))
+            where.append(torch.nn.functional.pad(seg_where, pad, value=False))
             # each row continues from its own cache: positions cache length onwards
             pos.append((req.cache.length + torch.arange(width, device=self.device)).expand(q.inputs.shape[0], -1))
+            lead.append(torch.full((q.inputs.shape[0],), h, dtype=torch.long, device=self.device))
         cache = PrefixCache.merge([r.cache for r in reqs])
         where_all = torch.cat(where)
-        logits = self.model(torch.cat(ids), prefix_cache=cache, attention_mask=torch.cat(valid).long(),
-                            position_ids=torch.cat(pos), logits_positions=where_all).logits
+        folded = any(held)
+        # prefix_len counts keys from the merged cache's start: a row's held block is prefix, the rest suffix
+        out = self.model(torch.cat(ids), prefix_cache=cache, attention_mask=torch.cat(valid).long(),
+                         position_ids=torch.cat(pos), logits_positions=where_all,
+                         prefix_len=cache.length + torch.cat(lead) if folded else None, return_cache=folded)
         counts = torch.stack([w.sum() for w in where]).tolist()
-        for req, part in zip(reqs, logits.split(counts)):
+        row = 0
+        for req, part, h in zip(reqs, out.logits.split(counts), held):
+            rows = req.run.valid.shape[0]
+            if h:
+                new = out["cache"]
+                sel = slice(row, row + rows)
+                block = PrefixCache(keys=[k[sel, :, :h] for k in new.keys], values=[v[sel, :, :h] for v in new.values],
+                                    key_valid=new.key_valid[sel, :h], padded=not bool(new.key_valid[sel, :h].all()))
+                req.cache, req.held = req.cache.extend(block), None
+            row += rows
             req.run.advance(part)
 
     def _best_row(self, run: DecodeRun) -> int:
