@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recipes": ("biglm.training.cli_recipes", "list the pre-training recipes of the paper"),
     "finetune": ("biglm.finetune.cli", "fine-tune on a task (classification by prompt, SQuAD, retrieval, CMLM seq2seq, FLAN instruction tuning)"),
     "tasks": ("biglm.finetune.cli_tasks", "list the fine-tuning tasks"),
+    "convert": ("biglm.checkpoint.cli_convert", "convert a Llama-family transformers checkpoint (Llama, SmolLM, Mistral, Qwen2) to a BiGLM directory"),
     "export": ("biglm.checkpoint.cli", "export a pre-training run (or a fine-tuning run's best epoch) as a Hugging Face directory"),
     "generate": ("biglm.generation.cli", "generate text by iterative unmasking (Mask-Predict)"),
     "chat": ("biglm.generation.cli_chat", "chat with a model on standard input (its chat template; the answer unmasks live)"),

@@ -41,6 +41,8 @@ class AttentionMask:
         doc_ids: (B, Lk) long document index per key position, or None for no document masking.
         prompt_len, block_len: (B,) long, the `biglm-blocks` rule (with ``prefix_len``), or None for the
             paper's bidirectional prefix.
+        causal: a test/diagnostic switch: a query also never sees a later key (k <= q, ANDed into the rule),
+            so a model converted from an autoregressive checkpoint can be compared with its source.
     """
 
     batch: int
@@ -52,13 +54,14 @@ class AttentionMask:
     doc_ids: torch.Tensor | None = None
     prompt_len: torch.Tensor | None = None
     block_len: torch.Tensor | None = None
+    causal: bool = False
     _dense: torch.Tensor | None = field(default=None, repr=False)
     _block: object | None = field(default=None, repr=False)
 
     @property
     def is_full(self) -> bool:
         """True when every query may see every key (no prefix rule, no padding, no documents)."""
-        return self.prefix_len is None and self.key_valid is None and self.doc_ids is None
+        return self.prefix_len is None and self.key_valid is None and self.doc_ids is None and not self.causal
 
     def allowed(self, b: torch.Tensor, q_idx: torch.Tensor, k_idx: torch.Tensor) -> torch.Tensor:
         """The mask rule on broadcastable index tensors; used both densely and as a FlexAttention mask_mod."""
@@ -72,6 +75,8 @@ class AttentionMask:
                 q0, blk = self.prompt_len[b], self.block_len[b]
                 block_end = torch.minimum(q0 + ((q_pos - q0).clamp(min=0) // blk + 1) * blk, p)
                 ok = (q_pos >= p) | (k_idx < torch.where(q_pos < q0, q0, block_end))
+        if self.causal:
+            ok = ok & (k_idx <= q_pos)
         if self.doc_ids is not None:
             ok = ok & (self.doc_ids[b, q_pos] == self.doc_ids[b, k_idx])
         if self.key_valid is not None:

@@ -85,6 +85,8 @@ class BiGLMConfig(PreTrainedConfig):
             a finished block's keys/values never change and block decoding's append cache is exact.
         prefix_block_lengths: the block lengths a "blocks" model was trained with (decoding's default
             block length is the largest); empty for "bidirectional".
+        attention_bias: biases on q_proj/k_proj/v_proj (not o_proj), as Qwen2 has; off for BiGLM's own presets
+            (`biglm convert` sets it for a Qwen2 checkpoint).
     """
 
     model_type = "biglm"
@@ -112,6 +114,7 @@ class BiGLMConfig(PreTrainedConfig):
         mask_token_id: int | None = 4,
         prefix_attention: str = "bidirectional",
         prefix_block_lengths: list[int] | tuple[int, ...] = (),
+        attention_bias: bool = False,
         **kwargs: Any,
     ) -> None:
         self.vocab_size = vocab_size
@@ -131,6 +134,7 @@ class BiGLMConfig(PreTrainedConfig):
         self.mask_token_id = mask_token_id
         self.prefix_attention = prefix_attention
         self.prefix_block_lengths = [int(b) for b in prefix_block_lengths]
+        self.attention_bias = bool(attention_bias)
         # transformers' SDPA integration assumes causal attention when no mask is given.
         self.is_decoder = False
         super().__init__(
@@ -189,7 +193,9 @@ def count_parameters(config: BiGLMConfig) -> dict[str, int]:
     """Parameter counts from the config alone (no allocation): non-embedding and total."""
     h, i, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     kv = config.num_key_value_heads * config.head_dim
-    attn = h * h * 2 + h * kv * 2  # q, o and k, v projections, no biases
+    attn = h * h * 2 + h * kv * 2  # q, o and k, v projections
+    if getattr(config, "attention_bias", False):
+        attn += h + 2 * kv  # q/k/v biases (Qwen2-style)
     mlp = 3 * h * i
     block = attn + mlp + 2 * h  # two RMSNorm weights
     non_embedding = n * block + h  # final norm

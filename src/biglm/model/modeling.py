@@ -175,9 +175,10 @@ class BiGLMAttention(nn.Module):
         self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.is_causal = False  # transformers' integrations assume causal when unset
         h = config.hidden_size
-        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=False)
+        bias = config.attention_bias  # Qwen2-style q/k/v biases (converted checkpoints); o_proj never has one
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: AttentionMask,
@@ -231,6 +232,8 @@ class BiGLMPreTrainedModel(PreTrainedModel):
         std = self.config.initializer_range
         if isinstance(module, (nn.Linear, nn.Embedding)):
             init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
         elif isinstance(module, BiGLMRMSNorm):
             init.ones_(module.weight)
         elif isinstance(module, BiGLMRotaryEmbedding):
@@ -313,6 +316,7 @@ class BiGLMModel(BiGLMPreTrainedModel):
         token_type_ids: torch.Tensor | None = None,  # accepted for tokenizer compatibility; BiGLM has no segments
         prompt_len: torch.Tensor | int | None = None,
         block_len: torch.Tensor | int | None = None,
+        causal: bool = False,
         **kwargs,
     ) -> BaseModelOutput:
         """Encode a batch.
@@ -333,6 +337,9 @@ class BiGLMModel(BiGLMPreTrainedModel):
                 before ``prompt_len`` see the prompt only; the rest of the prefix is cut into blocks of
                 ``block_len`` that see the prompt, earlier blocks and themselves. Unset: the paper's
                 bidirectional prefix. Block decoding's append cache is this rule computed incrementally.
+            causal: a test/diagnostic switch: also forbid every query to see later keys (a causal mask ANDed into
+                the rule), so a model converted from an autoregressive checkpoint (`biglm convert`) can be checked
+                against its source. Never used in training or decoding.
         """
         B, L = input_ids.shape
         offset = 0 if prefix_cache is None else prefix_cache.length
@@ -358,7 +365,7 @@ class BiGLMModel(BiGLMPreTrainedModel):
             key_valid = None  # nothing padded: keep the fast unmasked path
         mask = AttentionMask(batch=B, q_len=L, k_len=L + offset, q_offset=offset,
                              prefix_len=prefix_len, key_valid=key_valid, doc_ids=doc_ids, prompt_len=prompt_len,
-                             block_len=block_len)
+                             block_len=block_len, causal=causal)
         # build the mask once, outside the (possibly compiled) blocks, for the backend that will read it
         if self.config.attn_backend == "flex":
             mask.block_mask(input_ids.device)

@@ -1,0 +1,153 @@
+"""`convert_checkpoint`: a transformers checkpoint of the Llama family -> a BiGLM Hugging Face directory.
+
+BiGLM is Llama's architecture with bidirectional attention, and its parameters carry Llama's names, so the
+weights map one to one (``model.embed_tokens``, ``model.layers.N.self_attn.{q,k,v,o}_proj``,
+``mlp.{gate,up,down}_proj``, the two RMSNorms per block, ``model.norm``, ``lm_head`` tied or untied). Accepted:
+``model_type`` llama (Llama, SmolLM), mistral without a sliding window, and qwen2 (its q/k/v biases become
+``BiGLMConfig.attention_bias``). Whatever BiGLM cannot represent is refused with one line naming the field:
+a sliding window, attention biases outside qwen2, an o_proj bias, MLP biases, any ``rope_scaling`` (BiGLM's RoPE
+has no scaling), an activation other than SiLU, a head dimension other than hidden/heads.
+
+A tokenizer without a mask token gets one (``<mask>``); its embedding row (and its ``lm_head`` row when untied)
+starts as the mean of the source's rows.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+MODEL_TYPES = ("llama", "mistral", "qwen2")
+MASK_TOKEN = "<mask>"
+
+
+class ConvertError(ValueError):
+    """The source checkpoint has something BiGLM cannot represent (the message names it, in one line)."""
+
+
+def _rope(src: Any) -> tuple[float, dict | None]:
+    """(rope θ, the scaling dict or None) from a transformers config of either layout (v4 fields, v5 rope_parameters)."""
+    params = dict(getattr(src, "rope_parameters", None) or {})
+    scaling = getattr(src, "rope_scaling", None)
+    if scaling and scaling is not getattr(src, "rope_parameters", None):
+        params = {**params, **scaling}
+    theta = float(params.get("rope_theta", getattr(src, "rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    return theta, (None if kind in (None, "default") else params)
+
+
+def check_convertible(src: Any) -> None:
+    """Refuse (`ConvertError`, one line naming the field) a source config BiGLM cannot represent."""
+    mt = getattr(src, "model_type", None)
+    if mt not in MODEL_TYPES:
+        raise ConvertError(f"model_type={mt!r} is not supported: biglm convert takes {', '.join(MODEL_TYPES)}.")
+    if mt == "qwen2" and getattr(src, "use_sliding_window", False):
+        raise ConvertError(f"use_sliding_window=True (sliding_window={src.sliding_window}): BiGLM attends to the "
+                           "whole window; it has no sliding window.")
+    if mt == "mistral" and getattr(src, "sliding_window", None) is not None:
+        raise ConvertError(f"sliding_window={src.sliding_window}: BiGLM attends to the whole window; it has no "
+                           "sliding window (set sliding_window to null in config.json if the model never used it).")
+    if mt != "qwen2" and getattr(src, "attention_bias", False):
+        raise ConvertError(f"attention_bias=True on a {mt} model: BiGLM has q/k/v biases only for qwen2 checkpoints "
+                           "and never an o_proj bias.")
+    if getattr(src, "mlp_bias", False):
+        raise ConvertError("mlp_bias=True: BiGLM's MLP (gate/up/down_proj) has no biases.")
+    act = getattr(src, "hidden_act", "silu")
+    if act != "silu":
+        raise ConvertError(f"hidden_act={act!r}: BiGLM's MLP is SwiGLU (silu) only.")
+    _, scaling = _rope(src)
+    if scaling is not None:
+        raise ConvertError(f"rope_scaling={scaling}: BiGLM's RoPE has no scaling (only rope_theta).")
+    head_dim = getattr(src, "head_dim", None)
+    if head_dim is not None and head_dim != src.hidden_size // src.num_attention_heads:
+        raise ConvertError(f"head_dim={head_dim} != hidden_size/num_attention_heads="
+                           f"{src.hidden_size // src.num_attention_heads}: BiGLM derives the head dimension.")
+
+
+def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
+                       log: Callable[[str], None] = print) -> Path:
+    """Convert the transformers checkpoint directory ``src`` (Llama, SmolLM, Mistral without a sliding window,
+    Qwen2) to a BiGLM Hugging Face directory ``out`` (config, weights, tokenizer); return ``out``.
+
+    Raises `ConvertError` (one line naming the field) for what cannot be mapped, before any weight is read.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from ..model import BiGLMConfig, BiGLMForMaskedLM
+
+    src, out = Path(src), Path(out)
+    src_cfg = AutoConfig.from_pretrained(src)
+    check_convertible(src_cfg)
+    tok = AutoTokenizer.from_pretrained(src)
+    source = AutoModelForCausalLM.from_pretrained(src, dtype="auto")
+    state = source.state_dict()
+    dtype = source.get_input_embeddings().weight.dtype
+    biased = [k for k in state if k.endswith("o_proj.bias")]
+    if biased:
+        raise ConvertError(f"{biased[0]}: BiGLM's o_proj has no bias.")
+    theta, _ = _rope(src_cfg)
+    vocab = src_cfg.vocab_size
+    added_mask = tok.mask_token_id is None
+    if added_mask:
+        tok.add_special_tokens({"mask_token": MASK_TOKEN})
+    mask_id = tok.mask_token_id
+    vocab_size = max(vocab, mask_id + 1)
+    tied = bool(getattr(src_cfg, "tie_word_embeddings", False))
+    pad_id = src_cfg.pad_token_id if src_cfg.pad_token_id is not None else tok.pad_token_id
+    cfg = BiGLMConfig(
+        vocab_size=vocab_size, hidden_size=src_cfg.hidden_size, intermediate_size=src_cfg.intermediate_size,
+        num_hidden_layers=src_cfg.num_hidden_layers, num_attention_heads=src_cfg.num_attention_heads,
+        num_key_value_heads=getattr(src_cfg, "num_key_value_heads", None) or src_cfg.num_attention_heads,
+        max_position_embeddings=src_cfg.max_position_embeddings, rope_theta=theta, rms_norm_eps=src_cfg.rms_norm_eps,
+        initializer_range=getattr(src_cfg, "initializer_range", 0.02), tie_word_embeddings=tied,
+        attention_bias=src_cfg.model_type == "qwen2", pad_token_id=pad_id, bos_token_id=src_cfg.bos_token_id,
+        eos_token_id=src_cfg.eos_token_id, mask_token_id=mask_id,
+    )
+    with torch.device("meta"):
+        model = BiGLMForMaskedLM(cfg)
+    model = model.to_empty(device="cpu").to(dtype)
+    model.model.rotary_emb.inv_freq.copy_(
+        1.0 / (theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float) / cfg.head_dim)))
+    expected = set(model.state_dict())
+    if tied:
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+        expected.discard("lm_head.weight")
+    extra = sorted(set(state) - expected)
+    if extra:
+        raise ConvertError(f"{extra[0]}: no BiGLM parameter of that name ({len(extra)} unmapped in all).")
+    missing = sorted(expected - set(state))
+    if missing:
+        raise ConvertError(f"{missing[0]}: missing from the source checkpoint ({len(missing)} in all).")
+
+    def grow(w: torch.Tensor) -> torch.Tensor:
+        if w.shape[0] == vocab_size:
+            return w
+        return torch.cat((w, w.new_zeros(vocab_size - w.shape[0], w.shape[1])))
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name in state:
+                w = state[name]
+                param.copy_(grow(w) if name in ("model.embed_tokens.weight", "lm_head.weight") else w)
+        if added_mask:
+            rows = [model.model.embed_tokens.weight] + ([] if tied else [model.lm_head.weight])
+            for w in rows:
+                w[mask_id] = w[:vocab].float().mean(0).to(w.dtype)
+    if tied:
+        model.tie_weights()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    log(f"[biglm] {src_cfg.model_type} {src} -> BiGLM {out}: {cfg.num_hidden_layers} layers, hidden "
+        f"{cfg.hidden_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, rope_theta {theta:g}, "
+        f"{'tied' if tied else 'untied'} head" + (", q/k/v biases" if cfg.attention_bias else ""))
+    if added_mask:
+        head = "" if tied else " and lm_head row"
+        log(f"[biglm] the tokenizer had no mask token: added {MASK_TOKEN!r} as id {mask_id}; its embedding{head} "
+            "initialised from the mean embedding")
+    else:
+        log(f"[biglm] mask token {tok.mask_token!r} (id {mask_id})")
+    return out
