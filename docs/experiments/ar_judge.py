@@ -35,8 +35,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--tokenizer", type=Path, required=True)
-    ap.add_argument("--samples", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--samples", type=Path, default=None, help="continuations to score (omit: only train)")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--save", type=Path, default=None, help="also save the trained AR model + tokenizer here (issue 23)")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=256)
@@ -85,6 +86,12 @@ def main() -> None:
             out.append(float(F.cross_entropy(logits, ids[0, len(prompt):], reduction="mean")))
         return out
 
+    if args.save:
+        model.save_pretrained(args.save)
+        tok.save_pretrained(args.save)
+    if args.samples is None:
+        print(json.dumps({"val_loss": val_loss, "train_seconds": time.time() - t0}))
+        return
     samples = json.loads(args.samples.read_text())
     judged = {"judge": {"train_steps": args.steps, "tokens": args.steps * args.batch * args.seq_len,
                         "val_loss": val_loss, "train_seconds": time.time() - t0, "device": str(dev)}}
