@@ -85,3 +85,23 @@ def checkpoint(tmp_path_factory) -> Path:
     text = src.read_text()[:20000].split("\n\n") if src.is_file() else ["the quick brown fox jumps over the lazy dog"] * 50
     tok = train_tokenizer(texts=text, vocab_size=300)
     return save_random_model(tmp_path_factory.mktemp("ckpt"), tok)
+
+
+def tiny_train_config(out: Path, **kw):
+    """A TrainConfig of a tiny run (2-layer ``tiny`` preset, 32-token windows, 6 steps, checkpoints every 3);
+    ``kw`` gives ``data`` and overrides any field. The trainer tests' common base."""
+    from biglm.training import TrainConfig
+    from biglm.training.config import ModelArgs
+
+    base = dict(name="t", out_dir=str(out), preset="tiny", model=ModelArgs(max_position_embeddings=64),
+                seq_len=32, micro_batch=4, global_batch=8, steps=6, lr=3e-3, min_lr=3e-4, warmup_steps=1, log_every=1,
+                eval_every=3, eval_windows=8, save_every=3, keep_last=3)
+    return TrainConfig(**{**base, **kw})
+
+
+def train_losses(out: Path) -> dict[int, float]:
+    """step -> training loss, from a run's metrics.jsonl."""
+    import json
+
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}

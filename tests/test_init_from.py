@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_train_config, train_losses
 import yaml
 
 from biglm.checkpoint import checkpoint_dirs, export_checkpoint, load_model
@@ -33,16 +34,10 @@ QUIET = dict(echo=lambda s: None)
 
 def _cfg(data: Path, out: Path, **kw) -> TrainConfig:
     """A tiny run on the synthetic shards (the tokenizer comes from the manifest, or from --init_from)."""
-    base = dict(name="t", out_dir=str(out), preset="tiny", model=ModelArgs(max_position_embeddings=64),
-                data={str(data / "shards"): 1.0}, seq_len=32, micro_batch=4, global_batch=8, steps=6, lr=1e-3,
-                min_lr=1e-4, warmup_steps=1, log_every=1, eval_every=3, eval_windows=8, save_every=3, keep_last=3)
-    base.update(kw)
-    return TrainConfig(**base)
+    return tiny_train_config(out, **{"data": {str(data / "shards"): 1.0}, "lr": 1e-3, "min_lr": 1e-4, **kw})
 
 
-def _losses(out: Path) -> dict[int, float]:
-    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
+_losses = train_losses
 
 
 def _front_matter(card: str) -> dict:

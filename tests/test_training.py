@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_train_config, train_losses
 import yaml
 
 from biglm.config import ConfigError
@@ -57,16 +58,10 @@ def _corpus() -> str:
 
 def _cfg(prepared, out: Path, **kw) -> TrainConfig:
     shards, tok = prepared
-    base = dict(name="t", out_dir=str(out), preset="tiny", model=ModelArgs(max_position_embeddings=64),
-                data={str(shards): 1.0}, tokenizer=str(tok), seq_len=32, micro_batch=4, global_batch=8, steps=6, lr=3e-3,
-                min_lr=3e-4, warmup_steps=1, log_every=1, eval_every=3, eval_windows=8, save_every=3, keep_last=3)
-    base.update(kw)
-    return TrainConfig(**base)
+    return tiny_train_config(out, **{"data": {str(shards): 1.0}, "tokenizer": str(tok), **kw})
 
 
-def _losses(out: Path) -> dict[int, float]:
-    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
+_losses = train_losses
 
 
 def _run_cli(args: list[str], env_extra: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -79,6 +79,9 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
     from ..model import BiGLMConfig, BiGLMForMaskedLM
 
     src, out = Path(src), Path(out)
+    if not (src / "config.json").is_file():  # else transformers reads the path as a hub id and says so, confusingly
+        raise ConvertError(f"{src} is not a transformers checkpoint directory (no config.json there): download the "
+                           "model first, e.g. `huggingface-cli download ORG/NAME --local-dir DIR`, and pass DIR.")
     src_cfg = AutoConfig.from_pretrained(src)
     check_convertible(src_cfg)
     tok = AutoTokenizer.from_pretrained(src)
