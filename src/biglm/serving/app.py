@@ -31,7 +31,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,11 +196,18 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     return APIError(400, f"{param}: {first.get('msg', 'invalid value')}.", param=param, code="invalid_value")
 
 
-def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: Any = None) -> FastAPI:
+HealthHook = Callable[[], Awaitable[dict[str, Any]]]
+"""Fields a deployment adds to ``GET /health`` (under Ray Serve: the application's state and its replicas); a
+``status`` other than "ok" among them makes /health answer it with 503."""
+
+
+def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: Any = None,
+               health: HealthHook | None = None) -> FastAPI:
     """The server for ``model`` (a `BiGLMForMaskedLM` in eval mode) and its ``tokenizer``.
 
     ``engine`` defaults to a `biglm.generation.engine.DecodeEngine` over ``model``; the engine thread
-    starts with the app (lifespan) and stops, aborting what is left, when it shuts down.
+    starts with the app (lifespan) and stops, aborting what is left, when it shuts down. ``health`` (optional)
+    adds the fields of the deployment this app runs in to ``GET /health``.
     """
     if engine is None:
         from ..generation.engine import DecodeEngine
@@ -333,13 +340,39 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
                                     "(`biglm serve --request_timeout`); it was cancelled.", type="timeout",
                                code="request_timeout") from None
 
+    async def reply(body: Any, request: Request, run: _Run, prompt_ids: list[list[int]], *,
+                    chunk: Callable[[int, str, str | None], Any], tail: Callable[[Usage], Any],
+                    whole: Callable[[Usage], Any], first: Sequence[Any] = ()) -> Any:
+        """The answer to a completions or chat request: a stream of ``first``, then ``chunk(choice, delta,
+        finish_reason)`` per change and ``tail(usage)`` if asked for; or, not streamed, ``whole(usage)``."""
+        if body.stream:
+            async def chunks() -> AsyncIterator[Any]:
+                for item in first:
+                    yield item
+                async for i, delta in events(run):
+                    reason = run.streams[i].finish_reason
+                    if delta or reason is not None:
+                        yield chunk(i, delta, reason)
+                if body.stream_options is not None and body.stream_options.include_usage:
+                    yield tail(usage(prompt_ids, run))
+
+            return StreamingResponse(sse(run, chunks()), media_type="text/event-stream")
+        if not await collect(run, request):
+            return JSONResponse({}, status_code=499)  # the client is gone; nobody reads this
+        return whole(usage(prompt_ids, run))
+
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health_check() -> JSONResponse:
         state = "draining" if scheduler.draining else ("ok" if scheduler.alive else "engine_down")
         body = {"status": state, "model": settings.model_name, "running": scheduler.num_running,
                 "waiting": scheduler.num_waiting, "in_flight": scheduler.in_flight, "stats": dict(scheduler.stats)}
         if scheduler.broken:
             body["error"] = scheduler.broken
+        if health is not None:
+            extra = await health()
+            if state == "ok":
+                state = extra.get("status", state)
+            body.update(extra, status=state)
         return JSONResponse(body, status_code=200 if state == "ok" else 503)
 
     @app.get("/v1/models")
@@ -367,23 +400,13 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
             return CompletionResponse(id=rid, created=created_at, model=settings.model_name,
                                       choices=[CompletionChoice(index=i, text=text, finish_reason=reason)])
 
-        if body.stream:
-            async def chunks() -> AsyncIterator[CompletionResponse]:
-                async for i, delta in events(run):
-                    reason = run.streams[i].finish_reason
-                    if delta or reason is not None:
-                        yield chunk(i, delta, reason)
-                if body.stream_options is not None and body.stream_options.include_usage:
-                    yield CompletionResponse(id=rid, created=created_at, model=settings.model_name, choices=[],
-                                             usage=usage(prompt_ids, run))
-
-            return StreamingResponse(sse(run, chunks()), media_type="text/event-stream")
-        if not await collect(run, request):
-            return JSONResponse({}, status_code=499)  # the client is gone; nobody reads this
-        return CompletionResponse(
-            id=rid, created=created_at, model=settings.model_name, usage=usage(prompt_ids, run),
-            choices=[CompletionChoice(index=i, text=s.text, finish_reason=s.finish_reason)
-                     for i, s in enumerate(run.streams)])
+        return await reply(
+            body, request, run, prompt_ids, chunk=chunk,
+            tail=lambda u: CompletionResponse(id=rid, created=created_at, model=settings.model_name, choices=[], usage=u),
+            whole=lambda u: CompletionResponse(
+                id=rid, created=created_at, model=settings.model_name, usage=u,
+                choices=[CompletionChoice(index=i, text=s.text, finish_reason=s.finish_reason)
+                         for i, s in enumerate(run.streams)]))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
@@ -397,28 +420,19 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
         rid, run = start(prompt_ids, config, body.n, "chatcmpl")
         created_at = now()
 
-        def chunk(i: int, delta: ChatDelta, reason: str | None) -> ChatCompletionChunk:
+        def chunk(i: int, delta: str | None, reason: str | None) -> ChatCompletionChunk:
+            message = ChatDelta(role="assistant", content="") if delta is None else ChatDelta(content=delta)
             return ChatCompletionChunk(id=rid, created=created_at, model=settings.model_name,
-                                       choices=[ChatChunkChoice(index=i, delta=delta, finish_reason=reason)])
+                                       choices=[ChatChunkChoice(index=i, delta=message, finish_reason=reason)])
 
-        if body.stream:
-            async def chunks() -> AsyncIterator[ChatCompletionChunk]:
-                for i in range(len(run.streams)):  # OpenAI opens each choice with the role
-                    yield chunk(i, ChatDelta(role="assistant", content=""), None)
-                async for i, delta in events(run):
-                    reason = run.streams[i].finish_reason
-                    if delta or reason is not None:
-                        yield chunk(i, ChatDelta(content=delta), reason)
-                if body.stream_options is not None and body.stream_options.include_usage:
-                    yield ChatCompletionChunk(id=rid, created=created_at, model=settings.model_name, choices=[],
-                                              usage=usage(prompt_ids, run))
-
-            return StreamingResponse(sse(run, chunks()), media_type="text/event-stream")
-        if not await collect(run, request):
-            return JSONResponse({}, status_code=499)
-        return ChatCompletionResponse(
-            id=rid, created=created_at, model=settings.model_name, usage=usage(prompt_ids, run),
-            choices=[ChatChoice(index=i, message=AssistantMessage(content=s.text), finish_reason=s.finish_reason)
-                     for i, s in enumerate(run.streams)])
+        return await reply(
+            body, request, run, prompt_ids, chunk=chunk,
+            first=[chunk(i, None, None) for i in range(len(run.streams))],  # OpenAI opens each choice with the role
+            tail=lambda u: ChatCompletionChunk(id=rid, created=created_at, model=settings.model_name, choices=[],
+                                               usage=u),
+            whole=lambda u: ChatCompletionResponse(
+                id=rid, created=created_at, model=settings.model_name, usage=u,
+                choices=[ChatChoice(index=i, message=AssistantMessage(content=s.text), finish_reason=s.finish_reason)
+                         for i, s in enumerate(run.streams)]))
 
     return app

@@ -152,7 +152,7 @@ class BiglmServer:
             self._thread.join(timeout)
 
 
-def build_app(args: ServeArgs, *, given: Collection[str] | None = None) -> Any:
+def build_app(args: ServeArgs, *, given: Collection[str] | None = None, health: Any = None) -> Any:
     """Load the model of ``args`` and return the app (raises FileNotFoundError/OSError/ValueError).
 
     The server's decoding defaults are `model_decoding`'s, as in `biglm generate`: the settings a fine-tuned
@@ -177,7 +177,7 @@ def build_app(args: ServeArgs, *, given: Collection[str] | None = None) -> Any:
     name = args.model_name or path.resolve().name
     settings = ServeSettings(model_name=name, max_batch_rows=args.max_batch_rows, max_queue=args.max_queue,
                              request_timeout=args.request_timeout, max_steps=args.max_steps, defaults=defaults)
-    return create_app(model=model, tokenizer=tokenizer, settings=settings)
+    return create_app(model=model, tokenizer=tokenizer, settings=settings, health=health)
 
 
 def main(argv: list[str]) -> int:

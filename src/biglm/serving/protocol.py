@@ -133,18 +133,29 @@ class Usage(BaseModel):
     total_tokens: int
 
 
-class CompletionChoice(BaseModel):
+class _Choice(BaseModel):
+    """What every choice of every response carries (a subclass adds its text, message or delta)."""
+
     index: int
-    text: str
     logprobs: None = None
     finish_reason: FinishReason | None
 
 
-class CompletionResponse(BaseModel):
+class _Response(BaseModel):
+    """The head of every response and chunk (a subclass narrows ``object`` and adds choices and usage)."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int
     model: str
+
+
+class CompletionChoice(_Choice):
+    text: str
+
+
+class CompletionResponse(_Response):
+    object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: Usage | None = None
 
@@ -154,18 +165,12 @@ class AssistantMessage(BaseModel):
     content: str
 
 
-class ChatChoice(BaseModel):
-    index: int
+class ChatChoice(_Choice):
     message: AssistantMessage
-    logprobs: None = None
-    finish_reason: FinishReason | None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Response):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
     usage: Usage
 
@@ -175,18 +180,13 @@ class ChatDelta(BaseModel):
     content: str | None = None
 
 
-class ChatChunkChoice(BaseModel):
-    index: int
+class ChatChunkChoice(_Choice):
     delta: ChatDelta
-    logprobs: None = None
     finish_reason: FinishReason | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Response):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
 
