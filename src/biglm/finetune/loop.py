@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -38,12 +37,11 @@ import torch
 from ..checkpoint import load_model
 from ..checkpoint.export import share_files
 from ..config import ConfigError, to_dict
-from ..model import BiGLMModel, resolve_attn_backend
-from ..training.checkpoint import Checkpointer, hold_run_dir
-from ..training.distributed import (DistInfo, all_reduce_sum, parallelize, set_gradient_sync, shape_template,
-                                    unsharded_copy)
-from ..training.parts import (MetricsWriter, autocast, autocast_dtype, build_optimizer, clip_and_step, fmt_time,
-                              install_stop_signals, restore_rng, restore_signals, rng_state, set_lr)
+from ..model import resolve_attn_backend
+from ..training.checkpoint import hold_run_dir
+from ..training.distributed import DistInfo, all_reduce_sum
+from ..training.loop import Evaluation, TrainLoop
+from ..training.parts import MetricsWriter, autocast, fmt_time
 from ..training.schedule import lr_at
 from .config import FinetuneConfig
 from .task import FinetuneTask
@@ -67,18 +65,17 @@ def item_length(feature: dict[str, Any]) -> int:
     return sum(len(v) for v in feature.values() if isinstance(v, (list, tuple, np.ndarray)))
 
 
-class FineTuner:
-    """Builds the run from a task and a `FinetuneConfig` and runs it. ``after_step(tuner, step)`` is a test hook."""
+class FineTuner(TrainLoop):
+    """Fine-tuning: the one loop (`biglm.training.loop`) with a task's items as the batch source, its loss as the
+    step and its validation metric (keeping the best epoch) as the evaluator. ``after_step(tuner, step)`` is a
+    test hook. The settings are checked once, where they enter (`LoopConfig.validate`)."""
 
     def __init__(self, task: FinetuneTask, cfg: FinetuneConfig, *, info: DistInfo,
                  echo: Callable[[str], None] | None = None,
                  after_step: Callable[["FineTuner", int], None] | None = None) -> None:
-        cfg.validate(world_size=info.world_size)
-        self.task, self.cfg, self.info = task, cfg, info
-        self.echo = echo or (print if info.is_main else (lambda s: None))
-        self.after_step = after_step
-        self.out = cfg.output_dir(task.name)
-        self._stop_signal: int | None = None
+        cfg.validate(world_size=info.world_size)  # a no-op where `run_finetune` checked these settings already
+        super().__init__(cfg, info=info, out=cfg.output_dir(task.name), echo=echo, after_step=after_step)
+        self.task = task
         self._build()
 
     def _build(self) -> None:
@@ -92,16 +89,8 @@ class FineTuner:
         model = self.task.build_model(base, self.tokenizer)
         dropout = float(getattr(model.config, "attention_dropout", 0.0) or 0.0)
         model.config.attn_backend = resolve_attn_backend(cfg.attn_backend, device_type=dev.type, attention_dropout=dropout)
-        model.to(dev).train()
-        self.raw_model = model
-        self.autocast_dtype = autocast_dtype(cfg.dtype, dev)
-        use_compile = cfg.compile == "yes" or (cfg.compile == "auto" and dev.type == "cuda")
-        fsdp = self.info.distributed and (cfg.parallel == "fsdp" or (cfg.parallel == "auto" and dev.type == "cuda"))
-        # FSDP2 shards the weights in place: validation and export run on a gathered copy built from this skeleton
-        self._template = shape_template(model) if fsdp else None
-        self.model = parallelize(model, info=self.info, mode="fsdp" if fsdp else "ddp", compile=use_compile,
-                                 param_dtype=self.autocast_dtype)
-        self.optimizer = build_optimizer(model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        # FSDP2 shards the weights in place: validation and export run on a gathered copy
+        self.setup(model.to(dev).train(), gather_for_evaluation=True)
         self.features = self.task.train_features()
         n = len(self.features)
         if n < cfg.global_batch:
@@ -113,85 +102,53 @@ class FineTuner:
         self.steps_per_epoch = n // cfg.global_batch
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.warmup_steps = int(round(cfg.warmup_ratio * self.total_steps))
-        self.checkpointer = Checkpointer(self.out, keep_last=cfg.keep_last)
-        self.step = 0
         self.best: float | None = None
         self.best_epoch: int | None = None
-        self._checking_inputs = True
+        self.evaluations = [Evaluation("validation", lambda step, last: self._epoch_end(step), self._record_epoch)]
 
     # ------------------------------------------------------------------ state
-    def _write_run_files(self) -> None:
+    def write_run_files(self) -> None:
         if not self.info.is_main:
             return
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "finetune_config.json").write_text(json.dumps(to_dict(self.cfg), indent=2))
         (self.out / "task.json").write_text(json.dumps(self.task.describe(), indent=2))
 
-    def _extra_state(self) -> dict[str, Any]:
-        return {"step": self.step, "best": self.best, "best_epoch": self.best_epoch, **rng_state(self.info.device)}
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_epoch": self.best_epoch}
 
-    def save(self) -> Path:
-        path = self.checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, extra=self._extra_state())
-        self.echo(f"[biglm] saved checkpoint {path}")
-        return path
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.best_epoch = state["best"], state["best_epoch"]
 
-    def maybe_resume(self) -> bool:
-        self._write_run_files()
-        resumed = self.checkpointer.resume(model=self.model, optimizer=self.optimizer)
-        if resumed is None:
-            return False
-        ckpt, extra = resumed
-        self.step, self.best, self.best_epoch = extra["step"], extra["best"], extra["best_epoch"]
-        restore_rng(extra, self.info.device)
-        self.echo(f"[biglm] resumed from {ckpt} (step {self.step})")
-        return True
-
-    # ------------------------------------------------------------------ steps
+    # ------------------------------------------------------------------ batches and the step
     def order(self, epoch: int) -> np.ndarray:
         """The visiting order of epoch ``epoch`` (0-based): a pure function of (seed, epoch)."""
         return np.random.default_rng([self.cfg.seed, _SALT_ORDER, epoch]).permutation(len(self.features))
 
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def lr_at(self, step: int) -> float:
+        cfg = self.cfg
+        return lr_at(step, schedule=cfg.schedule, lr=cfg.lr, min_lr=cfg.min_lr, total_steps=self.total_steps,
+                     warmup_steps=self.warmup_steps)
+
+    def step_batches(self) -> tuple[list[tuple[dict[str, Any]]], torch.Tensor]:
+        """This rank's micro-batches of the step's items and the number of items in the global batch (one integer
+        all-reduced, before any forward is queued)."""
         cfg, dev, W, r = self.cfg, self.info.device, self.info.world_size, self.info.rank
-        set_lr(self.optimizer, lr_at(self.step, schedule=cfg.schedule, lr=cfg.lr, min_lr=cfg.min_lr,
-                                     total_steps=self.total_steps, warmup_steps=self.warmup_steps))
         epoch, pos = divmod(self.step, self.steps_per_epoch)
         items = self.order(epoch)[pos * cfg.global_batch:(pos + 1) * cfg.global_batch]
         if self._group:  # stable sort: ties keep the shuffled order; ranks then take every W-th item
             items = items[np.argsort(self._lengths[items], kind="stable")]
         items = items[r::W]
-        micro = [self.task.collate([self.features[i] for i in items[k:k + cfg.micro_batch]], device=dev)
+        micro = [(self.task.collate([self.features[i] for i in items[k:k + cfg.micro_batch]], device=dev),)
                  for k in range(0, len(items), cfg.micro_batch)]
-        # items in the global batch, counted before any forward is queued
-        count = all_reduce_sum(torch.tensor(float(sum(b["num_items"] for b in micro)), device=dev)).clamp(min=1)
-        total = torch.zeros((), device=dev)
-        for i, batch in enumerate(micro):
-            last = i == len(micro) - 1
-            with set_gradient_sync(self.model, last):
-                with autocast(dev, self.autocast_dtype):
-                    # DDP averages gradients over ranks; the count is already global, so undo that
-                    loss = self.task.loss(self.model, batch) / count * W
-                loss.backward()
-            total += loss.detach() / W
-        grad_norm = clip_and_step(self.raw_model, self.optimizer, grad_clip=cfg.grad_clip, step=self.step, loss=total,
-                                  run_dir=self.out)
-        if self._checking_inputs:
-            # ids come from the tokenizer, checked against the vocabulary at build time: after one checked step the
-            # encoder's per-call range checks (a host sync each) are off, as in pre-training
-            for module in self.raw_model.modules():
-                if isinstance(module, BiGLMModel):
-                    module.validate_inputs = False
-            self._checking_inputs = False
-        self.step += 1
-        return all_reduce_sum(total), grad_norm
+        count = all_reduce_sum(torch.tensor(float(sum(b["num_items"] for b, in micro)), device=dev)).clamp(min=1)
+        return micro, count
 
-    def evaluation_model(self) -> torch.nn.Module:
-        """The model validation and export see: the training model itself, or under FSDP2 a full copy gathered on
-        every rank (collective; a task's evaluation may call any submodule, which sharded weights would not allow)."""
-        if self._template is None:
-            return self.raw_model
-        return unsharded_copy(self.model, template=self._template, device=self.info.device)
+    def forward_backward(self, batch: dict[str, Any], count: torch.Tensor, *, sync: bool) -> torch.Tensor:
+        """One micro-batch: the task's summed loss / the global item count, backward."""
+        return self.backward(lambda model: self.task.loss(model, batch) / count, sync=sync)
 
+    # ------------------------------------------------------------------ the evaluator: validation, best epoch
     def evaluate(self, model: torch.nn.Module | None = None) -> dict[str, float]:
         model = self.raw_model if model is None else model
         model.eval()
@@ -199,6 +156,9 @@ class FineTuner:
             metrics = self.task.evaluate(model, batch_size=self.cfg.eval_batch_size, device=self.info.device)
         model.train()
         return metrics
+
+    def _epoch_end(self, step: int) -> bool:
+        return step % self.steps_per_epoch == 0
 
     def _better(self, value: float) -> bool:
         if self.best is None:
@@ -217,67 +177,50 @@ class FineTuner:
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
 
-    # ------------------------------------------------------------------ loop
-    def train(self) -> FinetuneResult:
-        """Resume if there is a checkpoint, then train all epochs, holding the output directory's lock."""
-        with hold_run_dir(self.out, echo=self.echo):
-            return self._train()
+    def _record_epoch(self, result: FinetuneResult, metrics: MetricsWriter) -> None:
+        epoch = self.step // self.steps_per_epoch
+        eval_model = self.evaluation_model()
+        scores = self.evaluate(eval_model)
+        value = scores[self.task.metric]
+        result.evals.append((epoch, scores))
+        split = getattr(self.task, "eval_split_name", "validation")
+        metrics.write({"step": self.step, "epoch": epoch, "split": split, **scores}, kind="eval")
+        improved = self._better(value)
+        if improved:
+            self.best, self.best_epoch = value, epoch
+            if self.info.is_main:
+                self._export_best(eval_model)
+        del eval_model
+        self.echo(f"epoch {epoch} | {split}: {', '.join(f'{k} {v:.4g}' for k, v in scores.items())}"
+                  f"{' | best so far -> ' + str(self.out / 'best') if improved else ''}")
 
-    def _train(self) -> FinetuneResult:
+    # ------------------------------------------------------------------ the loop's log
+    def describe(self) -> str:
         cfg = self.cfg
-        self.maybe_resume()
-        result = FinetuneResult(step=self.step, best_epoch=self.best_epoch, best=self.best)
-        metrics = MetricsWriter(self.out, enabled=self.info.is_main, tensorboard=cfg.tensorboard)
+        return (f"[biglm] fine-tuning {self.task.name}: {len(self.features)} items, {cfg.epochs} epochs x "
+                f"{self.steps_per_epoch} steps of {cfg.global_batch}, lr {cfg.lr:g} {cfg.schedule}, device "
+                f"{self.info.device}; best epoch by {self.task.metric}")
 
-        def stop(signum: int) -> None:
-            self._stop_signal = signum
-            self.echo("\n[biglm] stop requested: saving a checkpoint after this step")
+    def new_result(self) -> FinetuneResult:
+        return FinetuneResult(step=self.step, best_epoch=self.best_epoch, best=self.best)
 
-        old_handlers = install_stop_signals(stop)
-        self.echo(f"[biglm] fine-tuning {self.task.name}: {len(self.features)} items, {cfg.epochs} epochs x "
-                  f"{self.steps_per_epoch} steps of {cfg.global_batch}, lr {cfg.lr:g} {cfg.schedule}, device "
-                  f"{self.info.device}; best epoch by {self.task.metric}")
-        t0, step0 = time.perf_counter(), self.step
-        try:
-            while self.step < self.total_steps:
-                loss, gnorm = self.train_step()
-                if self.after_step is not None:
-                    self.after_step(self, self.step)
-                epoch_end = self.step % self.steps_per_epoch == 0
-                if self.step % cfg.log_every == 0 or epoch_end or self._stop_signal:
-                    value = float(loss)
-                    result.losses.append((self.step, value))
-                    eta = (time.perf_counter() - t0) / max(self.step - step0, 1) * (self.total_steps - self.step)
-                    metrics.write({"step": self.step, "loss": value, "lr": self.optimizer.param_groups[0]["lr"],
-                                   "grad_norm": float(gnorm), "epoch": self.step / self.steps_per_epoch}, kind="train")
-                    self.echo(f"step {self.step:>6}/{self.total_steps} | epoch {self.step / self.steps_per_epoch:.2f} | "
-                              f"loss {value:.4f} | eta {fmt_time(eta)}")
-                if epoch_end:
-                    epoch = self.step // self.steps_per_epoch
-                    eval_model = self.evaluation_model()
-                    scores = self.evaluate(eval_model)
-                    value = scores[self.task.metric]
-                    result.evals.append((epoch, scores))
-                    split = getattr(self.task, "eval_split_name", "validation")
-                    metrics.write({"step": self.step, "epoch": epoch, "split": split, **scores}, kind="eval")
-                    improved = self._better(value)
-                    if improved:
-                        self.best, self.best_epoch = value, epoch
-                        if self.info.is_main:
-                            self._export_best(eval_model)
-                    del eval_model
-                    self.echo(f"epoch {epoch} | {split}: {', '.join(f'{k} {v:.4g}' for k, v in scores.items())}"
-                              f"{' | best so far -> ' + str(self.out / 'best') if improved else ''}")
-                if epoch_end or (cfg.save_every and self.step % cfg.save_every == 0) or self._stop_signal:
-                    self.save()
-                if self._stop_signal:
-                    result.interrupted = True
-                    self.echo(f"[biglm] stopped at step {self.step}; run the same command to resume.")
-                    break
-        finally:
-            restore_signals(old_handlers)
-            metrics.close()
-        result.step, result.best_epoch, result.best = self.step, self.best_epoch, self.best
+    def record_step(self, result: FinetuneResult, metrics: MetricsWriter, loss: torch.Tensor,
+                    grad_norm: torch.Tensor, *, last: bool) -> None:
+        if not (self.step % self.cfg.log_every == 0 or self._epoch_end(self.step) or self._stop_signal):
+            return
+        value = float(loss)
+        result.losses.append((self.step, value))
+        epoch = self.step / self.steps_per_epoch
+        metrics.write({"step": self.step, "loss": value, "lr": self.optimizer.param_groups[0]["lr"],
+                       "grad_norm": float(grad_norm), "epoch": epoch}, kind="train")
+        self.echo(f"step {self.step:>6}/{self.total_steps} | epoch {epoch:.2f} | loss {value:.4f} | "
+                  f"eta {fmt_time(self.eta())}")
+
+    def save_due(self, last: bool) -> bool:
+        return self._epoch_end(self.step)
+
+    def finish(self, result: FinetuneResult) -> FinetuneResult:
+        result.best_epoch, result.best = self.best_epoch, self.best
         if self.info.is_main and not result.interrupted and self.best is not None:
             self.echo(f"[biglm] best epoch {self.best_epoch}: {self.task.metric} {self.best:.4g}; model in "
                       f"{self.out / 'best'}")
@@ -295,10 +238,10 @@ def run_finetune(task: FinetuneTask, cfg: FinetuneConfig, *, echo: Callable[[str
     """
     from ..training.distributed import destroy_distributed, init_distributed
 
-    cfg.validate()
+    cfg.validate()  # before any process group starts
     info = init_distributed(cfg.device)
     try:
-        cfg.validate(world_size=info.world_size)
+        cfg.validate(world_size=info.world_size)  # again only under torchrun: the ranks are news
         # the lock before any model or data work, so a second run is refused at once (the loop re-enters it)
         with hold_run_dir(cfg.output_dir(task.name), echo=echo):
             return FineTuner(task, cfg, info=info, echo=echo).train()

@@ -60,7 +60,75 @@ class ModelArgs:
 
 
 @dataclass
-class TrainConfig:
+class LoopConfig:
+    """The settings of the one training loop (`biglm.training.loop`) that pre-training and fine-tuning share; each
+    run's config adds its own and may change a default."""
+
+    global_batch: int = 32
+    """training examples (windows in pre-training, task items in fine-tuning) per optimizer step, over all ranks
+    and accumulation steps"""
+    micro_batch: int = 8
+    """examples per forward/backward on one rank"""
+    lr: float = 2e-5
+    """peak learning rate"""
+    min_lr: float = 0.0
+    """final learning rate of the decay"""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas"""
+    weight_decay: float = 0.01
+    """AdamW weight decay (matrices only)"""
+    grad_clip: float = 1.0
+    """global gradient-norm clipping"""
+    seed: int = 0
+    """seed of the initialisation and new heads, the data order, the masks and dropout"""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """where to train (auto: cuda when available)"""
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    """auto: bf16 autocast on GPU, fp32 on CPU"""
+    compile: Literal["auto", "yes", "no"] = "auto"
+    """torch.compile the blocks (auto: on GPU)"""
+    attn_backend: Literal["auto", "eager", "sdpa", "flex"] = "auto"
+    """auto: flex on GPU (sdpa when attention dropout is on: flex has none), sdpa on CPU"""
+    parallel: Literal["auto", "ddp", "fsdp"] = "auto"
+    """data parallelism under torchrun: ddp, fsdp (FSDP2: parameters, gradients and optimizer state sharded per
+    block; evaluations that need the whole model gather a full copy) or auto (fsdp on GPU, ddp on CPU)"""
+    log_every: int = 10
+    """steps between console/metrics log lines"""
+    save_every: int = 0
+    """steps between checkpoints (0: none between; also saved at the end, at each fine-tuning epoch's end and on
+    SIGINT/SIGTERM)"""
+    keep_last: int = 2
+    """complete checkpoints kept"""
+    tensorboard: bool = False
+    """also write TensorBoard scalars to OUT/tensorboard"""
+
+    def validate(self, *, world_size: int = 1) -> None:
+        """Refuse inconsistent settings with a message that says what to change, before any work. Checked once:
+        the entry point (the command line, `run_finetune`, a `Trainer` built from Python) checks, and a later call
+        on the same, unchanged settings and ranks returns at once."""
+        key = (repr(to_dict(self)), world_size)
+        if getattr(self, "_validated", None) == key:
+            return
+        self.check(world_size=world_size)
+        self._validated = key
+
+    def check(self, *, world_size: int) -> None:
+        """The checks of these settings; a run's config adds its own (and calls this)."""
+        if self.global_batch % (self.micro_batch * world_size):
+            raise ConfigError(
+                f"global_batch={self.global_batch} is not divisible by micro_batch={self.micro_batch} x "
+                f"ranks={world_size}: choose a global batch that is a multiple of {self.micro_batch * world_size}.")
+        for name in ("micro_batch", "global_batch", "log_every", "keep_last"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.save_every < 0:
+            raise ConfigError(f"--save_every must be >= 0, got {self.save_every}")
+        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
+            raise ConfigError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
+
+
+@dataclass
+class TrainConfig(LoopConfig):
     """A pre-training run."""
 
     name: str = "run"
@@ -102,17 +170,12 @@ class TrainConfig:
     seq_len: int = 2048
     """window length L in tokens (documents packed across boundaries)"""
 
-    # optimisation
+    # optimisation (the loop's settings, `LoopConfig`, with pre-training's defaults)
     global_batch: int = 1024
-    """windows per optimizer step, over all ranks and accumulation steps"""
-    micro_batch: int = 8
-    """windows per forward/backward on one rank"""
     steps: int = 50_000
     """optimizer steps"""
     lr: float = 3e-3
-    """peak learning rate"""
     min_lr: float = 3e-4
-    """final learning rate of the cosine / WSD decay"""
     schedule: Literal["cosine", "wsd", "constant"] = "cosine"
     """learning-rate schedule after the linear warm-up"""
     warmup_steps: int = 2000
@@ -120,43 +183,20 @@ class TrainConfig:
     anneal_fraction: float = 0.0
     """WSD: share of the steps spent in the final linear decay (paper: 0.1-0.2)"""
     betas: tuple[float, float] = (0.9, 0.95)
-    """AdamW betas"""
-    weight_decay: float = 0.01
-    """AdamW weight decay (matrices only)"""
-    grad_clip: float = 1.0
-    """global gradient-norm clipping"""
-    seed: int = 0
-    """seed of the initialisation, the data order and the masks"""
 
     # systems
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """where to train (auto: cuda when available)"""
-    dtype: Literal["auto", "bf16", "fp32"] = "auto"
-    """auto: bf16 autocast on GPU, fp32 on CPU"""
-    compile: Literal["auto", "yes", "no"] = "auto"
-    """torch.compile the blocks (auto: on GPU)"""
-    attn_backend: Literal["auto", "eager", "sdpa", "flex"] = "auto"
-    """auto: flex on GPU (sdpa when attention dropout is on: flex has none), sdpa on CPU"""
-    parallel: Literal["auto", "ddp", "fsdp"] = "auto"
-    """data parallelism under torchrun (auto: fsdp on GPU, ddp on CPU)"""
     activation_checkpointing: bool = False
     """recompute each block in the backward pass (less activation memory, dropout masks replayed exactly)"""
     peak_tflops: float | None = None
     """per-device peak for MFU (default: known GPUs; none on CPU)"""
 
     # bookkeeping
-    log_every: int = 10
-    """steps between console/metrics log lines"""
     eval_every: int = 500
     """steps between validation losses (0: only at the end)"""
     eval_windows: int = 160
     """held-out windows in the validation loss (the same windows and masks for any batch layout)"""
     save_every: int = 1000
-    """steps between checkpoints (also saved at the end and on SIGINT/SIGTERM)"""
     keep_last: int = 3
-    """complete checkpoints kept"""
-    tensorboard: bool = False
-    """also write TensorBoard scalars to OUT/tensorboard"""
     eval_tasks_every: int = 0
     """steps between zero-shot evaluations of the current model (0: none), by the scorer of `biglm eval`"""
     eval_tasks: list[str] = field(default_factory=lambda: ["ARC-E", "ARC-C"])
@@ -176,23 +216,18 @@ class TrainConfig:
     def output_dir(self) -> Path:
         return Path(self.out_dir or Path("runs") / self.name)
 
-    def validate(self, *, world_size: int = 1) -> None:
-        """Refuse inconsistent settings with a message that says what to change."""
+    def check(self, *, world_size: int) -> None:
         if self.preset not in PRESETS:
             import difflib
 
             close = difflib.get_close_matches(self.preset, list(PRESETS), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"--preset {self.preset!r} is not a preset ({', '.join(PRESETS)}){hint}")
-        if self.global_batch % (self.micro_batch * world_size):
-            raise ConfigError(
-                f"global_batch={self.global_batch} is not divisible by micro_batch={self.micro_batch} x "
-                f"ranks={world_size}: choose a global batch that is a multiple of {self.micro_batch * world_size}."
-            )
-        for name in ("steps", "seq_len", "micro_batch", "global_batch", "log_every", "keep_last", "eval_windows"):
+        super().check(world_size=world_size)
+        for name in ("steps", "seq_len", "eval_windows"):
             if getattr(self, name) < (2 if name == "seq_len" else 1):
                 raise ConfigError(f"--{name} must be at least {2 if name == 'seq_len' else 1}, got {getattr(self, name)}")
-        for name in ("eval_every", "save_every", "warmup_steps"):
+        for name in ("eval_every", "warmup_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if self.eval_tasks_every < 0:
@@ -212,8 +247,6 @@ class TrainConfig:
             raise ConfigError(f"--anneal_fraction {self.anneal_fraction} must lie in [0, 1).")
         if self.warmup_steps > self.steps:
             raise ConfigError(f"--warmup_steps {self.warmup_steps} is more than --steps {self.steps}: lower it.")
-        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
-            raise ConfigError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
         if self.requires_init and not self.init_from:
             raise ConfigError(f"recipe {self.name!r} continues training an existing BiGLM: give --init_from DIR (a "
                               "`biglm export` directory or a `biglm pretrain` run directory)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import typing
 from dataclasses import dataclass
 
 import torch
@@ -163,3 +164,20 @@ def unsharded_copy(model: nn.Module, *, template: nn.Module, device: torch.devic
     if hasattr(plain, "tie_weights"):
         plain.tie_weights()
     return plain.to(device)
+
+
+def full_model_on_rank0(model: nn.Module, raw_model: nn.Module, *, fsdp: bool, is_main: bool,
+                        build: "typing.Callable[[], nn.Module]") -> nn.Module | None:
+    """The unwrapped model to score on rank 0 (None on other ranks). DDP and one process: the local module
+    itself (its weights are complete). FSDP: a full state dict gathered by every rank (a collective), loaded
+    into a fresh module from ``build()`` on rank 0."""
+    if not fsdp:
+        return raw_model if is_main else None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not is_main:
+        return None
+    fresh = build()
+    fresh.load_state_dict(state)
+    return fresh

@@ -1,4 +1,5 @@
-"""The pre-training loop: ``train()`` -> ``train_step()`` -> ``forward_backward()``.
+"""Pre-training: the one loop of `biglm.training.loop` with masked windows, the masked-LM loss and the validation
+loss injected: ``train()`` -> ``train_step()`` -> ``step_batches()`` + ``forward_backward()``.
 
 Notable features
 - One code path for a laptop CPU, one GPU and many GPUs/nodes under torchrun (DDP or FSDP2 via
@@ -12,14 +13,11 @@ Notable features
   run before the optimizer step, so neither weights nor checkpoints are touched. A resume verifies the
   checkpoint (sizes, sha256) and falls back past damaged ones; one run at a time holds the directory.
 - Metrics: console (loss, lr, tokens/s, MFU, ETA), JSONL, optional TensorBoard; optionally a zero-shot
-  evaluation every K steps (`task_eval`, the scorer of `biglm eval`).
+  evaluation every K steps (an injected evaluator; `biglm pretrain` injects lm-eval's, the scorer of `biglm eval`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,15 +25,14 @@ from typing import Any, Callable
 
 import torch
 
+from ..checkpoint import CheckpointError, checkpoint_dirs, latest_checkpoint, model_source
+from ..config import ConfigError
 from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters, resolve_attn_backend
 from ..objective import ObjectiveConfig, apply_masks, draw_masks, make_generator, masked_lm_loss
-from ..checkpoint import CheckpointError, checkpoint_dirs, latest_checkpoint, model_source
-from .checkpoint import Checkpointer, hold_run_dir
 from .config import TrainConfig
-from .distributed import DistInfo, all_reduce_sum, parallelize
-from .parts import (MetricsWriter, NonFiniteLossError, autocast,  # noqa: F401 - NonFiniteLossError re-exported
-                    autocast_dtype, build_optimizer, clip_and_step,
-                    fmt_time, install_stop_signals, restore_rng, restore_signals, rng_state)
+from .distributed import DistInfo, all_reduce_sum, full_model_on_rank0
+from .loop import Evaluation, TrainLoop
+from .parts import MetricsWriter, NonFiniteLossError, autocast, fmt_time  # noqa: F401 - NonFiniteLossError re-exported
 from .schedule import lr_at
 
 # dense bf16 peak per device, for MFU
@@ -97,23 +94,24 @@ def flops_per_token(config: BiGLMConfig, objective: ObjectiveConfig, seq_len: in
     return dense, dense
 
 
-class Trainer:
-    """Builds everything from a `TrainConfig` and runs it. ``hooks`` (tests, fault injection):
-    ``after_step(trainer, step)`` is called after every optimizer step."""
+class Trainer(TrainLoop):
+    """Pre-training: the one loop (`biglm.training.loop`) with masked windows as the batch source, the masked-LM
+    loss as the step, and the validation loss (and, injected, the zero-shot evaluator) as evaluators.
+
+    ``after_step(trainer, step)`` is called after every optimizer step (tests, fault injection). ``task_evaluator``
+    scores the model every --eval_tasks_every steps (``evaluate(model=, tokenizer=)``; `biglm pretrain` builds
+    lm-eval's). The settings are checked once, where they enter (`TrainConfig.validate`)."""
 
     def __init__(self, cfg: TrainConfig, *, info: DistInfo, after_step: Callable[["Trainer", int], None] | None = None,
-                 echo: Callable[[str], None] | None = None) -> None:
-        cfg.validate(world_size=info.world_size)
-        self.cfg, self.info = cfg, info
-        self.after_step = after_step
-        self.echo = echo or (print if info.is_main else (lambda s: None))
-        self.out = cfg.output_dir
+                 echo: Callable[[str], None] | None = None, task_evaluator: Any = None) -> None:
+        cfg.validate(world_size=info.world_size)  # a no-op where the command line checked these settings already
+        super().__init__(cfg, info=info, out=cfg.output_dir, echo=echo, after_step=after_step)
+        self.total_steps = cfg.steps
         self.accum = cfg.global_batch // (cfg.micro_batch * info.world_size)
-        self._stop_signal: int | None = None
-        self._build()
+        self._build(task_evaluator)
 
     # ------------------------------------------------------------------ setup
-    def _build(self) -> None:
+    def _build(self, task_evaluator: Any) -> None:
         from ..data import load_tokenizer, tokenizer_fingerprint
         from .data import check_data_tokenizer, open_train_sampler, read_data_info, validation_windows
 
@@ -170,16 +168,8 @@ class Trainer:
         model = BiGLMForMaskedLM(self.model_config)
         if self.init_source is not None:
             self._load_init_weights(model)
-        model = model.to(dev)
-        self.raw_model = model
+        self.setup(model.to(dev), activation_checkpointing=cfg.activation_checkpointing)
         self.n_params = count_parameters(self.model_config)
-        self.autocast_dtype = autocast_dtype(cfg.dtype, dev)
-        use_compile = cfg.compile == "yes" or (cfg.compile == "auto" and dev.type == "cuda")
-        self.model = parallelize(model, info=self.info, mode=cfg.parallel, compile=use_compile,
-                                 activation_checkpointing=cfg.activation_checkpointing,
-                                 param_dtype=self.autocast_dtype)
-        self.fsdp = self.model is model and self.info.distributed
-        self.optimizer = build_optimizer(model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         # the loaded tokenizer's own fingerprint: shards built with any other tokenizer are refused, even one of equal size
         fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.train_sampler = open_train_sampler(cfg, info=self.info, vocab_size=vocab, fingerprint=fingerprint)
@@ -194,17 +184,15 @@ class Trainer:
         self.flops, self.flops_sparse = flops_per_token(self.model_config, self.objective, cfg.seq_len)
         self.peak = _peak_flops(cfg, dev)
         self.device_name = _device_name(dev)  # logged beside tokens/s, so a cost table can name the hardware
-        self.task_evaluator = None
-        if cfg.eval_tasks_every and self.info.is_main:  # the task YAMLs and data are checked before any step
-            from ..scoring.suite import default_data_dir
-            from .task_eval import TaskEvaluator
-
-            self.task_evaluator = TaskEvaluator(
-                tasks=cfg.eval_tasks, data_dir=cfg.eval_tasks_data or default_data_dir(), limit=cfg.eval_tasks_limit,
-                scorer=cfg.eval_tasks_scorer, work_dir=self.out / "eval_tasks")
-        self.checkpointer = Checkpointer(self.out, keep_last=cfg.keep_last)
-        self.step = 0
         self.tokens_seen = 0
+        self.evaluations = [Evaluation("validation", self._validation_due, self._record_validation)]
+        if cfg.eval_tasks_every:
+            if task_evaluator is None and self.info.is_main:  # rank 0 scores; the others gather and wait
+                raise ConfigError("--eval_tasks_every needs the zero-shot evaluator: `biglm pretrain` builds it; from "
+                                  "Python pass Trainer(..., task_evaluator=zero_shot_evaluator(cfg)) "
+                                  "(biglm.integrations.lm_eval)")
+            self.task_evaluator = task_evaluator
+            self.evaluations.append(Evaluation("zero-shot", self._tasks_due, self._record_tasks))
 
     def _init_parts(self) -> tuple[BiGLMConfig, Path]:
         """--init_from: the model config and tokenizer directory to start from. A run that already has checkpoints
@@ -241,7 +229,7 @@ class Trainer:
                   ": its weights, a fresh optimizer, step 0")
 
     # ------------------------------------------------------------------ state
-    def _write_run_files(self) -> None:
+    def write_run_files(self) -> None:
         if not self.info.is_main:
             return
         self.out.mkdir(parents=True, exist_ok=True)
@@ -262,29 +250,14 @@ class Trainer:
         self.cfg.save(self.out / "train_config.json")
         self.tokenizer.save_pretrained(self.out / "tokenizer")
 
-    def _extra_state(self) -> dict[str, Any]:
-        return {"step": self.step, "tokens_seen": self.tokens_seen, "train_sampler": self.train_sampler.state_dict(),
-                **rng_state(self.info.device)}
+    def state_dict(self) -> dict[str, Any]:
+        return {"tokens_seen": self.tokens_seen, "train_sampler": self.train_sampler.state_dict()}
 
-    def save(self) -> Path:
-        path = self.checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, extra=self._extra_state())
-        self.echo(f"[biglm] saved checkpoint {path}")
-        return path
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tokens_seen = state["tokens_seen"]
+        self.train_sampler.load_state_dict(state["train_sampler"])
 
-    def maybe_resume(self) -> bool:
-        """Resume from the newest complete checkpoint in the output directory, if any."""
-        self._write_run_files()
-        resumed = self.checkpointer.resume(model=self.model, optimizer=self.optimizer)
-        if resumed is None:
-            return False
-        ckpt, extra = resumed
-        self.step, self.tokens_seen = extra["step"], extra["tokens_seen"]
-        self.train_sampler.load_state_dict(extra["train_sampler"])
-        restore_rng(extra, self.info.device)
-        self.echo(f"[biglm] resumed from {ckpt} (step {self.step})")
-        return True
-
-    # ------------------------------------------------------------------ steps
+    # ------------------------------------------------------------------ batches and the step
     def _autocast(self):
         return autocast(self.info.device, self.autocast_dtype)
 
@@ -295,59 +268,49 @@ class Trainer:
         # a document ends at its EOS: ids change after each EOS
         return torch.cumsum((windows == eos).long(), dim=1) - (windows == eos).long()
 
+    def lr_at(self, step: int) -> float:
+        cfg = self.cfg
+        return lr_at(step, schedule=cfg.schedule, lr=cfg.lr, min_lr=cfg.min_lr, total_steps=cfg.steps,
+                     warmup_steps=cfg.warmup_steps, anneal_steps=cfg.anneal_steps)
+
+    def step_batches(self) -> tuple[list[tuple[Any, torch.Tensor]], torch.Tensor]:
+        """This rank's masked windows of the step and the global masked-token count. The masks of the whole global
+        batch come from (seed, step) alone and each rank takes the rows of its windows, so the loss is the same
+        for any number of ranks, micro-batch size or accumulation, and the count needs no all-reduce."""
+        cfg, dev = self.cfg, self.info.device
+        W, r, mb = self.info.world_size, self.info.rank, cfg.micro_batch
+        gen = make_generator(seed=cfg.seed, step=self.step, rank=0, device=dev)
+        pattern = draw_masks(cfg.global_batch, cfg.seq_len, self.objective, generator=gen, device=dev,
+                             vocab_size=self.model_config.vocab_size)
+        normalizer = pattern.count().float().clamp(min=1)
+        micro = []
+        for i in range(self.accum):
+            windows = self.train_sampler.next_batch(mb, step=self.step).to(dev, non_blocking=True)
+            rows = i * mb * W + torch.arange(mb, device=dev) * W + r  # global window index of each row
+            batch = apply_masks(windows, pattern.rows(rows), mask_token_id=self.mask_id)
+            micro.append((batch.find_positions(), windows))  # the step's syncs happen here, before any forward
+        return micro, normalizer
+
     def forward_backward(self, batch, windows: torch.Tensor, normalizer: torch.Tensor, *, sync: bool) -> torch.Tensor:
         """One micro-batch: forward, loss summed over its masked tokens / global count, backward.
 
         The model returns logits at the masked positions only and computes no loss of its own (no ``labels``):
         `masked_lm_loss` is the one loss. The model range-checks its inputs on the first micro-batch only.
         """
-        if batch.positions is None:  # train_step finds them before queuing any forward; a direct caller gets them here
+        if batch.positions is None:  # step_batches finds them before queuing any forward; a direct caller here
             batch.find_positions()
-        ctx = contextlib.nullcontext()
-        if not sync and hasattr(self.model, "no_sync"):
-            ctx = self.model.no_sync()  # DDP: all-reduce gradients only on the last micro-batch
-        elif self.fsdp:
-            self.model.set_requires_gradient_sync(sync)
-        with ctx:
-            with self._autocast():
-                out = self.model(batch.input_ids, **batch.attention(), doc_ids=self._doc_ids(windows),
-                                 logits_positions=batch.positions)
-                # DDP/FSDP average gradients over ranks; the normaliser is already global, so undo that
-                loss = masked_lm_loss(out.logits, batch, normalizer=normalizer) * self.info.world_size
-            loss.backward()
-        # later micro-batches come from the same vocabulary-checked shards and masking code: no host syncs for checks
-        self.raw_model.model.validate_inputs = False
-        return loss.detach() / self.info.world_size
 
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step over the global batch; returns (loss, grad norm) as device tensors."""
-        cfg, dev = self.cfg, self.info.device
-        lr = lr_at(self.step, schedule=cfg.schedule, lr=cfg.lr, min_lr=cfg.min_lr, total_steps=cfg.steps,
-                   warmup_steps=cfg.warmup_steps, anneal_steps=cfg.anneal_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        # masks of the whole global batch from (seed, step) alone; each rank takes the rows of its windows,
-        # so the loss is the same for any number of ranks, micro-batch size or accumulation
-        W, r, mb = self.info.world_size, self.info.rank, cfg.micro_batch
-        gen = make_generator(seed=cfg.seed, step=self.step, rank=0, device=dev)
-        pattern = draw_masks(cfg.global_batch, cfg.seq_len, self.objective, generator=gen, device=dev,
-                             vocab_size=self.model_config.vocab_size)
-        normalizer = pattern.count().float().clamp(min=1)  # global masked-token count, no all-reduce needed
-        micro = []
-        for i in range(self.accum):
-            windows = self.train_sampler.next_batch(mb, step=self.step).to(dev, non_blocking=True)
-            rows = i * mb * W + torch.arange(mb, device=dev) * W + r  # global window index of each row
-            batch = apply_masks(windows, pattern.rows(rows), mask_token_id=self.mask_id)
-            micro.append((windows, batch.find_positions()))  # the step's syncs happen here, before any forward
-        total = torch.zeros((), device=dev)
-        for i, (windows, batch) in enumerate(micro):
-            total += self.forward_backward(batch, windows, normalizer, sync=i == self.accum - 1)
-        grad_norm = clip_and_step(self.raw_model, self.optimizer, grad_clip=cfg.grad_clip, step=self.step,
-                                  loss=total, run_dir=self.out)
-        self.step += 1
-        self.tokens_seen += cfg.global_batch * cfg.seq_len
-        return all_reduce_sum(total), grad_norm
+        def loss(model: torch.nn.Module) -> torch.Tensor:
+            out = model(batch.input_ids, **batch.attention(), doc_ids=self._doc_ids(windows),
+                        logits_positions=batch.positions)
+            return masked_lm_loss(out.logits, batch, normalizer=normalizer)
 
+        return self.backward(loss, sync=sync)
+
+    def after_optimizer_step(self) -> None:
+        self.tokens_seen += self.cfg.global_batch * self.cfg.seq_len
+
+    # ------------------------------------------------------------------ evaluators
     def val_batches(self):
         """The held-out windows with their fixed masks: one pattern for all `eval_windows` windows, seeded
         once and indexed by global window number, so every evaluation, batch layout and rank count sees the same."""
@@ -382,12 +345,10 @@ class Trainer:
     def evaluate_tasks(self) -> dict[str, float] | None:
         """The zero-shot subset on the current (unwrapped) model: scored on rank 0 while the other ranks wait;
         every RNG state is unchanged afterwards, so a resumed run matches an uninterrupted one."""
-        from .task_eval import full_model_on_rank0
-
         model = full_model_on_rank0(self.model, self.raw_model, fsdp=self.fsdp, is_main=self.info.is_main,
                                     build=lambda: BiGLMForMaskedLM(self.model_config).to(self.info.device))
         scores = None
-        if self.task_evaluator is not None and model is not None:
+        if model is not None:
             checks = model.model.validate_inputs
             scores = self.task_evaluator.evaluate(model=model, tokenizer=self.tokenizer)
             model.model.validate_inputs = checks
@@ -397,86 +358,65 @@ class Trainer:
             dist.barrier()
         return scores
 
-    # ------------------------------------------------------------------ loop
-    def _install_signals(self) -> dict:
-        def stop(signum: int) -> None:
-            self._stop_signal = signum
-            self.echo(f"\n[biglm] received {signal.Signals(signum).name}: saving a checkpoint after this step")
+    def _validation_due(self, step: int, last: bool) -> bool:
+        return bool(self.cfg.eval_every and step % self.cfg.eval_every == 0) or last
 
-        return install_stop_signals(stop)
+    def _record_validation(self, result: TrainResult, metrics: MetricsWriter) -> None:
+        val = self.validate()
+        if val is not None:
+            result.val_losses.append((self.step, val))
+            metrics.write({"step": self.step, "tokens": self.tokens_seen, "val_loss": val}, kind="val")
+            self.echo(f"step {self.step:>6} | val loss {val:.4f}")
 
-    def train(self) -> TrainResult:
-        """Resume if there is a checkpoint, then train to ``cfg.steps``, holding the output directory's lock
-        (a second run there is refused, naming this one)."""
-        with hold_run_dir(self.out, echo=self.echo):
-            return self._train()
+    def _tasks_due(self, step: int, last: bool) -> bool:
+        return step % self.cfg.eval_tasks_every == 0 or last
 
-    def _train(self) -> TrainResult:
+    def _record_tasks(self, result: TrainResult, metrics: MetricsWriter) -> None:
+        scores = self.evaluate_tasks()
+        if scores is not None:
+            result.task_scores.append((self.step, scores))
+            metrics.write({"step": self.step, "tokens": self.tokens_seen, **scores}, kind="tasks")
+            self.echo(f"step {self.step:>6} | zero-shot avg {100 * scores['avg']:.1f} ("
+                      + ", ".join(f"{t} {100 * scores[t]:.1f}" for t in scores
+                                  if t != "avg" and not t.endswith("_stderr")) + ")")
+
+    # ------------------------------------------------------------------ the loop's log
+    def describe(self) -> str:
         cfg = self.cfg
-        self.maybe_resume()
-        result = TrainResult(step=self.step)
-        metrics = MetricsWriter(self.out, enabled=self.info.is_main, tensorboard=cfg.tensorboard)
-        old_handlers = self._install_signals()
-        self.model.train()
-        fault_step = int(os.environ.get("BIGLM_FAULT_AFTER_STEP", "0"))  # tests: simulate a crash (os._exit)
-        self.echo(f"[biglm] {cfg.name}: {self.n_params['non_embedding'] / 1e6:.2f}M non-embedding params, "
-                  f"objective {self.objective.name}, L={cfg.seq_len}, global batch {cfg.global_batch} windows "
-                  f"({self.accum} accumulation x {cfg.micro_batch} x {self.info.world_size} ranks), "
-                  f"{cfg.steps} steps, device {self.info.device}")
-        t_last, tokens_last, t_start, step_start = time.perf_counter(), self.tokens_seen, time.perf_counter(), self.step
-        pending: list[tuple[int, torch.Tensor]] = []
-        try:
-            while self.step < cfg.steps:
-                loss, gnorm = self.train_step()
-                pending.append((self.step, loss))
-                if self.after_step is not None:
-                    self.after_step(self, self.step)
-                if fault_step and self.step == fault_step:
-                    os._exit(17)
-                last = self.step == cfg.steps
-                if self.step % cfg.log_every == 0 or last or self._stop_signal:
-                    now = time.perf_counter()
-                    tok_s = (self.tokens_seen - tokens_last) / max(now - t_last, 1e-9)
-                    t_last, tokens_last = now, self.tokens_seen
-                    for s, l in pending:
-                        value = float(l)
-                        result.losses.append((s, value))
-                        metrics.write({"step": s, "loss": value})
-                    pending.clear()
-                    mfu = tok_s * self.flops / (self.peak * self.info.world_size) if self.peak else None
-                    # the same, counting only the attention blocks the BiGLM mask does not skip
-                    mfu_unmasked = tok_s * self.flops_sparse / (self.peak * self.info.world_size) if self.peak else None
-                    eta = (now - t_start) / max(self.step - step_start, 1) * (cfg.steps - self.step)
-                    lr = self.optimizer.param_groups[0]["lr"]
-                    record = {"step": self.step, "loss": result.losses[-1][1], "lr": lr, "grad_norm": float(gnorm),
-                              "tokens_per_s": tok_s, "tokens": self.tokens_seen, "mfu": mfu, "mfu_unmasked": mfu_unmasked,
-                              "eta_s": eta, "device": self.device_name, "world_size": self.info.world_size}
-                    metrics.write(record, kind="log")
-                    mfu_s = f" | mfu {100 * mfu:.1f}%" if mfu is not None else ""
-                    self.echo(f"step {self.step:>6}/{cfg.steps} | loss {record['loss']:.4f} | lr {lr:.2e} | "
-                              f"{tok_s:,.0f} tok/s{mfu_s} | eta {fmt_time(eta)}")
-                if (cfg.eval_every and self.step % cfg.eval_every == 0) or last:
-                    val = self.validate()
-                    if val is not None:
-                        result.val_losses.append((self.step, val))
-                        metrics.write({"step": self.step, "tokens": self.tokens_seen, "val_loss": val}, kind="val")
-                        self.echo(f"step {self.step:>6} | val loss {val:.4f}")
-                if cfg.eval_tasks_every and (self.step % cfg.eval_tasks_every == 0 or last):
-                    scores = self.evaluate_tasks()
-                    if scores is not None:
-                        result.task_scores.append((self.step, scores))
-                        metrics.write({"step": self.step, "tokens": self.tokens_seen, **scores}, kind="tasks")
-                        self.echo(f"step {self.step:>6} | zero-shot avg {100 * scores['avg']:.1f} ("
-                                  + ", ".join(f"{t} {100 * scores[t]:.1f}" for t in scores
-                                              if t != "avg" and not t.endswith("_stderr")) + ")")
-                if (cfg.save_every and self.step % cfg.save_every == 0) or last or self._stop_signal:
-                    self.save()
-                if self._stop_signal:
-                    result.interrupted = True
-                    self.echo(f"[biglm] stopped at step {self.step}; run the same command to resume.")
-                    break
-        finally:
-            restore_signals(old_handlers)
-            metrics.close()
-        result.step = self.step
-        return result
+        return (f"[biglm] {cfg.name}: {self.n_params['non_embedding'] / 1e6:.2f}M non-embedding params, "
+                f"objective {self.objective.name}, L={cfg.seq_len}, global batch {cfg.global_batch} windows "
+                f"({self.accum} accumulation x {cfg.micro_batch} x {self.info.world_size} ranks), "
+                f"{cfg.steps} steps, device {self.info.device}")
+
+    def new_result(self) -> TrainResult:
+        self._t_last, self._tokens_last = time.perf_counter(), self.tokens_seen
+        self._pending: list[tuple[int, torch.Tensor]] = []
+        return TrainResult(step=self.step)
+
+    def record_step(self, result: TrainResult, metrics: MetricsWriter, loss: torch.Tensor, grad_norm: torch.Tensor, *,
+                    last: bool) -> None:
+        """Every step's loss (read from the device only at log lines), and at log lines tokens/s, MFU and ETA."""
+        cfg = self.cfg
+        self._pending.append((self.step, loss))
+        if not (self.step % cfg.log_every == 0 or last or self._stop_signal):
+            return
+        now = time.perf_counter()
+        tok_s = (self.tokens_seen - self._tokens_last) / max(now - self._t_last, 1e-9)
+        self._t_last, self._tokens_last = now, self.tokens_seen
+        for s, l in self._pending:
+            value = float(l)
+            result.losses.append((s, value))
+            metrics.write({"step": s, "loss": value})
+        self._pending.clear()
+        mfu = tok_s * self.flops / (self.peak * self.info.world_size) if self.peak else None
+        # the same, counting only the attention blocks the BiGLM mask does not skip
+        mfu_unmasked = tok_s * self.flops_sparse / (self.peak * self.info.world_size) if self.peak else None
+        eta = self.eta()
+        lr = self.optimizer.param_groups[0]["lr"]
+        record = {"step": self.step, "loss": result.losses[-1][1], "lr": lr, "grad_norm": float(grad_norm),
+                  "tokens_per_s": tok_s, "tokens": self.tokens_seen, "mfu": mfu, "mfu_unmasked": mfu_unmasked,
+                  "eta_s": eta, "device": self.device_name, "world_size": self.info.world_size}
+        metrics.write(record, kind="log")
+        mfu_s = f" | mfu {100 * mfu:.1f}%" if mfu is not None else ""
+        self.echo(f"step {self.step:>6}/{cfg.steps} | loss {record['loss']:.4f} | lr {lr:.2e} | "
+                  f"{tok_s:,.0f} tok/s{mfu_s} | eta {fmt_time(eta)}")

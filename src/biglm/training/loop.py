@@ -1,0 +1,236 @@
+"""The one training loop. Pre-training (`biglm.training.trainer.Trainer`) and fine-tuning
+(`biglm.finetune.loop.FineTuner`) are this loop with three parts injected by a program (a subclass):
+
+- the **batch source**, `step_batches()`: this rank's micro-batches of the current step and the global
+  normaliser of the loss (known before any forward, so no micro-batch waits on another);
+- the **step function**, `forward_backward(*micro, normalizer, sync=...)`: one micro-batch's loss, divided by
+  the normaliser, through `backward` (which owns mixed precision, gradient sync and the rank scaling);
+- the **evaluators**, `Evaluation`s: each says when it is due and writes what it measured.
+
+Everything else exists once, here: the run directory's lock, the model's wrapping (torch.compile, DDP or FSDP2),
+AdamW with the settings of `LoopConfig`, the learning-rate schedule, the clipped and checked optimiser step,
+checkpoints with an exact resume (model, optimiser, step, RNG state and the program's own state), SIGINT/SIGTERM
+(a checkpoint after the current step), metrics.jsonl/TensorBoard, the ``after_step`` test hook and the
+``BIGLM_FAULT_AFTER_STEP`` crash injection. A new training mode is a program, never a flag in this file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .checkpoint import Checkpointer, hold_run_dir
+from .config import LoopConfig
+from .distributed import DistInfo, all_reduce_sum, parallelize, set_gradient_sync, shape_template, unsharded_copy
+from .parts import (MetricsWriter, autocast, autocast_dtype, build_optimizer, clip_and_step, install_stop_signals,
+                    restore_rng, restore_signals, rng_state, set_lr)
+
+
+@dataclass
+class Evaluation:
+    """An evaluator of the loop: ``due(step, last)`` says when, ``run(result, metrics)`` measures and records."""
+
+    name: str
+    due: Callable[[int, bool], bool]
+    run: Callable[[Any, MetricsWriter], None]
+
+
+class TrainLoop:
+    """The loop's machinery; a program sets ``total_steps``, calls `setup` with its model and fills ``evaluations``.
+
+    ``after_step(loop, step)`` is called after every optimiser step (tests, fault injection)."""
+
+    total_steps: int
+
+    def __init__(self, cfg: LoopConfig, *, info: DistInfo, out: Path, echo: Callable[[str], None] | None = None,
+                 after_step: Callable[[Any, int], None] | None = None) -> None:
+        self.cfg, self.info, self.out = cfg, info, Path(out)
+        self.echo = echo or (print if info.is_main else (lambda s: None))
+        self.after_step = after_step
+        self.evaluations: list[Evaluation] = []
+        self.step = 0
+        self._stop_signal: int | None = None
+        self._checking_inputs = True
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self, model: torch.nn.Module, *, activation_checkpointing: bool = False,
+              gather_for_evaluation: bool = False) -> None:
+        """Wrap ``model`` (on its device) for training and build the optimiser and checkpointer.
+
+        ``gather_for_evaluation``: under FSDP2 keep a weightless skeleton, so `evaluation_model` can gather a full
+        copy on every rank (evaluation code that calls any submodule cannot run on sharded weights)."""
+        cfg, dev = self.cfg, self.info.device
+        self.raw_model = model
+        self.autocast_dtype = autocast_dtype(cfg.dtype, dev)
+        mode = cfg.parallel if cfg.parallel != "auto" else ("fsdp" if dev.type == "cuda" else "ddp")
+        self.fsdp = self.info.distributed and mode == "fsdp"
+        self._template = shape_template(model) if self.fsdp and gather_for_evaluation else None
+        use_compile = cfg.compile == "yes" or (cfg.compile == "auto" and dev.type == "cuda")
+        self.model = parallelize(model, info=self.info, mode=mode, compile=use_compile,
+                                 activation_checkpointing=activation_checkpointing, param_dtype=self.autocast_dtype)
+        self.optimizer = build_optimizer(model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.checkpointer = Checkpointer(self.out, keep_last=cfg.keep_last)
+
+    def evaluation_model(self) -> torch.nn.Module:
+        """The model an evaluator sees: the training model itself, or under FSDP2 (with ``gather_for_evaluation``)
+        a full copy gathered on every rank (a collective)."""
+        if self._template is None:
+            return self.raw_model
+        return unsharded_copy(self.model, template=self._template, device=self.info.device)
+
+    # ------------------------------------------------------------------ the program's parts
+    def lr_at(self, step: int) -> float:
+        raise NotImplementedError
+
+    def step_batches(self) -> tuple[list[tuple[Any, ...]], torch.Tensor]:
+        """This rank's micro-batches of the current step (each a tuple of `forward_backward`'s arguments) and the
+        global normaliser of the step's loss."""
+        raise NotImplementedError
+
+    def forward_backward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """The program's part of a checkpoint, beside the step and the RNG state."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def write_run_files(self) -> None:
+        """Write what the run directory records of this run (config, tokenizer...) before the first step."""
+
+    def after_optimizer_step(self) -> None:
+        """Bookkeeping after the weights changed (e.g. tokens seen)."""
+
+    def record_step(self, result: Any, metrics: MetricsWriter, loss: torch.Tensor, grad_norm: torch.Tensor, *,
+                    last: bool) -> None:
+        """Log the step (the program decides what a log line holds and when)."""
+
+    def save_due(self, last: bool) -> bool:
+        """Whether a checkpoint is due after this step (besides --save_every and a stop signal)."""
+        return last
+
+    # ------------------------------------------------------------------ one step
+    def backward(self, compute_loss: Callable[[torch.nn.Module], torch.Tensor], *, sync: bool) -> torch.Tensor:
+        """One micro-batch: ``compute_loss(model)`` (its loss already divided by the global normaliser) under
+        autocast, backward, gradients reduced over ranks only when ``sync``. Returns the detached loss."""
+        W = self.info.world_size
+        with set_gradient_sync(self.model, sync):
+            with autocast(self.info.device, self.autocast_dtype):
+                # DDP/FSDP average gradients over ranks; the normaliser is already global, so undo that
+                loss = compute_loss(self.model) * W
+            loss.backward()
+        if self._checking_inputs:
+            # inputs come from vocabulary-checked data and tokenizers: after the first checked micro-batch the
+            # encoder's per-call range checks (a host sync each) are off
+            from ..model import BiGLMModel
+
+            for module in self.raw_model.modules():
+                if isinstance(module, BiGLMModel):
+                    module.validate_inputs = False
+            self._checking_inputs = False
+        return loss.detach() / W
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimiser step over the global batch; returns (loss, gradient norm) as device tensors."""
+        set_lr(self.optimizer, self.lr_at(self.step))
+        micro, normalizer = self.step_batches()
+        total = torch.zeros((), device=self.info.device)
+        for i, parts in enumerate(micro):
+            total += self.forward_backward(*parts, normalizer, sync=i == len(micro) - 1)
+        grad_norm = clip_and_step(self.raw_model, self.optimizer, grad_clip=self.cfg.grad_clip, step=self.step,
+                                  loss=total, run_dir=self.out)
+        self.step += 1
+        self.after_optimizer_step()
+        return all_reduce_sum(total), grad_norm
+
+    # ------------------------------------------------------------------ state
+    def save(self) -> Path:
+        extra = {"step": self.step, **self.state_dict(), **rng_state(self.info.device)}
+        path = self.checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, extra=extra)
+        self.echo(f"[biglm] saved checkpoint {path}")
+        return path
+
+    def maybe_resume(self) -> bool:
+        """Resume from the newest complete checkpoint in the output directory, if any."""
+        self.write_run_files()
+        resumed = self.checkpointer.resume(model=self.model, optimizer=self.optimizer)
+        if resumed is None:
+            return False
+        ckpt, extra = resumed
+        self.step = extra["step"]
+        self.load_state_dict(extra)
+        restore_rng(extra, self.info.device)
+        self.echo(f"[biglm] resumed from {ckpt} (step {self.step})")
+        return True
+
+    # ------------------------------------------------------------------ the loop
+    def describe(self) -> str:
+        """The run's first log line."""
+        return ""
+
+    def new_result(self) -> Any:
+        raise NotImplementedError
+
+    def finish(self, result: Any) -> Any:
+        return result
+
+    def train(self) -> Any:
+        """Resume if there is a checkpoint, then train to the last step, holding the output directory's lock (a
+        second run there is refused, naming this one)."""
+        with hold_run_dir(self.out, echo=self.echo):
+            return self._train()
+
+    def _train(self) -> Any:
+        cfg = self.cfg
+        self.maybe_resume()
+        result = self.new_result()
+        metrics = MetricsWriter(self.out, enabled=self.info.is_main, tensorboard=cfg.tensorboard)
+
+        def stop(signum: int) -> None:
+            self._stop_signal = signum
+            self.echo(f"\n[biglm] received {signal.Signals(signum).name}: saving a checkpoint after this step")
+
+        old_handlers = install_stop_signals(stop)
+        self.model.train()
+        fault_step = int(os.environ.get("BIGLM_FAULT_AFTER_STEP", "0"))  # tests: simulate a crash (os._exit)
+        self.echo(self.describe())
+        self.t_start, self.step_start = time.perf_counter(), self.step
+        try:
+            while self.step < self.total_steps:
+                loss, grad_norm = self.train_step()
+                if self.after_step is not None:
+                    self.after_step(self, self.step)
+                if fault_step and self.step == fault_step:
+                    os._exit(17)
+                last = self.step == self.total_steps
+                self.record_step(result, metrics, loss, grad_norm, last=last)
+                for evaluation in self.evaluations:
+                    if evaluation.due(self.step, last):
+                        evaluation.run(result, metrics)
+                if (cfg.save_every and self.step % cfg.save_every == 0) or self.save_due(last) or self._stop_signal:
+                    self.save()
+                if self._stop_signal:
+                    result.interrupted = True
+                    self.echo(f"[biglm] stopped at step {self.step}; run the same command to resume.")
+                    break
+        finally:
+            restore_signals(old_handlers)
+            metrics.close()
+        result.step = self.step
+        return self.finish(result)
+
+    def eta(self) -> float:
+        """Seconds to the last step at this run's pace so far."""
+        done = max(self.step - self.step_start, 1)
+        return (time.perf_counter() - self.t_start) / done * (self.total_steps - self.step)
+
+
+__all__ = ["Evaluation", "TrainLoop"]
