@@ -599,3 +599,47 @@ def test_cli_options_are_the_decoding_config_fields(saved, capsys, monkeypatch):
     assert {f.name for f in dataclasses.fields(DecodingConfig)} == {
         "max_new_tokens", "steps", "strategy", "temperature", "top_k", "top_p", "seed", "length_beam", "block_length",
         "threshold", "stop", "use_cache", "early_stop", "block_suffix", "block_cache", "length_head"}
+
+
+# --- the strategy registry ----------------------------------------------------------------------------------
+
+
+def test_every_registered_strategy_is_reachable_from_the_cli_and_an_unknown_one_is_refused(saved, capsys,
+                                                                                             monkeypatch):
+    """The registry is the one list of strategies: a new one is one class and one `register` call, after which
+    `--help` lists it, `--strategy NAME` reaches the decoder and `DecodingConfig` accepts it; an unknown name is
+    refused (config and CLI alike) with the registered names."""
+    from biglm.generation import STRATEGIES, DecodingStrategy, register
+
+    assert list(STRATEGIES)[:3] == ["mask-predict", "confidence", "threshold"]
+
+    class OneShot(DecodingStrategy):  # every slot in one call, every prediction kept (the base class's commit)
+        name = "one-shot"
+
+        @classmethod
+        def default_steps(cls, answer_length: int) -> int:
+            return 1
+
+    register(OneShot)
+    try:
+        names = list(STRATEGIES)
+        assert names[-1] == "one-shot"
+        assert cli_main(["--help"]) == 0
+        assert f"--strategy ({{{'|'.join(names)}}}" in capsys.readouterr().out
+        seen = _spy_decoder(monkeypatch)
+        for name in names:
+            assert cli_main([str(saved[0]), "--prompt", "a dog", "--strategy", name, "--max-new-tokens", "4"]) == 0
+            assert seen[-1].strategy == name and DecodingConfig(strategy=name).strategy == name
+        capsys.readouterr()
+        ids, mask = _batch()
+        out = generate_ids(_model(), ids, mask, max_new_tokens=6, strategy="one-shot")
+        assert out.steps == 1 and out.forward_calls == 2  # the prompt pass, then one call wrote the whole answer
+        listed = ", ".join(names)
+        with pytest.raises(ValueError, match=f"strategy='beam': choose one of {listed}\\."):
+            DecodingConfig(strategy="beam")
+        assert cli_main([str(saved[0]), "--prompt", "a dog", "--strategy", "beam"]) == 2
+        assert f"strategy='beam': choose one of {listed}." in capsys.readouterr().err
+    finally:
+        STRATEGIES.pop("one-shot", None)
+    with pytest.raises(ValueError, match="strategy='one-shot': choose one of mask-predict, confidence, threshold"):
+        DecodingConfig(strategy="one-shot")

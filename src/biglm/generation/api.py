@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .config import DecodingConfig
-from .decoding import StepCallback, generate_ids, left_pad, uses_length_head
+from .decoding import StepCallback, generate_ids, left_pad, require_mask_token, uses_length_head
 
 
 def encode_prompts(tokenizer, prompts: Sequence[str], *, max_prompt_tokens: int) -> list[list[int]]:
@@ -118,9 +118,7 @@ def generate_from_ids(
 def _check_model(model: torch.nn.Module, config: DecodingConfig) -> int:
     """Refuse a model that cannot decode with ``config``; return the prompt tokens that fit beside the answer."""
     model_cfg = model.config
-    if getattr(model_cfg, "mask_token_id", None) is None:
-        raise ValueError("the model has no mask_token_id: set model.config.mask_token_id = tokenizer.mask_token_id "
-                         "(iterative unmasking starts from an all-mask answer).")
+    require_mask_token(model_cfg)
     answer = config.max_new_tokens
     if uses_length_head(model, config):  # (length_head=True on a model without one fails here, before any work)
         answer = min(answer, int(getattr(model_cfg, "max_target_length", answer)))  # the head's longest answer

@@ -7,9 +7,11 @@ the field and the fix, before any model call.
 
 Fields carry attribute docstrings (the string under each field): they are the CLI's help text.
 Field types stay simple (int, float, str, bool, ``X | None``, ``list[str]``, ``Literal``) so a
-typed parser can build the object from flags or a YAML mapping.
+typed parser can build the object from flags or a YAML mapping. ``strategy`` is a plain string checked
+against the strategy registry (`strategies.STRATEGIES`), so a newly registered strategy is accepted
+everywhere without an edit here; its field lists the registry as its choices (the commands' help).
 
-The default is the published Mask-Predict (Ghazvininejad et al. 2019, DESIGN §4): T iterations
+The default is the published Mask-Predict (Ghazvininejad et al. 2019): T iterations
 are T model calls. ``early_stop`` (end a row once an iteration changes none of its tokens) is an
 opt-in speed option.
 
@@ -39,24 +41,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
-Strategy = Literal["mask-predict", "confidence", "threshold"]
+from .strategies import DEFAULT_MASK_PREDICT_STEPS, STRATEGIES, get_strategy  # noqa: F401  (re-exported)
+
 BlockSuffix = Literal["block", "rest"]
 BlockCache = Literal["exact", "append"]
-STRATEGIES: tuple[str, ...] = get_args(Strategy)
-DEFAULT_MASK_PREDICT_STEPS = 10  # Ghazvininejad et al. 2019 report T = 10 as their main setting
 
 
 @dataclass(frozen=True)
 class DecodingConfig:
-    """How `generate` writes an answer by iterative unmasking (DESIGN §4)."""
+    """How `generate` writes an answer by iterative unmasking: an all-mask answer of N slots, unmasked over T
+    model calls by a decoding strategy."""
 
     max_new_tokens: int = 64
     """answer slots N (the answer is cut at the first EOS, so it may be shorter)"""
     steps: int | None = None
     """model calls T (unset: 10 for mask-predict, N for confidence/threshold)"""
-    strategy: Strategy = "mask-predict"
-    """mask-predict (re-mask the least confident), confidence (LLaDA: commit the most confident) or
-    threshold (Fast-dLLM)"""
+    strategy: str = field(default="mask-predict", metadata={"choices": STRATEGIES})
+    """a registered decoding strategy (`generation.strategies`): mask-predict (re-mask the least confident),
+    confidence (LLaDA: commit the most confident) or threshold (Fast-dLLM)"""
     temperature: float = 0.0
     """sampling temperature; 0 = greedy"""
     top_k: int | None = None
@@ -94,6 +96,7 @@ class DecodingConfig:
         for f in dataclasses.fields(DecodingConfig):  # (subclasses such as the CLI's add fields of their own)
             value = _check_type(f.name, getattr(self, f.name), hints[f.name])
             object.__setattr__(self, f.name, value)  # normalised: int -> float, str/tuple -> list
+        strategy = get_strategy(self.strategy)  # an unknown name is refused, listing the registered ones
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1.")
         if self.steps is not None and self.steps < 1:
@@ -111,8 +114,9 @@ class DecodingConfig:
                 raise ValueError(f"block_length={self.block_length} must be >= 1 (or unset for one block).")
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold={self.threshold} must lie in [0, 1].")
-        if self.early_stop and self.strategy != "mask-predict":
-            raise ValueError(f"early_stop applies to mask-predict only; strategy={self.strategy!r} never re-masks a "
+        if self.early_stop and not strategy.remasks:
+            remaskers = ", ".join(name for name, cls in STRATEGIES.items() if cls.remasks)
+            raise ValueError(f"early_stop applies to {remaskers} only; strategy={self.strategy!r} never re-masks a "
                              "token, so there is nothing to stop: set early_stop=False.")
 
     def override(self, **changes: Any) -> DecodingConfig:
@@ -126,7 +130,7 @@ class DecodingConfig:
         """Model calls T for an answer of ``answer_length`` slots (the strategy's default when unset)."""
         if self.steps is not None:
             return self.steps
-        return DEFAULT_MASK_PREDICT_STEPS if self.strategy == "mask-predict" else answer_length
+        return get_strategy(self.strategy).default_steps(answer_length)
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DecodingConfig))

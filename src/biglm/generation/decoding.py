@@ -1,22 +1,11 @@
-"""Decoding loops that write an answer by iterative unmasking (DESIGN §4, paper §4.1).
+"""Decoding loops that write an answer by iterative unmasking (paper §4.1).
 
 Notable features
-- The answer is N slots that start as the mask token. Three strategies share one model call
-  (`AnswerDenoiser`) and one sampler (`sampling.sample`):
-  * ``mask-predict`` (Ghazvininejad et al. 2019): T iterations t = 0..T-1. Iteration 0 predicts
-    every slot; iteration t >= 1 re-masks the n_t = floor(N·(T-t)/T) lowest-probability tokens
-    and predicts only those again (the others keep their earlier probabilities). This is the
-    paper's own numbering (t = 0 is the all-mask pass, so n_0 = N and T iterations are T model
-    calls). By default all T run, as published; ``early_stop`` (opt-in) ends a row once an
-    iteration changes none of its tokens. Only when N < T do late iterations have n_t = 0: they
-    would predict nothing and are skipped (same answer, fewer calls).
-  * ``confidence`` (LLaDA's low-confidence remasking): each step predicts the masked slots and
-    commits the k most confident ones; a committed token is never re-masked. k follows LLaDA's
-    schedule (remaining masks spread evenly over the remaining steps). Optional
-    semi-autoregressive blocks: slots are filled block by block, left to right.
-  * ``threshold`` (Fast-dLLM): like ``confidence`` but every prediction with probability > τ is
-    committed, and at least the schedule's k (>= 1) per step. With the default steps = N this is
-    exactly "all above τ, at least one".
+- The answer is N slots that start as the mask token. Every strategy runs in one loop (`_unmask`), with
+  one model call (`AnswerDenoiser`) and one sampler (`sampling.sample`); the strategy (a class in the
+  registry of `strategies`: ``mask-predict``, ``confidence``, ``threshold``, or any registered later)
+  only says how many tokens each step re-masks and how many predictions it keeps. Optional
+  semi-autoregressive blocks: slots are filled block by block, left to right.
 - Exact prefix cache, on by default: the prompt is encoded once (`encode_prefix`) and every
   iteration runs only the N answer slots, with logits computed only at the slots being predicted
   (`logits_positions`). ``use_cache=False`` runs prompt + answer with ``prefix_len`` instead; the
@@ -50,6 +39,7 @@ import torch
 from ..model.modeling import PrefixCache
 from .config import DEFAULT_MASK_PREDICT_STEPS, STRATEGIES, DecodingConfig, for_model  # noqa: F401  (re-exported)
 from .sampling import sample
+from .strategies import DecodingStrategy, StepState, get_strategy, rank
 
 
 @dataclass
@@ -160,7 +150,7 @@ class AnswerDenoiser:
                 self.cache = PrefixCache.empty(model.config, batch=rows.numel(), device=param.device, dtype=param.dtype)
                 return
             cache = model.encode_prefix(prompt_ids, prompt_mask if prompt_padded else None)
-            self._count(prompt_ids.shape[0], self.prompt_len)
+            self.count(prompt_ids.shape[0], self.prompt_len)
             # the identity selection is skipped: `select` copies every layer's keys/values
             same = rows.numel() == prompt_ids.shape[0] and bool((rows == torch.arange(rows.numel(), device=rows.device)).all())
             self.cache = cache if same else cache.select(rows)
@@ -171,7 +161,8 @@ class AnswerDenoiser:
             self.masked_keys = prompt_padded or self.answer_mask is not None
             self.no_logits = torch.zeros_like(self.prompt_ids, dtype=torch.bool)
 
-    def _count(self, rows: int, length: int) -> None:
+    def count(self, rows: int, length: int) -> None:
+        """Record one model call over ``length`` positions of ``rows`` rows (the work `GenerationOutput` reports)."""
         self.forward_calls += 1
         self.positions += rows * length
 
@@ -180,6 +171,27 @@ class AnswerDenoiser:
         """True when a finished block's cache pass can share the next block's first step (append cache: the
         block's keys/values need only the cache and the block, so one call computes them beside the step)."""
         return self.use_cache and self.block_cache == "append"
+
+    def segment(self, query: Query, commit: Commit | None = None, *, valid: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """What a cached call runs for ``query``: ``(ids, valid, where)`` over its slots ``start:end``, the block
+        ``commit`` (when folded in) first as prefix tokens that predict nothing. ``valid`` (R, N): the key mask
+        to slice (default: the denoiser's, None when no slot is padding)."""
+        valid = self.answer_mask if valid is None else valid
+        ids, where = query.inputs[:, query.start:query.end], query.where[:, query.start:query.end]
+        keys = None if valid is None else valid[:, query.start:query.end]
+        if commit is not None:
+            if not self.folds or commit.end != query.start:
+                raise ValueError(f"a block folds into the next step only with the append cache and when it ends where "
+                                 f"the step starts (block ends at {commit.end}, step starts at {query.start}).")
+            ids = torch.cat((commit.ids, ids), dim=1)
+            where = torch.cat((torch.zeros_like(commit.ids, dtype=torch.bool), where), dim=1)
+            keys = None if valid is None else torch.cat((valid[:, commit.start:commit.end], keys), dim=1)
+        return ids, keys, where
+
+    def absorb(self, block: PrefixCache) -> None:
+        """A folded block's keys/values (computed by the call it rode on) join the cache."""
+        self.cache = self.cache.extend(block)
 
     def __call__(self, answer: torch.Tensor, positions: torch.Tensor, *, start: int = 0, end: int | None = None,
                  commit: Commit | None = None) -> torch.Tensor:
@@ -192,13 +204,16 @@ class AnswerDenoiser:
         extend the cache, exactly as a separate `extend` would, one call fewer."""
         end = answer.shape[1] if end is None else end
         if self.use_cache:
-            if commit is not None:
-                return self._fused(answer, positions, start=start, end=end, commit=commit)
-            mask = None if self.answer_mask is None else self.answer_mask[:, start:end]
-            self._count(answer.shape[0], end - start)
-            return self.model(answer[:, start:end], prefix_cache=self.cache, attention_mask=mask,
-                              logits_positions=positions[:, start:end]).logits
-        self._count(answer.shape[0], self.prompt_len + end)
+            ids, mask, where = self.segment(Query(answer, positions, start, end), commit)
+            self.count(answer.shape[0], ids.shape[1])
+            if commit is None:
+                return self.model(ids, prefix_cache=self.cache, attention_mask=mask, logits_positions=where).logits
+            n = commit.end - commit.start
+            out = self.model(ids, prefix_cache=self.cache, prefix_len=self.cache.length + n, attention_mask=mask,
+                             logits_positions=where, return_cache=True)
+            self.absorb(out["cache"].first(n))
+            return out.logits
+        self.count(answer.shape[0], self.prompt_len + end)
         ids = torch.cat((self.prompt_ids, answer[:, :end]), dim=1)
         where = torch.cat((self.no_logits, positions[:, :end]), dim=1)
         mask = torch.cat((self.prompt_mask, self.valid[:, :end].long()), dim=1) if self.masked_keys else None
@@ -212,22 +227,6 @@ class AnswerDenoiser:
         return self.model(ids, prefix_len=self.prompt_len + start, prompt_len=self.prompt_len,
                           block_len=self.block_length, attention_mask=mask, logits_positions=where).logits
 
-    def _fused(self, answer: torch.Tensor, positions: torch.Tensor, *, start: int, end: int, commit: Commit,
-               ) -> torch.Tensor:
-        if not self.folds or commit.end != start:
-            raise ValueError(f"a block folds into the next step only with the append cache and when it ends where the "
-                             f"step starts (block ends at {commit.end}, step starts at {start}).")
-        n = commit.end - commit.start
-        ids = torch.cat((commit.ids, answer[:, start:end]), dim=1)
-        mask = None if self.answer_mask is None else torch.cat(
-            (self.answer_mask[:, commit.start:commit.end], self.answer_mask[:, start:end]), dim=1)
-        where = torch.cat((torch.zeros_like(commit.ids, dtype=torch.bool), positions[:, start:end]), dim=1)
-        self._count(answer.shape[0], n + end - start)
-        out = self.model(ids, prefix_cache=self.cache, prefix_len=self.cache.length + n, attention_mask=mask,
-                         logits_positions=where, return_cache=True)
-        self.cache = self.cache.extend(out["cache"].first(n))
-        return out.logits
-
     def extend(self, commit: Commit) -> None:
         """Committed slots join the prefix (without the cache there is nothing to keep: every call
         recomputes them). ``exact``: prompt + every committed slot re-encoded as one prefix; ``append``:
@@ -236,7 +235,7 @@ class AnswerDenoiser:
             return
         if self.block_cache == "append":
             mask = None if self.answer_mask is None else self.answer_mask[:, commit.start:commit.end]
-            self._count(commit.ids.shape[0], commit.end - commit.start)
+            self.count(commit.ids.shape[0], commit.end - commit.start)
             self.cache = self.model.encode_prefix(commit.ids, mask, past=self.cache)
             return
         if commit.start != self._done.shape[1]:
@@ -245,7 +244,7 @@ class AnswerDenoiser:
         self._done = torch.cat((self._done, commit.ids), dim=1)  # (R, end)
         ids = torch.cat((prompt_ids.index_select(0, rows), self._done), dim=1)
         mask = torch.cat((prompt_mask.index_select(0, rows), self._valid[:, :commit.end].long()), dim=1)
-        self._count(ids.shape[0], ids.shape[1])
+        self.count(ids.shape[0], ids.shape[1])
         self.cache = self.model.encode_prefix(ids, mask)
 
 
@@ -281,15 +280,6 @@ def candidate_lengths(*, max_new_tokens: int, length_beam: int) -> list[int]:
     span = max_new_tokens - lo
     out = [max_new_tokens - round(i * span / (length_beam - 1)) for i in range(length_beam)]
     return sorted(set(out), reverse=True)
-
-
-def _rank(scores: torch.Tensor, *, descending: bool) -> torch.Tensor:
-    """Rank (R, N) of each entry within its row; a stable sort so ties break by slot index, the
-    same way on the cached and uncached paths."""
-    order = scores.argsort(dim=1, descending=descending, stable=True)
-    ranks = torch.empty_like(order)
-    ranks.scatter_(1, order, torch.arange(scores.shape[1], device=scores.device).expand_as(order))
-    return ranks
 
 
 def _block_steps(*, steps: int, num_blocks: int) -> list[int]:
@@ -382,17 +372,11 @@ class DecodeRun:
                                  probs=torch.zeros(R, N, dtype=torch.float32, device=device),
                                  final=torch.zeros(R, N, dtype=torch.bool, device=device))
         info = dict(strategy=config.strategy, valid=self.valid, prompt_index=self.rows, candidate_length=self.cand_len)
-        steps = config.num_steps(N)
-        block = config.block_length or N
-        if config.strategy == "mask-predict":
-            self._loop = _mask_predict(self.progress, valid=self.valid, mask_id=self.mask_id, steps=steps,
-                                       early_stop=config.early_stop, block_length=block, suffix=config.block_suffix,
-                                       on_step=on_step, info=info)
-        else:
-            self._loop = _commit_by_confidence(
-                self.progress, valid=self.valid, mask_id=self.mask_id, steps=steps, block_length=block,
-                suffix=config.block_suffix, threshold=config.threshold if config.strategy == "threshold" else None,
-                on_step=on_step, info=info)
+        self.strategy: DecodingStrategy = get_strategy(config.strategy)(config)
+        self._loop = _unmask(self.progress, self.strategy, valid=self.valid, mask_id=self.mask_id,
+                             steps=config.num_steps(N), early_stop=config.early_stop,
+                             block_length=config.block_length or N, suffix=config.block_suffix, on_step=on_step,
+                             info=info)
         self.calls = 0
         self.pending: Query | Commit | None = None
         self._send(None)
@@ -474,55 +458,123 @@ def generate_ids(
         **overrides: `DecodingConfig` fields changed on top of ``config`` (validated together, once).
     """
     cfg = (config or DecodingConfig()).override(**overrides)
-    model_cfg = model.config
-    if getattr(model_cfg, "mask_token_id", None) is None:
-        raise ValueError("the model has no mask_token_id: set config.mask_token_id to the tokenizer's mask token id "
-                         "(iterative unmasking starts from an all-mask answer).")
+    require_mask_token(model.config)
     if prompt_ids.ndim != 2 or prompt_ids.shape[0] == 0:
         raise ValueError(f"prompt_ids must be a non-empty (batch, length) tensor, got shape {tuple(prompt_ids.shape)}.")
-    B, P = prompt_ids.shape
-    if prompt_ids.numel() and (int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= model_cfg.vocab_size):
-        raise ValueError(f"prompt token ids must lie in [0, vocab_size={model_cfg.vocab_size}): was the prompt encoded "
-                         "with this model's tokenizer?")
-    device = prompt_ids.device
-    if prompt_mask is None:
-        prompt_mask = torch.ones_like(prompt_ids)
-    use_head = uses_length_head(model, cfg)
-    if lengths is None and use_head:
-        lengths = predict_lengths(model, prompt_ids, prompt_mask, config=cfg)
-    if lengths is None:
-        lengths = candidate_lengths(max_new_tokens=cfg.max_new_tokens, length_beam=cfg.length_beam)
-    cand_len = parse_lengths(lengths, batch=B).to(device)
-    N = int(cand_len.max())
-    if P + N > model_cfg.max_position_embeddings:
-        raise ValueError(f"prompt ({P}) + answer ({N}) tokens exceed max_position_embeddings="
-                         f"{model_cfg.max_position_embeddings}: shorten the prompt or max_new_tokens.")
-    if generator is None:
-        generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    run = DecodeRun(model_cfg, config=cfg, cand_len=cand_len, generator=generator, suppress_ids=suppress_ids,
-                    on_step=on_step)
+    check_prompt_ids(model.config, prompt_ids)
+    decode = Decode(model, prompt_ids, prompt_mask, config=cfg, lengths=lengths, generator=generator,
+                    suppress_ids=suppress_ids, on_step=on_step, fold_blocks=fold_blocks)
     with _unchecked(model):
-        denoise = AnswerDenoiser(model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, rows=run.rows,
-                                 valid=run.valid, use_cache=cfg.use_cache, block_length=run.config.block_length,
-                                 block_cache=run.config.block_cache)
-        held: Commit | None = None  # a finished block whose cache pass rides on the next step (append cache)
-        while (item := run.pending) is not None:
-            if isinstance(item, Commit):
-                if held is not None:  # two blocks in a row without a step between: the first goes in alone
-                    denoise.extend(held)
-                    held = None
-                if denoise.folds and fold_blocks:
-                    held = item
-                else:
-                    denoise.extend(item)
-                run.advance()
+        while decode.run.pending is not None:
+            decode.step()
+    return decode.output()
+
+
+def require_mask_token(model_config: Any) -> None:
+    """Refuse a model without a mask token: iterative unmasking starts from an all-mask answer."""
+    if getattr(model_config, "mask_token_id", None) is None:
+        raise ValueError("the model has no mask_token_id: set model.config.mask_token_id = tokenizer.mask_token_id "
+                         "(iterative unmasking starts from an all-mask answer).")
+
+
+def check_prompt_ids(model_config: Any, prompt_ids: torch.Tensor) -> None:
+    """Refuse prompt ids outside the model's vocabulary (a prompt encoded with another tokenizer)."""
+    if prompt_ids.numel() and (int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= model_config.vocab_size):
+        raise ValueError(f"prompt token ids must lie in [0, vocab_size={model_config.vocab_size}): was the prompt "
+                         "encoded with this model's tokenizer?")
+
+
+class Decode:
+    """One decode set up on a model: its `DecodeRun`, its `AnswerDenoiser` (the prompt encoded into the prefix
+    cache) and the block held back to fold into the next step. `generate_ids` builds one over a whole batch and
+    drives it with `step`; `engine.DecodeEngine` builds one per request, merges the pending queries of many into
+    one model call, and calls `settle` after each.
+
+    Set-up: candidate lengths (given, from the model's length head, or the length beam of ``config``), the
+    sampler's stream (``generator``, default seeded with ``config.seed``), the run and the cache. With the append
+    cache (and ``fold_blocks``), a finished block's cache pass is not run alone: the block rides on the next step
+    as its leading prefix tokens (they see the cache and themselves, and their keys/values extend the cache),
+    one call per block saved, the same answer. The work done (model calls and positions, prompt and block passes
+    included) is counted by the denoiser and reported in `output`. ``use_cache`` (default: ``config.use_cache``)
+    False recomputes the prompt every step."""
+
+    def __init__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None, *,
+                 config: DecodingConfig, lengths: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
+                 generator: torch.Generator | None = None, suppress_ids: Sequence[int] = (),
+                 on_step: StepCallback | None = None, fold_blocks: bool = True, use_cache: bool | None = None) -> None:
+        B, P = prompt_ids.shape
+        model_cfg = model.config
+        device = prompt_ids.device
+        if prompt_mask is None:
+            prompt_mask = torch.ones_like(prompt_ids)
+        use_head = uses_length_head(model, config)
+        if lengths is None and use_head:
+            lengths = predict_lengths(model, prompt_ids, prompt_mask, config=config)
+        if lengths is None:
+            lengths = candidate_lengths(max_new_tokens=config.max_new_tokens, length_beam=config.length_beam)
+        cand_len = parse_lengths(lengths, batch=B).to(device)
+        N = int(cand_len.max())
+        if P + N > model_cfg.max_position_embeddings:
+            raise ValueError(f"prompt ({P}) + answer ({N}) tokens exceed max_position_embeddings="
+                             f"{model_cfg.max_position_embeddings}: shorten the prompt or max_new_tokens.")
+        if generator is None:
+            generator = torch.Generator(device=device).manual_seed(config.seed)
+        self.run = run = DecodeRun(model_cfg, config=config, cand_len=cand_len, generator=generator,
+                                   suppress_ids=suppress_ids, on_step=on_step)
+        use_cache = config.use_cache if use_cache is None else use_cache
+        with _unchecked(model):
+            self.denoise = AnswerDenoiser(model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, rows=run.rows,
+                                          valid=run.valid, use_cache=use_cache, block_length=run.config.block_length,
+                                          block_cache=run.config.block_cache)
+        self.fold = fold_blocks and self.denoise.folds
+        self.held: Commit | None = None  # a finished block whose cache pass rides on the next step (append cache)
+
+    def settle(self) -> None:
+        """Finished blocks join the cache: each pending `Commit` is encoded now, or held to fold into the next step
+        (a held block followed by another without a step between goes in alone). Then ``run.pending`` is the next
+        `Query`, or None when the decode is done; a block still held then is the last one: nothing reads its
+        keys/values, so it is never encoded."""
+        while isinstance(item := self.run.pending, Commit):
+            if self.held is not None:
+                self.denoise.extend(self.held)
+                self.held = None
+            if self.fold:
+                self.held = item
             else:
-                run.advance(denoise(item.inputs, item.where, start=item.start, end=item.end, commit=held))
-                held = None
-    # a block still held at the end is the last one: nothing reads its keys/values, so it is never encoded
-    out = run.output()
-    out.forward_calls, out.positions = denoise.forward_calls, denoise.positions
-    return out
+                self.denoise.extend(item)
+            self.run.advance()
+
+    def segment(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the pending query runs in a call made elsewhere (the engine merges many decodes into one call):
+        ``(ids, valid, where)``, each (R, held + end - start), the held block first as prefix tokens."""
+        return self.denoise.segment(self.run.pending, self.held, valid=self.run.valid)
+
+    def step(self) -> None:
+        """Answer the pending query with a model call of its own (the held block folded in), then `settle`."""
+        q = self.run.pending
+        self.run.advance(self.denoise(q.inputs, q.where, start=q.start, end=q.end, commit=self.held))
+        self.held = None
+        self.settle()
+
+    def answered(self, logits: torch.Tensor, block: PrefixCache | None = None) -> None:
+        """The pending query answered by a call made elsewhere over `segment`: its logits, and the held block's
+        keys/values that call computed (when a block was held); then `settle`."""
+        width = self.run.pending.end - self.run.pending.start
+        if self.held is not None:
+            if block is None:
+                raise ValueError("a block was held for this call: pass the keys/values the call computed for it.")
+            width += self.held.end - self.held.start
+            self.denoise.absorb(block)
+        self.denoise.count(self.run.valid.shape[0], width)
+        self.held = None
+        self.run.advance(logits)
+        self.settle()
+
+    def output(self) -> GenerationOutput:
+        """Each prompt's chosen candidate (`DecodeRun.output`) with the work done."""
+        out = self.run.output()
+        out.forward_calls, out.positions = self.denoise.forward_calls, self.denoise.positions
+        return out
 
 
 def uses_length_head(model: torch.nn.Module, config: DecodingConfig) -> bool:
@@ -571,50 +623,11 @@ def _windows(*, N: int, block_length: int, suffix: str) -> list[tuple[int, int, 
             for s in range(0, N, block_length)]
 
 
-def _mask_predict(progress: Progress, *, valid: torch.Tensor, mask_id: int, steps: int, early_stop: bool,
-                  block_length: int, suffix: str, on_step: StepCallback | None, info: dict) -> Loop:
-    """Mask-Predict, block by block (one block = the published algorithm); returns the model calls made."""
-    R, N = valid.shape
-    windows = _windows(N=N, block_length=block_length, suffix=suffix)
-    per_block = _block_steps(steps=steps, num_blocks=len(windows))
-    slot = torch.arange(N, device=valid.device)
-    calls = 0
-    for b, (s0, s1, end) in enumerate(windows):
-        bvalid = valid & (slot >= s0) & (slot < s1)
-        lengths = bvalid.sum(1)
-        T = per_block[b]
-        active = torch.ones(R, dtype=torch.bool, device=valid.device)  # rows not yet converged
-        for t in range(T):
-            if t == 0:
-                where = bvalid
-            else:
-                n = torch.where(active, lengths * (T - t) // T, 0)  # n_t per row
-                # lowest-probability tokens first; slots outside the block or a row's length are never chosen
-                ranks = _rank(torch.where(bvalid, progress.probs, float("inf")), descending=False)
-                where = ranks < n[:, None]
-                if not bool(where.any()):
-                    break  # every row converged, or n_t = 0 from here on
-            before = progress.answer
-            inputs = torch.where(where, mask_id, progress.answer)
-            tok, p = yield Query(inputs, where, s0, end)
-            progress.answer = inputs.masked_scatter(where, tok)
-            progress.probs = progress.probs.masked_scatter(where, p)
-            calls += 1
-            if t > 0 and early_stop:
-                active = active & (progress.answer != before).any(1)  # an iteration that changes nothing ends the row
-            if on_step is not None:
-                on_step(StepInfo(step=calls, total_steps=sum(per_block), block=b, input_ids=inputs,
-                                 output_ids=progress.answer, predicted=where, committed=where,
-                                 probs=torch.where(where, progress.probs, 0.0), num_masked=where.sum(1), **info))
-        progress.final = progress.final | (slot < s1)
-        if s1 < N:
-            yield Commit(s0, s1, progress.answer[:, s0:s1])
-    return calls
-
-
-def _commit_by_confidence(progress: Progress, *, valid: torch.Tensor, mask_id: int, steps: int, block_length: int,
-                          suffix: str, threshold: float | None, on_step: StepCallback | None, info: dict) -> Loop:
-    """LLaDA-style commit of the most confident predictions, block by block; never re-masks."""
+def _unmask(progress: Progress, strategy: DecodingStrategy, *, valid: torch.Tensor, mask_id: int, steps: int,
+            early_stop: bool, block_length: int, suffix: str, on_step: StepCallback | None, info: dict) -> Loop:
+    """The loop every strategy shares, block by block (one block = the published algorithms); returns the model
+    calls made. Each step predicts the block's masked slots plus those ``strategy`` re-masks (least confident
+    first) and writes the predictions it keeps (most confident first); the others stay masked."""
     R, N = valid.shape
     device = valid.device
     masked = valid.clone()
@@ -623,30 +636,41 @@ def _commit_by_confidence(progress: Progress, *, valid: torch.Tensor, mask_id: i
     slot = torch.arange(N, device=device)
     calls = 0
     for b, (s0, s1, end) in enumerate(windows):
-        in_block = (slot >= s0) & (slot < s1)
-        for s in range(per_block[b]):
-            where = masked & in_block
-            if not bool(where.any()):
-                break  # the threshold rule filled this block early
-            answer = progress.answer
-            tok, p = yield Query(answer, where, s0, end)
-            cand = answer.masked_scatter(where, tok)
+        block = valid & (slot >= s0) & (slot < s1)
+        T = per_block[b]
+        active = torch.ones(R, dtype=torch.bool, device=device)  # rows not yet converged (early_stop)
+        for t in range(T):
+            state = StepState(step=t, steps=T, block=block, masked=masked & block, probs=progress.probs, active=active)
+            where = state.masked
+            n = strategy.remask(state)
+            if n is not None:
+                # written tokens of the block, least confident first; masked slots and other blocks are never chosen
+                written = block & ~masked
+                where = where | ((rank(torch.where(written, progress.probs, float("inf")), descending=False)
+                                  < n[:, None]) & written)
+            if t > 0 and not bool(where.any()):
+                break  # every row converged or filled its block early, or the strategy has nothing left to do
+            before = progress.answer
+            inputs = torch.where(where, mask_id, before)
+            tok, p = yield Query(inputs, where, s0, end)
+            cand = inputs.masked_scatter(where, tok)
             conf = torch.full((R, N), float("-inf"), device=device).masked_scatter(where, p)
-            remaining = where.sum(1)
-            # LLaDA's schedule: the masks left in the block spread evenly over the steps left
-            quota = -(-remaining // (per_block[b] - s))
-            if threshold is not None:
-                quota = torch.maximum(quota, (conf > threshold).sum(1))
-            commit = (_rank(conf, descending=True) < quota[:, None]) & where
-            progress.answer = torch.where(commit, cand, answer)
-            progress.probs = torch.where(commit, conf, progress.probs)
-            masked = masked & ~commit
-            progress.final = valid & ~masked
+            k = strategy.commit(state, where, conf)
+            keep = where if k is None else (rank(conf, descending=True) < k[:, None]) & where
+            progress.answer = torch.where(keep, cand, inputs)
+            progress.probs = torch.where(keep, conf, progress.probs)
+            masked = (masked | where) & ~keep
+            if not strategy.remasks:
+                progress.final = valid & ~masked  # a kept token never changes again
             calls += 1
+            if t > 0 and early_stop:
+                active = active & (progress.answer != before).any(1)  # an iteration that changes nothing ends the row
             if on_step is not None:
-                on_step(StepInfo(step=calls, total_steps=sum(per_block), block=b, input_ids=answer,
-                                 output_ids=progress.answer, predicted=where, committed=commit,
+                on_step(StepInfo(step=calls, total_steps=sum(per_block), block=b, input_ids=inputs,
+                                 output_ids=progress.answer, predicted=where, committed=keep,
                                  probs=torch.where(where, conf, 0.0), num_masked=where.sum(1), **info))
+        if strategy.remasks:
+            progress.final = progress.final | (slot < s1)  # re-masking ends with the block
         if s1 < N:
             yield Commit(s0, s1, progress.answer[:, s0:s1])
     return calls

@@ -1,8 +1,9 @@
-"""A step-level decoding engine: many requests, one batched model call per step (DESIGN §12).
+"""A step-level decoding engine: many requests, one batched model call per step (for a server).
 
 Why: a server receives requests at different times, with different prompts, lengths and
-strategies. Each request is a `decoding.DecodeRun` (the same state machine `generate_ids` drives),
-with its own prefix cache and its own seeded sampler; `step` merges the pending model calls of
+strategies. Each request is a `decoding.Decode`, the same set-up `generate_ids` builds (its
+`DecodeRun` state machine, its prefix cache with the prompt encoded, its held block) with its own
+seeded sampler; `step` merges the pending model calls of
 every running request into one padded forward (caches left-padded to a common length, their
 padding masked as keys; answer windows right-padded; each row keeps its own RoPE positions), then
 hands each request its logits. So a request's tokens are those `generate_ids` gives it alone with
@@ -12,11 +13,10 @@ Notable features
 - Continuous batching: `submit` queues; `step` admits waiting requests first (up to
   ``max_batch_rows`` rows, a length beam of K candidates is K rows), encodes their prompts, then
   runs one decoding call. A request that finishes leaves at once; the next one joins at the next step.
-- Block decoding: a committed block joins that request's cache right after the step (prompt +
-  committed blocks re-encoded as one prefix), so later steps run only the suffix. With
+- Block decoding: a committed block joins that request's cache right after the step
+  (`decoding.Decode.settle`, as in `generate_ids`), so later steps run only the suffix. With
   ``block_cache="append"`` the block is held and rides on the request's next step as its leading prefix
-  tokens (they see the cache and themselves; their keys/values extend the cache): one call per block saved,
-  as `generate_ids` does.
+  tokens (they see the cache and themselves; their keys/values extend the cache): one call per block saved.
 - Events: after each step, one `EngineEvent` per request that took part, with the answer so far
   and ``stable_ids``, its leading part that can no longer change (what a server may stream).
 - Early finish: with one candidate, once the stable part holds an EOS (or, given a tokenizer, a
@@ -35,7 +35,7 @@ import torch
 from ..model.modeling import PrefixCache
 from .api import cut_at_stop
 from .config import DecodingConfig
-from .decoding import Commit, DecodeRun, _unchecked, candidate_lengths, parse_lengths, predict_lengths, uses_length_head
+from .decoding import Decode, DecodeRun, _unchecked, check_prompt_ids, require_mask_token, uses_length_head
 
 
 @dataclass
@@ -62,16 +62,18 @@ class EngineEvent:
 
 
 class _Request:
-    """One submitted request: its prompt, decode state machine and (growing) prefix cache."""
+    """One submitted request: its prompt and, once admitted, its `Decode` (state machine and growing cache)."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], config: DecodingConfig) -> None:
         self.id = request_id
         self.prompt_ids = prompt_ids
         self.config = config
-        self.run: DecodeRun | None = None
-        self.cache: PrefixCache | None = None
-        self.held: Commit | None = None  # an append-cache block waiting to ride on the next step
+        self.decode: Decode | None = None
         self.stable: list[int] = []
+
+    @property
+    def run(self) -> DecodeRun | None:
+        return None if self.decode is None else self.decode.run
 
     @property
     def rows(self) -> int:
@@ -91,9 +93,7 @@ class DecodeEngine:
         ``tokenizer``: needed only for requests with stop strings, and to drop ids past its vocabulary."""
         if max_batch_rows < 1:
             raise ValueError(f"max_batch_rows={max_batch_rows} must be >= 1.")
-        if getattr(model.config, "mask_token_id", None) is None:
-            raise ValueError("the model has no mask_token_id: set model.config.mask_token_id = tokenizer.mask_token_id "
-                             "(iterative unmasking starts from an all-mask answer).")
+        require_mask_token(model.config)
         self.model = model
         self.max_batch_rows = max_batch_rows
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -119,9 +119,7 @@ class DecodeEngine:
         if request_id in self._waiting or request_id in self._running:
             raise ValueError(f"request id {request_id!r} is already in the engine: use a unique id per request.")
         ids = [int(i) for i in prompt_ids]
-        if any(i < 0 or i >= cfg.vocab_size for i in ids):
-            raise ValueError(f"prompt token ids must lie in [0, vocab_size={cfg.vocab_size}): was the prompt encoded "
-                             "with this model's tokenizer?")
+        check_prompt_ids(cfg, torch.tensor(ids, dtype=torch.long))
         if len(ids) + config.max_new_tokens > cfg.max_position_embeddings:
             raise ValueError(f"prompt ({len(ids)}) + max_new_tokens ({config.max_new_tokens}) tokens exceed the model's "
                              f"window max_position_embeddings={cfg.max_position_embeddings}: shorten one of them.")
@@ -150,19 +148,8 @@ class DecodeEngine:
             if not self._running:
                 return events
             reqs = list(self._running.values())
-            self._decode(reqs)
-            for req in reqs:
-                # a committed block joins the request's cache before its next query
-                while isinstance(req.run.pending, Commit):
-                    if req.held is not None:  # two blocks in a row without a step: the first goes in alone
-                        self._extend(req, req.held)
-                        req.held = None
-                    if req.run.config.block_cache == "append":
-                        req.held = req.run.pending  # its cache pass shares the next step (if there is one)
-                    else:
-                        self._extend(req, req.run.pending)
-                    req.run.advance()
-                events.append(self._report(req))
+            self._decode(reqs)  # (each request's committed blocks join its cache before its next query)
+            events += [self._report(req) for req in reqs]
         return events
 
     # --- internals -----------------------------------------------------------------------------------------
@@ -179,59 +166,26 @@ class DecodeEngine:
             used += req.rows
 
     def _start(self, req: _Request) -> None:
-        cfg = req.config
         prompt = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
-        if uses_length_head(self.model, cfg):
-            lengths = predict_lengths(self.model, prompt, torch.ones_like(prompt), config=cfg)
-        else:
-            lengths = candidate_lengths(max_new_tokens=cfg.max_new_tokens, length_beam=cfg.length_beam)
-        cand_len = parse_lengths(lengths, batch=1).to(self.device)
-        generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        req.run = DecodeRun(self.model.config, config=cfg, cand_len=cand_len, generator=generator,
-                            suppress_ids=self.suppress)
-        R = req.run.valid.shape[0]
-        if prompt.shape[1] == 0:
-            param = next(self.model.parameters())
-            req.cache = PrefixCache.empty(self.model.config, batch=R, device=self.device, dtype=param.dtype)
-        else:
-            cache = self.model.encode_prefix(prompt)
-            req.cache = cache if R == 1 else cache.select(torch.zeros(R, dtype=torch.long, device=self.device))
-
-    def _extend(self, req: _Request, item: Commit) -> None:
-        """A committed block joins ``req``'s cache, as `decoding.AnswerDenoiser.extend` does it."""
-        run = req.run
-        if run.config.block_cache == "append":  # the run's config: block options resolved for the model
-            req.cache = self.model.encode_prefix(item.ids, run.valid[:, item.start:item.end].long(), past=req.cache)
-            return
-        # exact: prompt + every committed slot re-encoded as one prefix (the answer before the block is final)
-        R = run.valid.shape[0]
-        prompt = torch.tensor(req.prompt_ids, dtype=torch.long, device=self.device).expand(R, -1)
-        ids = torch.cat((prompt, run.progress.answer[:, :item.start], item.ids), dim=1)
-        mask = torch.cat((torch.ones_like(prompt), run.valid[:, :item.end].long()), dim=1)
-        req.cache = self.model.encode_prefix(ids, mask)
+        # always cached: the merged call runs every request's suffix over its own cache
+        req.decode = Decode(self.model, prompt, config=req.config, suppress_ids=self.suppress, use_cache=True)
 
     def _decode(self, reqs: list[_Request]) -> None:
-        """One model call over every request's pending query."""
-        queries = [r.run.pending for r in reqs]
-        held = [0 if r.held is None else r.held.end - r.held.start for r in reqs]  # leading prefix tokens per request
-        width = max(h + q.end - q.start for h, q in zip(held, queries))
+        """One model call over every request's pending query (each one's held block first, as prefix tokens)."""
+        segments = [r.decode.segment() for r in reqs]
+        held = [0 if r.decode.held is None else r.decode.held.end - r.decode.held.start for r in reqs]
+        width = max(seg_ids.shape[1] for seg_ids, _, _ in segments)
         ids, valid, where, pos, lead = [], [], [], [], []
-        for req, q, h in zip(reqs, queries, held):
-            seg_ids, seg_valid = q.inputs[:, q.start:q.end], req.run.valid[:, q.start:q.end]
-            seg_where = q.where[:, q.start:q.end]
-            if h:  # the held block first: prefix tokens of this call
-                b = req.held
-                seg_ids = torch.cat((b.ids, seg_ids), dim=1)
-                seg_valid = torch.cat((req.run.valid[:, b.start:b.end], seg_valid), dim=1)
-                seg_where = torch.cat((torch.zeros_like(b.ids, dtype=torch.bool), seg_where), dim=1)
+        for req, (seg_ids, seg_valid, seg_where), h in zip(reqs, segments, held):
             pad = (0, width - seg_ids.shape[1])
             ids.append(torch.nn.functional.pad(seg_ids, pad, value=req.run.mask_id))
             valid.append(torch.nn.functional.pad(seg_valid, pad, value=False))
             where.append(torch.nn.functional.pad(seg_where, pad, value=False))
             # each row continues from its own cache: positions cache length onwards
-            pos.append((req.cache.length + torch.arange(width, device=self.device)).expand(q.inputs.shape[0], -1))
-            lead.append(torch.full((q.inputs.shape[0],), h, dtype=torch.long, device=self.device))
-        cache = PrefixCache.merge([r.cache for r in reqs])
+            rows = seg_ids.shape[0]
+            pos.append((req.decode.denoise.cache.length + torch.arange(width, device=self.device)).expand(rows, -1))
+            lead.append(torch.full((rows,), h, dtype=torch.long, device=self.device))
+        cache = PrefixCache.merge([r.decode.denoise.cache for r in reqs])
         where_all = torch.cat(where)
         folded = any(held)
         # prefix_len counts keys from the merged cache's start: a row's held block is prefix, the rest suffix
@@ -242,14 +196,13 @@ class DecodeEngine:
         row = 0
         for req, part, h in zip(reqs, out.logits.split(counts), held):
             rows = req.run.valid.shape[0]
+            block = None
             if h:
-                new = out["cache"]
-                sel = slice(row, row + rows)
+                new, sel = out["cache"], slice(row, row + rows)
                 block = PrefixCache(keys=[k[sel, :, :h] for k in new.keys], values=[v[sel, :, :h] for v in new.values],
                                     key_valid=new.key_valid[sel, :h], padded=not bool(new.key_valid[sel, :h].all()))
-                req.cache, req.held = req.cache.extend(block), None
             row += rows
-            req.run.advance(part)
+            req.decode.answered(part, block)
 
     def _best_row(self, run: DecodeRun) -> int:
         if run.valid.shape[0] == 1:
