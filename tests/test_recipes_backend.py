@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from biglm import BiGLMConfig, BiGLMForMaskedLM
 from biglm.model import resolve_attn_backend
-from biglm.model.modeling import IGNORE_INDEX, BiGLMModel
+from biglm.model.modeling import BiGLMModel
+from biglm.objective import IGNORE_INDEX
 from biglm.objective import mask_batch, masked_lm_loss
 from biglm.training import RECIPES, Trainer, TrainConfig
 from biglm.training.config import ModelArgs

@@ -3,7 +3,6 @@
 from .attention import BACKENDS, AttentionMask
 from .config import PRESETS, BiGLMConfig, count_parameters, resolve_attn_backend
 from .modeling import (
-    IGNORE_INDEX,
     BiGLMForMaskedLM,
     BiGLMModel,
     BiGLMPreTrainedModel,
@@ -13,7 +12,7 @@ from .qa import BiGLMForQuestionAnswering
 from .seq2seq import BiGLMForConditionalGeneration
 
 __all__ = [
-    "BACKENDS", "AttentionMask", "PRESETS", "BiGLMConfig", "count_parameters", "IGNORE_INDEX",
+    "BACKENDS", "AttentionMask", "PRESETS", "BiGLMConfig", "count_parameters",
     "BiGLMForConditionalGeneration", "BiGLMForMaskedLM", "BiGLMForQuestionAnswering", "BiGLMModel",
     "BiGLMPreTrainedModel", "PrefixCache", "resolve_attn_backend",
 ]

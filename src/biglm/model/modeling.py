@@ -26,10 +26,10 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
 
+from ..objective.loss import IGNORE_INDEX, token_loss
 from .attention import BACKENDS, AttentionMask
 from .config import BiGLMConfig
 
-IGNORE_INDEX = -100
 
 
 class BiGLMRMSNorm(nn.Module):
@@ -469,11 +469,7 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         loss = None
         if labels is not None:
             flat_labels = labels[select] if select is not None else labels.reshape(-1)
-            flat_logits = logits.reshape(-1, logits.shape[-1]).float()
-            if num_items_in_batch is None:
-                loss = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX)
-            else:
-                loss = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum") / num_items_in_batch
+            loss = token_loss(logits.reshape(-1, logits.shape[-1]), flat_labels, normalizer=num_items_in_batch)
         out = MaskedLMOutput(loss=loss, logits=logits)
         if "cache" in base:  # return_cache=True: this call's keys/values, as `BiGLMModel` returns them
             out["cache"] = base["cache"]

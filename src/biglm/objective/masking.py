@@ -14,8 +14,8 @@ Notable features
   and themselves, so block decoding's append cache is exact). Every Table 8 knob is a field.
 - The blocks' draws come after every draw of the paper's objective, so its masks (and golden files) are
   the same with or without them.
-- The loss is the (weighted) cross-entropy summed over masked tokens and divided by a count kept
-  on device (masked tokens; B·L for `diffusion`, as in LLaDA).
+- The loss (`biglm.objective.loss`) is the (weighted) cross-entropy summed over masked tokens and divided by a
+  count kept on device (masked tokens; B·L for `diffusion`, as in LLaDA).
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ..model.modeling import IGNORE_INDEX
+from .loss import IGNORE_INDEX
 
 
 @dataclass(frozen=True)
@@ -322,31 +321,3 @@ def mask_batch(
     pattern = draw_masks(windows.shape[0], windows.shape[1], objective, generator=generator,
                          device=windows.device, vocab_size=vocab_size)
     return apply_masks(windows, pattern, mask_token_id=mask_token_id)
-
-
-def masked_lm_loss(
-    logits: torch.Tensor,
-    batch: MaskedBatch,
-    *,
-    normalizer: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Summed (weighted) cross-entropy over masked tokens divided by a device-side count.
-
-    ``logits`` are either dense (B, L, V) or sparse (M, V) in row-major order of the masked positions
-    (what `BiGLMForMaskedLM` returns with labels). ``normalizer`` overrides ``batch.normalizer``, e.g. with
-    the global count over gradient-accumulation micro-batches and ranks.
-    """
-    if batch.positions is not None and logits.dim() == 2:  # sparse logits selected by index: no host sync
-        targets = batch.labels.reshape(-1).index_select(0, batch.positions)
-        weight = None if batch.loss_weight is None else batch.loss_weight.reshape(-1).index_select(0, batch.positions)
-    else:
-        select = batch.labels != IGNORE_INDEX
-        targets = batch.labels[select]
-        if logits.dim() == 3:
-            logits = logits[select]
-        weight = None if batch.loss_weight is None else batch.loss_weight[select]
-    ce = F.cross_entropy(logits.float(), targets, reduction="none")
-    if weight is not None:
-        ce = ce * weight
-    denom = batch.normalizer if normalizer is None else normalizer
-    return ce.sum() / denom.clamp(min=1)
