@@ -21,6 +21,8 @@ decoding option for that row (the command's options are the defaults); each outp
 ``text``, ``finish_reason`` and token counts, appended batch by batch (``--batch_size`` rows with the same settings
 decoded together), with a progress bar on stderr. Running the same command again after a stop continues where it
 stopped; on a finished output it changes nothing. A malformed input row is named as FILE:LINE before any work.
+``--replicas N`` answers the batches on Ray Data (an actor pool of N model holders, on a local Ray instance or the
+cluster at ``--ray_address``) with the same output file.
 
     biglm generate runs/finetune-flan --input prompts.jsonl --output answers.jsonl --steps 8
 """
@@ -42,7 +44,42 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 @dataclass(frozen=True)
-class GenerateArgs(DecodingConfig):
+class ReplicaOptions:
+    """Options of a command that can run on a Ray cluster (`biglm serve`, `biglm generate --input`): without
+    ``--replicas`` the command runs in this process alone and these options must be left unset."""
+
+    replicas: int | None = None
+    """run on Ray with N replicas, each holding one model (unset: this process alone; needs `biglm[ray]`)"""
+    replica_cpus: int = 1
+    """with --replicas: CPUs each replica reserves, and its torch threads"""
+    replica_gpus: float = 0.0
+    """with --replicas: GPUs each replica reserves (> 0: the replica's model runs on cuda, else on cpu)"""
+    ray_address: str | None = None
+    """with --replicas: an existing Ray cluster, HOST:PORT or auto (unset: start a local Ray instance)"""
+
+    def check_replicas(self) -> None:
+        """One-line `ConfigError` for a bad value, or a Ray option given without --replicas."""
+        if self.replicas is None:
+            stray = [name for name, unset in (("replica_cpus", 1), ("replica_gpus", 0.0), ("ray_address", None))
+                     if getattr(self, name) != unset]
+            if stray:
+                raise ConfigError(f"--{stray[0]} goes with --replicas N (the replicas it configures)")
+            return
+        if self.replicas < 1:
+            raise ConfigError(f"--replicas {self.replicas} must be >= 1")
+        if self.replica_cpus < 1:
+            raise ConfigError(f"--replica_cpus {self.replica_cpus} must be >= 1")
+        if self.replica_gpus < 0:
+            raise ConfigError(f"--replica_gpus {self.replica_gpus:g} must be >= 0")
+        if self.ray_address is not None and self.ray_address != "auto":
+            host, sep, port = self.ray_address.rpartition(":")
+            if not (sep and host and port.isdigit() and 0 < int(port) <= 65535):
+                raise ConfigError(f"--ray_address {self.ray_address!r}: give HOST:PORT of a Ray head (e.g. "
+                                  "10.0.0.5:6379) or auto")
+
+
+@dataclass(frozen=True)
+class GenerateArgs(ReplicaOptions, DecodingConfig):
     """Generate text with a BiGLM by iterative unmasking (Mask-Predict, confidence-ordered commit or the
     threshold rule), using the exact prefix cache."""
 
@@ -80,8 +117,11 @@ class GenerateArgs(DecodingConfig):
                 raise ConfigError(f"--batch_size {self.batch_size} must be >= 1")
             if self.show_steps:
                 raise ConfigError("--show_steps applies to --prompt only")
+            self.check_replicas()
         elif self.output is not None:
             raise ConfigError("--output goes with --input (a file of prompts); --prompt answers print to stdout")
+        elif self.replicas is not None or self.ray_address is not None:
+            raise ConfigError("--replicas/--ray_address go with --input FILE --output FILE (batch generation on Ray)")
         elif not self.prompt:
             raise ConfigError("missing --prompt TEXT (repeat it for a batch) or --input FILE --output FILE")
 
@@ -162,9 +202,9 @@ def main(argv: list[str]) -> int:
 
 
 def _main_file(args: GenerateArgs, argv: list[str]) -> int:
-    """`biglm generate --input FILE --output FILE`: the input is checked before the model is loaded."""
-    from ..checkpoint.lock import RunDirLockedError
-    from .batch import BatchInputError, generate_file, read_rows
+    """`biglm generate --input FILE --output FILE`: the input is checked before the model is loaded (and before Ray
+    starts, with --replicas: the batches are then answered on Ray Data, `biglm.integrations.ray_data`)."""
+    from .batch import BatchInputError, read_rows
 
     prog = "biglm generate"
     try:
@@ -172,15 +212,47 @@ def _main_file(args: GenerateArgs, argv: list[str]) -> int:
     except BatchInputError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
-    loaded = load_for_cli(Path(args.checkpoint), prog=prog, device=args.device, dtype=args.dtype)
+    given = given_options(type(args), argv)
+    backend, cluster = None, None
+    if args.replicas is not None:
+        if "device" in given:
+            print(f"{prog}: --device applies to one process; replicas run on cuda with --replica_gpus > 0, else on "
+                  "cpu", file=sys.stderr)
+            return 2
+        try:
+            from ..integrations import ray_cluster, ray_data
+        except ImportError as e:
+            print(f"{prog}: --replicas needs Ray Data ({e}): pip install 'biglm[ray]'", file=sys.stderr)
+            return 2
+        try:
+            cluster = ray_cluster.connect(args.ray_address, cpus=args.replicas * args.replica_cpus,
+                                          gpus=args.replicas * args.replica_gpus)
+        except ray_cluster.ClusterError as e:
+            print(f"{prog}: {e}", file=sys.stderr)
+            return 2
+        backend = ray_data.ray_data_backend(str(Path(args.checkpoint).resolve()), replicas=args.replicas,
+                                            cpus=args.replica_cpus, gpus=args.replica_gpus, dtype=args.dtype)
+    try:
+        return _run_file(args, given, backend, prog)
+    finally:
+        if cluster is not None:
+            ray_cluster.disconnect(cluster)
+
+
+def _run_file(args: GenerateArgs, given: dict, backend, prog: str) -> int:
+    from ..checkpoint.lock import RunDirLockedError
+    from .batch import generate_file
+
+    # with replicas, this copy only checks and prepares the rows (the model's settings, token ids): on the cpu
+    device = "cpu" if backend is not None else args.device
+    loaded = load_for_cli(Path(args.checkpoint), prog=prog, device=device, dtype=args.dtype)
     if loaded is None:
         return 2
     model, tokenizer = loaded
-    given = given_options(type(args), argv)
     options = {name: getattr(args, name) for name in FIELDS if name in given}  # the rest: the model's settings
     try:
         report = generate_file(model, tokenizer, args.input, args.output, config=options, batch_size=args.batch_size,
-                               progress=args.progress)
+                               progress=args.progress, backend=backend)
     except (RunDirLockedError, ValueError, TypeError) as e:  # (BatchInputError is a ValueError)
         print(f"{prog}: {e}", file=sys.stderr)
         return 2

@@ -16,6 +16,11 @@ Shutdown (Ctrl-C / SIGTERM): the server stops accepting connections and answers 
 open ones; requests in flight get ``--shutdown_timeout`` seconds to finish, then the rest are
 cancelled (a 503 error, or an error event in a stream), the engine thread stops and the process exits.
 Exit codes: 0 after a clean shutdown, 2 bad arguments or a model that does not load.
+
+``--replicas N`` serves the same app from N replicas on Ray Serve (`biglm.integrations.ray_serve`, imported only
+then): each replica one model and one engine (``--replica_cpus``/``--replica_gpus`` each), autoscaled between
+``--min_replicas`` and ``--max_replicas`` on queue length when they differ, on a local Ray instance or, with
+``--ray_address HOST:PORT|auto``, on an existing cluster; ``/health`` then lists the replicas.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any, Literal
 import torch
 
 from ..config import ConfigError, given_options, parse_cli
+from ..generation.cli import ReplicaOptions
 from ..generation.config import FIELDS, DecodingConfig, model_decoding
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -38,9 +44,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ServeArgs:
+class ServeArgs(ReplicaOptions):
     """Serve a BiGLM over an OpenAI-compatible HTTP API (completions, chat completions, models, health),
-    batching concurrent requests between decoding steps."""
+    batching concurrent requests between decoding steps; with --replicas N, as a Ray Serve application."""
 
     checkpoint: str = ""
     """exported Hugging Face directory, training run or checkpoint directory"""
@@ -68,8 +74,25 @@ class ServeArgs:
     """uvicorn's log level"""
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     """defaults for the decoding options a request leaves out (--decoding.FIELD)"""
+    min_replicas: int | None = None
+    """with --replicas: Ray Serve scales the replicas on queue length down to this many (unset: --replicas)"""
+    max_replicas: int | None = None
+    """with --replicas: ... and up to this many (unset: --replicas)"""
 
     def __post_init__(self) -> None:
+        self.check_replicas()
+        if self.replicas is None and (self.min_replicas is not None or self.max_replicas is not None):
+            raise ConfigError("--min_replicas/--max_replicas go with --replicas N (the replicas Ray Serve starts with)")
+        if self.replicas is not None:
+            lo = self.replicas if self.min_replicas is None else self.min_replicas
+            hi = self.replicas if self.max_replicas is None else self.max_replicas
+            if lo < 1:
+                raise ConfigError(f"--min_replicas {lo} must be >= 1")
+            if lo > hi:
+                raise ConfigError(f"--min_replicas {lo} exceeds --max_replicas {hi}")
+            if not lo <= self.replicas <= hi:
+                raise ConfigError(f"--replicas {self.replicas} (the replicas to start with) must lie in "
+                                  f"[--min_replicas {lo}, --max_replicas {hi}]")
         if not self.checkpoint:
             raise ConfigError("missing RUN_OR_HF_DIR: a directory written by `biglm export` or `biglm pretrain`")
         if not 0 <= self.port <= 65535:
@@ -152,6 +175,36 @@ class BiglmServer:
             self._thread.join(timeout)
 
 
+def server_defaults(config: Any, args: ServeArgs, *, given: Collection[str] | None = None) -> DecodingConfig:
+    """The server's decoding defaults for a model of ``config`` (see `build_app`), or a `ValueError` naming the
+    option that does not fit the model."""
+    if given is None:
+        plain = DecodingConfig()
+        given = [name for name in FIELDS if getattr(args.decoding, name) != getattr(plain, name)]
+    defaults = model_decoding(config, {name: getattr(args.decoding, name) for name in given})
+    window = config.max_position_embeddings
+    if defaults.max_new_tokens >= window:
+        raise ValueError(f"--decoding.max_new_tokens {defaults.max_new_tokens} leaves no room for a prompt in "
+                         f"the model's window of {window} tokens")
+    if args.max_steps is not None and defaults.steps is not None and defaults.steps > args.max_steps:
+        raise ValueError(f"--decoding.steps {defaults.steps} (the model's saved setting unless given) exceeds "
+                         f"--max_steps {args.max_steps}: raise --max_steps or lower --decoding.steps")
+    return defaults
+
+
+def check_model_options(args: ServeArgs, *, given: Collection[str] | None = None) -> DecodingConfig:
+    """`server_defaults` from the model's config alone (its weights stay on disk): what a launcher checks before
+    it starts replicas that each load the model."""
+    from ..checkpoint.loading import model_source
+    from ..model import BiGLMConfig
+
+    path = Path(args.checkpoint)
+    if (path / "task.json").is_file() and (path / "best" / "config.json").is_file():
+        path = path / "best"  # a fine-tuning run: its best epoch's export, as `load_model` reads it
+    config_dir = path if (path / "config.json").is_file() else model_source(path).config_dir
+    return server_defaults(BiGLMConfig.from_pretrained(config_dir), args, given=given)
+
+
 def build_app(args: ServeArgs, *, given: Collection[str] | None = None, health: Any = None) -> Any:
     """Load the model of ``args`` and return the app (raises FileNotFoundError/OSError/ValueError).
 
@@ -163,17 +216,7 @@ def build_app(args: ServeArgs, *, given: Collection[str] | None = None, health: 
 
     path = Path(args.checkpoint)
     model, tokenizer = load_model(path, device=args.device, dtype=_DTYPES.get(args.dtype) if args.dtype else None)
-    if given is None:
-        plain = DecodingConfig()
-        given = [name for name in FIELDS if getattr(args.decoding, name) != getattr(plain, name)]
-    defaults = model_decoding(model.config, {name: getattr(args.decoding, name) for name in given})
-    window = model.config.max_position_embeddings
-    if defaults.max_new_tokens >= window:
-        raise ValueError(f"--decoding.max_new_tokens {defaults.max_new_tokens} leaves no room for a prompt in "
-                         f"the model's window of {window} tokens")
-    if args.max_steps is not None and defaults.steps is not None and defaults.steps > args.max_steps:
-        raise ValueError(f"--decoding.steps {defaults.steps} (the model's saved setting unless given) exceeds "
-                         f"--max_steps {args.max_steps}: raise --max_steps or lower --decoding.steps")
+    defaults = server_defaults(model.config, args, given=given)
     name = args.model_name or path.resolve().name
     settings = ServeSettings(model_name=name, max_batch_rows=args.max_batch_rows, max_queue=args.max_queue,
                              request_timeout=args.request_timeout, max_steps=args.max_steps, defaults=defaults)
@@ -191,8 +234,11 @@ def main(argv: list[str]) -> int:
         print(f"biglm serve: no model at {path}: pass a directory written by `biglm export` or `biglm pretrain` "
               "(or a Hugging Face model directory).", file=sys.stderr)
         return 2
+    given = list(given_options(ServeArgs, argv).get("decoding") or {})
+    if args.replicas is not None:
+        return _main_replicas(args, argv, given)
     try:
-        app = build_app(args, given=list(given_options(ServeArgs, argv).get("decoding") or {}))
+        app = build_app(args, given=given)
     except (FileNotFoundError, OSError, ValueError) as e:
         print(f"biglm serve: cannot load {path}: {e}", file=sys.stderr)
         return 2
@@ -202,3 +248,17 @@ def main(argv: list[str]) -> int:
           f"(max_batch_rows={args.max_batch_rows}, max_queue={args.max_queue})", file=sys.stderr, flush=True)
     server.run()
     return 0
+
+
+def _main_replicas(args: ServeArgs, argv: list[str], given: list[str]) -> int:
+    """`biglm serve --replicas N`: the same app as the ingress of a Ray Serve application (`biglm.integrations`)."""
+    if "device" in given_options(ServeArgs, argv):
+        print("biglm serve: --device applies to one process; replicas run on cuda with --replica_gpus > 0, else on "
+              "cpu", file=sys.stderr)
+        return 2
+    try:
+        from ..integrations import ray_serve
+    except ImportError as e:
+        print(f"biglm serve: --replicas needs Ray Serve ({e}): pip install 'biglm[ray]'", file=sys.stderr)
+        return 2
+    return ray_serve.main(args, given=given)
