@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from biglm.cli import main as biglm_main
+from biglm.objective import OBJECTIVES
 from biglm.report import ReportError, build_report
+from biglm.training.trainer import flops_per_token
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -314,12 +316,13 @@ def test_a_gpu_scale_run_reads_unchanged(tmp_path):
               "anneal_fraction": 0.2, "lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 2000}
     (run / "train_config.json").write_text(json.dumps(config))
     BiGLMConfig.from_preset("biglm-360m").save_pretrained(run)
+    flops = flops_per_token(BiGLMConfig.from_preset("biglm-360m"), OBJECTIVES["biglm"], L)[0]  # as the trainer logs it
     with open(run / "metrics.jsonl", "w") as f:
         for s in range(1, steps + 1):
             f.write(json.dumps({"kind": "train", "step": s, "loss": 3 + 5 / s ** 0.3}) + "\n")
             if s % 100 == 0:
                 f.write(json.dumps({"kind": "log", "step": s, "loss": 3.0, "tokens_per_s": 1.6e6, "tokens": s * gb * L,
-                                    "mfu": 0.42, "mfu_unmasked": 0.40}) + "\n")
+                                    "mfu": 0.42, "mfu_unmasked": 0.40, "flops_per_token": flops}) + "\n")
     ckpt = run / "checkpoints" / "step_0010000"
     ckpt.mkdir(parents=True)
     (ckpt / "meta.json").write_text(json.dumps({"step": steps, "world_size": 8}))
@@ -339,3 +342,18 @@ def test_a_gpu_scale_run_reads_unchanged(tmp_path):
     assert own[1].value == steps * gb * L and own[5].value == pytest.approx(steps * gb * L / (1.6e6 / 8) / 3600)
     assert own[8].text == "—"  # the paper's hours belong to its 300k-step recipe only
     assert f"run {run}" in rows["biglm-1.3b (paper recipe)"][10].text  # unmeasured: FLOP-based at this run's FLOP/s
+
+
+def test_paper_recipe_costs_match_the_recipes():
+    """The report's table of the paper's recipes (tokens, FLOPs per token) is what the recipes train and the trainer
+    counts: a report reads recorded numbers, this keeps them true."""
+    from biglm.model import BiGLMConfig
+    from biglm.report.tables import PAPER_GPU_HOURS, PAPER_RECIPES
+    from biglm.training.recipes import get_recipe
+
+    assert set(PAPER_GPU_HOURS) <= set(PAPER_RECIPES)
+    for name, (tokens, flops, preset, seq_len) in PAPER_RECIPES.items():
+        cfg = get_recipe(name)
+        model = BiGLMConfig.from_preset(cfg.preset, **cfg.model.overrides())
+        assert (tokens, preset, seq_len) == (cfg.steps * cfg.global_batch * cfg.seq_len, cfg.preset, cfg.seq_len), name
+        assert flops == pytest.approx(flops_per_token(model, cfg.objective, cfg.seq_len)[0], rel=1e-12), name

@@ -104,8 +104,6 @@ class Run:
     """a name unique among the inputs (the recorded name, or the folder name where names repeat)"""
     config: dict[str, Any] | None = None
     """``train_config.json`` as saved"""
-    train_config: Any = None
-    """the same as a `TrainConfig` (None when it no longer parses: the raw dict is still used)"""
     model_config: Any = None
     tokenizer: str | None = None
     """the tokenizer's identity: its fingerprint, else the name it was given; None when unknown"""
@@ -430,11 +428,8 @@ def _throughput(run: Run, log: dict[int, dict[str, Any]], skipped: list[Skip]) -
     if ws is None:
         skipped.append(Skip(f"{run.path}: world size", "not logged and no checkpoint: tokens/s taken as one device's"))
     device, on_gpu = _device_of(run.path, run.config, log)
-    flops = None
-    if run.model_config is not None and run.train_config is not None:
-        from ..training.trainer import flops_per_token
-
-        flops = flops_per_token(run.model_config, run.train_config.objective, run.train_config.seq_len)[0]
+    # the trainer logs its FLOPs per token (dense count) beside tokens/s; a run that did not has no FLOP-based hours
+    flops = next((float(r["flops_per_token"]) for r in recs if _number(r.get("flops_per_token"))), None)
     return Throughput(
         source=f"run {run.path}", device=device, is_gpu=on_gpu, tokens_per_s_per_device=tps / (ws or 1),
         world_size=ws or 1, world_size_known=ws is not None, mfu=statistics.median(mfus) if mfus else None,
@@ -443,13 +438,11 @@ def _throughput(run: Run, log: dict[int, dict[str, Any]], skipped: list[Skip]) -
         seq_len=(run.config or {}).get("seq_len"))
 
 
-def _anneal_start(config: dict[str, Any], train_config: Any) -> int | None:
+def _anneal_start(config: dict[str, Any]) -> int | None:
     if config.get("schedule") != "wsd":
         return None
-    if train_config is not None:
-        anneal = train_config.anneal_steps  # the trainer's own rule
-    else:
-        anneal = int(round(float(config.get("anneal_fraction") or 0.0) * int(config.get("steps") or 0)))
+    # the trainer's rule (`TrainConfig.anneal_steps`) on the settings the run wrote
+    anneal = int(round(float(config.get("anneal_fraction") or 0.0) * int(config.get("steps") or 0)))
     return int(config["steps"]) - anneal if anneal > 0 else None
 
 
@@ -461,18 +454,10 @@ def _read_run(path: Path, name: str | None, inputs: Inputs) -> Run | None:
         config = None
     run = Run(name=name or (config or {}).get("name") or path.name, path=path, kind="pretrain", config=config)
     if config is not None:
-        from ..config import ConfigError
-        from ..training.config import TrainConfig
-
-        try:
-            run.train_config = TrainConfig.from_dict(config)
-        except ConfigError as e:
-            skipped.append(Skip(f"{path / 'train_config.json'}", f"does not parse as this version's TrainConfig ({e}); "
-                                "its plain values are used"))
         if all(isinstance(config.get(k), int) for k in ("global_batch", "seq_len")):
             run.tokens_per_step = config["global_batch"] * config["seq_len"]
         if isinstance(config.get("steps"), int):
-            run.anneal_start = _anneal_start(config, run.train_config)
+            run.anneal_start = _anneal_start(config)
         run.corpus = corpus_label(config)
         run.seed = config.get("seed") if isinstance(config.get("seed"), int) else None
     if (path / "config.json").is_file():

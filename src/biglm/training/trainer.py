@@ -415,7 +415,8 @@ class Trainer(TrainLoop):
         lr = self.optimizer.param_groups[0]["lr"]
         record = {"step": self.step, "loss": result.losses[-1][1], "lr": lr, "grad_norm": float(grad_norm),
                   "tokens_per_s": tok_s, "tokens": self.tokens_seen, "mfu": mfu, "mfu_unmasked": mfu_unmasked,
-                  "eta_s": eta, "device": self.device_name, "world_size": self.info.world_size}
+                  "eta_s": eta, "device": self.device_name, "world_size": self.info.world_size,
+                  "flops_per_token": self.flops, "flops_per_token_unmasked": self.flops_sparse}
         metrics.write(record, kind="log")
         mfu_s = f" | mfu {100 * mfu:.1f}%" if mfu is not None else ""
         self.echo(f"step {self.step:>6}/{cfg.steps} | loss {record['loss']:.4f} | lr {lr:.2e} | "
