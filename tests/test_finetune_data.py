@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from biglm.finetune.data import TaskDataError, load_beir, load_classification, load_squad, load_table, split_by_article
+from biglm.data.tables import TaskDataError, load_table
+from biglm.finetune.tasks.classification import load_classification
+from biglm.finetune.tasks.retrieval import load_beir
+from biglm.finetune.tasks.squad import load_squad, split_by_article
 from biglm.finetune.templates import MNLI_TEMPLATE, PromptTemplate, TemplateError
 
 
@@ -177,7 +180,7 @@ def test_task_side_modules_do_not_import_training():
     import subprocess
     import sys
 
-    code = ("import sys, biglm.finetune.metrics, biglm.finetune.templates, biglm.finetune.data, biglm.finetune.qa; "
+    code = ("import sys, biglm.scoring.metrics, biglm.finetune.templates, biglm.data.tables, biglm.finetune.tasks; "
             "bad = sorted(m for m in sys.modules if m.startswith('biglm.training')); print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from biglm.finetune.data import TaskDataError
-from biglm.finetune import flan as flan_module
-from biglm.finetune.flan import MixtureTask, read_flan_collection, render_mixture
+from biglm.data.tables import TaskDataError
+from biglm.finetune.tasks import flan as flan_module
+from biglm.finetune.tasks.flan import MixtureTask, read_flan_collection, render_mixture
 from biglm.finetune.templates import TemplateError
 
 NLI_OPTIONS = ("yes", "it is not possible to tell", "no")  # FLAN's MNLI/ANLI option strings

@@ -12,7 +12,7 @@ pytest.importorskip("rouge_score", reason="the `finetune` extra: pip install -e 
 pytest.importorskip("sacrebleu", reason="the `finetune` extra: pip install -e '.[finetune]'")
 pytest.importorskip("nltk", reason="the `finetune` extra: pip install -e '.[finetune]'")
 
-from biglm.finetune import genmetrics  # noqa: E402
+from biglm.scoring import metrics as genmetrics  # noqa: E402
 
 
 def test_rouge_identical_disjoint_and_stemmed_example():

@@ -17,8 +17,8 @@ import torch
 import biglm  # noqa: F401
 from biglm.cli import main as biglm_main
 from biglm.finetune.config import FinetuneConfig
-from biglm.finetune.data import TaskDataError
-from biglm.finetune.instruct import InstructSettings, InstructTask, pad_with_eos
+from biglm.data.tables import TaskDataError
+from biglm.finetune.tasks.instruct import InstructSettings, InstructTask, pad_with_eos
 from biglm.finetune.loop import FineTuner
 from biglm.finetune.templates import TemplateError
 from biglm.generation import DecodingConfig, generate, generate_ids, left_pad
@@ -268,7 +268,7 @@ def test_instruct_options_are_used_or_refused_before_training(flan, tmp_path, ca
     --task.metrics is scored in both modes (head + qg trained an epoch, then failed with KeyError 'bleu4'; eos
     ignored it), --task.length_beam in eos mode is refused before any work, and qg without METEOR needs no WordNet."""
     from biglm.config import ConfigError
-    from biglm.finetune import genmetrics
+    from biglm.scoring import metrics as genmetrics
 
     out = tmp_path / "refused"
     assert biglm_main(["finetune", "flan", "--model", str(flan / "model"), "--task.length_beam", "3",

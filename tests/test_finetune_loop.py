@@ -13,7 +13,7 @@ import torch
 
 from biglm.cli import main as biglm_main
 from biglm.config import ConfigError
-from biglm.finetune.classification import ClassificationSettings, ClassificationTask
+from biglm.finetune.tasks.classification import ClassificationSettings, ClassificationTask
 from biglm.finetune.config import FinetuneConfig
 from biglm.finetune.loop import FineTuner
 from biglm.training.distributed import DistInfo

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from biglm.finetune.metrics import (
+from biglm.scoring.metrics import (
     accuracy,
     normalize_answer,
     predict_labels,

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from biglm.finetune.qa import QAWindows, build_qa_features, postprocess_qa_predictions
+from biglm.finetune.tasks.squad import QAWindows, build_qa_features, postprocess_qa_predictions
 
 WORDS = ["river", "mountain", "village", "castle", "forest", "harbour", "bridge", "valley", "tower", "market",
          "garden", "island", "meadow", "temple", "canyon", "lake"]
@@ -140,7 +140,7 @@ def test_real_squad_round_trip_and_datasets_map(shared_data):
     from functools import partial
 
     from biglm.data import train_tokenizer
-    from biglm.finetune.data import load_squad, split_by_article
+    from biglm.finetune.tasks.squad import load_squad, split_by_article
 
     ds = load_squad(shared_data / "finetune" / "squad_v1.1" / "dev-v1.1.reconstructed.json").dataset
     _, two = split_by_article(ds, fraction=2 / 48, seed=0)             # two whole articles

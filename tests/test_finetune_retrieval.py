@@ -19,7 +19,7 @@ import torch
 from biglm import BiGLMConfig, BiGLMForMaskedLM
 from biglm.config import ConfigError
 from biglm.data import train_tokenizer
-from biglm.finetune.retrieval import (BiGLMBiEncoder, RetrievalSettings, RetrievalTask, info_nce, mean_pool,
+from biglm.finetune.tasks.retrieval import (BiGLMBiEncoder, RetrievalSettings, RetrievalTask, info_nce, mean_pool,
                                       pad_batch)
 
 pytest.importorskip("ir_measures")

@@ -14,9 +14,9 @@ import torch
 import biglm  # noqa: F401  (registers the Auto classes)
 from biglm.cli import main as biglm_main
 from biglm.finetune.config import FinetuneConfig
-from biglm.finetune.data import TaskDataError
+from biglm.data.tables import TaskDataError
 from biglm.finetune.loop import FineTuner
-from biglm.finetune.seq2seq import Seq2SeqSettings, Seq2SeqTask, decode_with_length_head
+from biglm.finetune.tasks.seq2seq import Seq2SeqSettings, Seq2SeqTask, decode_with_length_head
 from biglm.finetune.templates import TemplateError
 from biglm.generation import DecodingConfig, generate, generate_ids
 from biglm.model.seq2seq import BiGLMForConditionalGeneration
@@ -108,7 +108,7 @@ def trained(qg, tmp_path_factory):
 
 
 def test_a_tiny_model_overfits_squad_qg_pairs_and_their_lengths(qg, trained):
-    from biglm.finetune import genmetrics
+    from biglm.scoring import metrics as genmetrics
 
     tuner, result, before = trained
     rows = [json.loads(l) for l in (qg / "pairs.jsonl").read_text().splitlines()]

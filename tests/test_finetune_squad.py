@@ -19,7 +19,7 @@ from biglm.cli import main as biglm_main
 from biglm.config import ConfigError
 from biglm.finetune.config import FinetuneConfig
 from biglm.finetune.loop import FineTuner
-from biglm.finetune.squad_task import SquadSettings, SquadTask
+from biglm.finetune.tasks.squad import SquadSettings, SquadTask
 from biglm.model import BiGLMConfig, BiGLMForMaskedLM, BiGLMForQuestionAnswering
 from biglm.training.distributed import DistInfo
 

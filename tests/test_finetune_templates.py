@@ -89,8 +89,7 @@ def test_template_naming_the_label_field_is_refused_before_any_work(tmp_path):
     template check, the data reader and the fine-tuning task (before reading any data)."""
     import json
 
-    from biglm.finetune.classification import ClassificationSettings, ClassificationTask
-    from biglm.finetune.data import load_classification
+    from biglm.finetune.tasks.classification import ClassificationSettings, ClassificationTask, load_classification
 
     leaky = PromptTemplate(template="{premise} {hypothesis} gold {label} Answer: {answer}", label_words=("a", "b", "c"))
     with pytest.raises(TemplateError, match=r"names the label field \{label\}") as e:

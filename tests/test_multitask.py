@@ -14,11 +14,12 @@ import pytest
 
 pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra")
 
-from biglm.finetune.genmetrics import bleu2, distinct_n  # noqa: E402
 from biglm.generation import DecodingConfig  # noqa: E402
+from biglm.integrations.lm_eval import run_multitask  # noqa: E402
+from biglm.scoring.metrics import bleu2, distinct_n  # noqa: E402
 from biglm.scoring.multitask import (  # noqa: E402
     SUPERGLUE_TASKS, GensetSpec, discover_superglue, genset_prompt, load_genset, multitask_table, parse_genset,
-    run_multitask, select_instances)
+    select_instances)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"

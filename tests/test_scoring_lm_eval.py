@@ -25,7 +25,7 @@ def _instances(pairs):
 
 
 def test_adapter_groups_contexts_and_matches_estimator(checkpoint, monkeypatch):
-    from biglm.scoring.lm_eval_adapter import BiGLMLM
+    from biglm.integrations.lm_eval.adapter import BiGLMLM
 
     lm = BiGLMLM.create_from_arg_string(f"pretrained={checkpoint},scorer=chain", {"batch_size": "auto", "device": "cpu"})
     calls = []
@@ -137,7 +137,7 @@ def _gen(requests):
 
 @pytest.fixture(scope="module")
 def lm(checkpoint):
-    from biglm.scoring.lm_eval_adapter import BiGLMLM
+    from biglm.integrations.lm_eval.adapter import BiGLMLM
 
     return BiGLMLM(pretrained=str(checkpoint), device="cpu")
 
@@ -204,7 +204,7 @@ def test_generate_until_refuses_unknown_and_contradictory_gen_kwargs(lm, monkeyp
 
 
 def test_model_args_set_default_decoding(checkpoint, monkeypatch):
-    from biglm.scoring.lm_eval_adapter import BiGLMLM
+    from biglm.integrations.lm_eval.adapter import BiGLMLM
 
     lm = BiGLMLM.create_from_arg_string(f"pretrained={checkpoint},steps=4,early_stop=true,temperature=0.5,max_gen_toks=5,"
                                         "seed=9", {"device": "cpu"})
@@ -225,7 +225,7 @@ def test_model_args_set_default_decoding(checkpoint, monkeypatch):
 def test_generate_until_conditions_like_loglikelihood(checkpoint, monkeypatch, context):
     """The ids the model is conditioned on are the same for generate_until and loglikelihood: the </s>
     prefix, trailing whitespace moved out, the same left truncation to the window."""
-    from biglm.scoring.lm_eval_adapter import BiGLMLM
+    from biglm.integrations.lm_eval.adapter import BiGLMLM
 
     lm = BiGLMLM(pretrained=str(checkpoint), device="cpu", max_length=48, scorer="one-pass")
     prefixes = []

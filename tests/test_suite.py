@@ -16,9 +16,9 @@ import yaml
 
 pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra")
 
-from biglm.scoring.harness import run_suite  # noqa: E402
+from biglm.integrations.lm_eval import run_suite, tasks_root, write_suite_yamls  # noqa: E402
 from biglm.scoring.suite import (  # noqa: E402
-    LOCAL_SUFFIX, PAPER_SUITE, select_tasks, suite_table, suite_value, tasks_root, write_suite_yamls)
+    LOCAL_SUFFIX, PAPER_SUITE, select_tasks, suite_table, suite_value)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_EVAL = REPO.parent / "shared" / "data" / "eval"

@@ -40,7 +40,7 @@ def _records(out: Path, kind: str) -> dict[int, dict]:
 
 
 def test_logged_scores_equal_biglm_eval_on_the_checkpoint(synthetic_data, shared_data, tmp_path):
-    from biglm.scoring.harness import run_suite
+    from biglm.integrations.lm_eval import run_suite
     from biglm.scoring.suite import select_tasks, suite_value
 
     out = tmp_path / "run"

@@ -3,8 +3,11 @@
 Importing `biglm` registers the model with transformers' Auto classes, so
 ``AutoModelForMaskedLM.from_pretrained(dir)`` and ``pipeline("fill-mask", ...)`` work on a saved BiGLM,
 and ``AutoModelForQuestionAnswering``/``pipeline("question-answering", ...)`` on a fine-tuned SQuAD model
-(transformers 5 removed that pipeline; biglm's `biglm.finetune.squad_task.QuestionAnsweringPipeline`
+(transformers 5 removed that pipeline; biglm's `biglm.integrations.transformers_pipelines.QuestionAnsweringPipeline`
 takes the task name back, for extractive QA models without segment ids).
+
+`ADAPTERS` names biglm's third-party adapters (the integrations room) by string: the pipeline registered here
+and the writers the core calls through `adapter`, so no core module imports ``biglm.integrations``.
 """
 
 from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForQuestionAnswering,
@@ -22,6 +25,21 @@ AutoModelForQuestionAnswering.register(BiGLMConfig, BiGLMForQuestionAnswering, e
 AutoModelForSeq2SeqLM.register(BiGLMConfig, BiGLMForConditionalGeneration, exist_ok=True)  # CMLM seq2seq (length head)
 
 
+# third-party adapters by name, "module:attribute"; a module is imported only when its adapter is first used
+ADAPTERS = {
+    "question-answering-pipeline": "biglm.integrations.transformers_pipelines:QuestionAnsweringPipeline",
+    "sentence-transformers-export": "biglm.integrations.sentence_transformers:export_sentence_transformer",
+}
+
+
+def adapter(name: str):
+    """The adapter registered as ``name`` in `ADAPTERS` (its module imported now)."""
+    import importlib
+
+    module, _, attribute = ADAPTERS[name].partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
 def _register_qa_pipeline() -> None:
     """Make ``pipeline("question-answering")`` build biglm's QA pipeline where transformers has none (v5 removed
     it); the class is imported only when a pipeline is built."""
@@ -31,10 +49,10 @@ def _register_qa_pipeline() -> None:
         return
     getattr(pipelines, "REMOVED_TASKS", {}).pop("question-answering", None)
     pipelines.PIPELINE_REGISTRY.supported_tasks["question-answering"] = {
-        "impl": "biglm.finetune.squad_task.QuestionAnsweringPipeline", "pt": (AutoModelForQuestionAnswering,),
+        "impl": ADAPTERS["question-answering-pipeline"].replace(":", "."), "pt": (AutoModelForQuestionAnswering,),
         "type": "text"}
 
 
 _register_qa_pipeline()
 
-__all__ = ["BiGLMConfig", "BiGLMForConditionalGeneration", "BiGLMModel", "BiGLMForMaskedLM", "BiGLMForQuestionAnswering", "PrefixCache", "__version__"]
+__all__ = ["ADAPTERS", "adapter", "BiGLMConfig", "BiGLMForConditionalGeneration", "BiGLMModel", "BiGLMForMaskedLM", "BiGLMForQuestionAnswering", "PrefixCache", "__version__"]

@@ -1,16 +1,18 @@
-"""Task fine-tuning (DESIGN §9): the task-side pieces the fine-tuning loop plugs in.
+"""Task fine-tuning: the fine-tuning loop and the tasks it trains.
 
-- ``metrics``: SQuAD v1.1 EM/F1 (official normalisation), accuracy with a stated tie rule,
-  retrieval nDCG@10/recall@100 through ``ir-measures`` (the ``finetune`` extra).
-- ``templates``: prompt templates for classification by prompt (built-in MNLI, YAML specs,
-  FLAN v2 patterns, plain promptsource templates) with label-word checks against a tokenizer.
-- ``data``: checked readers for classification sets, SQuAD v1.1 and BEIR, through ``datasets``.
-- ``qa``: SQuAD windows (384 tokens, stride 128) and n-best answer search from start/end logits.
+- ``task``: the contract between the loop and a task (`FinetuneTask`) and the export every task shares.
+- ``tasks``: the tasks wing, one module per family (``classification``, ``squad``, ``retrieval``,
+  ``seq2seq`` (CMLM), ``instruct`` with ``flan``), each with its data reader, and the registry
+  (`biglm tasks`) that lists the families explicitly.
+- ``templates``: prompt templates for classification by prompt (built-in MNLI, YAML specs, FLAN v2 patterns,
+  plain promptsource templates) with label-word checks against a tokenizer.
 - ``loop``: the one fine-tuning loop (`FineTuner`); `run_finetune(task, cfg)` is the Python entry point that
-  ``biglm finetune`` also uses (single process or one torchrun rank). Tasks: ``classification``, ``squad_task``,
-  ``retrieval``, ``seq2seq`` (CMLM), ``instruct`` (FLAN).
+  ``biglm finetune`` also uses (single process or one torchrun rank).
 
-Names are imported lazily (PEP 562): ``biglm.finetune.metrics`` alone does not import ``datasets``.
+Shared pieces live below this room, where evaluation uses them too: metrics in `biglm.scoring.metrics`, table
+loading in `biglm.data.tables`, the bi-encoder in `biglm.model.biencoder`.
+
+Names are imported lazily (PEP 562): ``biglm.finetune.templates`` alone does not import ``datasets``.
 """
 
 from __future__ import annotations
@@ -19,21 +21,29 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
-    # metrics
-    "normalize_answer": "metrics", "squad_exact_match": "metrics", "squad_f1": "metrics",
-    "squad_max_over_ground_truths": "metrics", "squad_evaluate": "metrics", "SquadResult": "metrics",
-    "predict_labels": "metrics", "accuracy": "metrics", "retrieval_scores": "metrics", "RetrievalResult": "metrics",
+    # metrics (biglm.scoring.metrics, re-exported)
+    **{name: "biglm.scoring.metrics" for name in (
+        "normalize_answer", "squad_exact_match", "squad_f1", "squad_max_over_ground_truths", "squad_evaluate",
+        "SquadResult", "predict_labels", "accuracy", "retrieval_scores", "RetrievalResult")},
     # templates
-    "PromptTemplate": "templates", "TemplateError": "templates", "MNLI_TEMPLATE": "templates",
-    "load_template": "templates", "flan_template": "templates", "promptsource_template": "templates",
-    # data
-    "TaskDataError": "data", "load_table": "data", "load_classification": "data", "ClassificationData": "data",
-    "load_squad": "data", "SquadData": "data", "split_by_article": "data", "load_beir": "data", "BeirData": "data",
-    # qa
-    "QAWindows": "qa", "build_qa_features": "qa", "postprocess_qa_predictions": "qa", "PredictedAnswer": "qa",
+    "PromptTemplate": "biglm.finetune.templates", "TemplateError": "biglm.finetune.templates",
+    "MNLI_TEMPLATE": "biglm.finetune.templates", "load_template": "biglm.finetune.templates",
+    "flan_template": "biglm.finetune.templates", "promptsource_template": "biglm.finetune.templates",
+    # the tasks' data readers (and the shared table loader)
+    "TaskDataError": "biglm.data.tables", "load_table": "biglm.data.tables",
+    "load_classification": "biglm.finetune.tasks.classification",
+    "ClassificationData": "biglm.finetune.tasks.classification",
+    "load_squad": "biglm.finetune.tasks.squad", "SquadData": "biglm.finetune.tasks.squad",
+    "split_by_article": "biglm.finetune.tasks.squad",
+    "load_beir": "biglm.finetune.tasks.retrieval", "BeirData": "biglm.finetune.tasks.retrieval",
+    # SQuAD windows and answer search
+    "QAWindows": "biglm.finetune.tasks.squad", "build_qa_features": "biglm.finetune.tasks.squad",
+    "postprocess_qa_predictions": "biglm.finetune.tasks.squad", "PredictedAnswer": "biglm.finetune.tasks.squad",
     # the loop, and the tasks of conditional generation / instruction tuning (Python entry: run_finetune)
-    "run_finetune": "loop", "FineTuner": "loop", "FinetuneResult": "loop", "FinetuneConfig": "config",
-    "Seq2SeqSettings": "seq2seq", "Seq2SeqTask": "seq2seq", "InstructSettings": "instruct", "InstructTask": "instruct",
+    "run_finetune": "biglm.finetune.loop", "FineTuner": "biglm.finetune.loop",
+    "FinetuneResult": "biglm.finetune.loop", "FinetuneConfig": "biglm.finetune.config",
+    "Seq2SeqSettings": "biglm.finetune.tasks.seq2seq", "Seq2SeqTask": "biglm.finetune.tasks.seq2seq",
+    "InstructSettings": "biglm.finetune.tasks.instruct", "InstructTask": "biglm.finetune.tasks.instruct",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -41,7 +51,7 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"biglm.finetune.{_EXPORTS[name]}"), name)
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'biglm.finetune' has no attribute {name!r}")
@@ -52,22 +62,22 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from biglm.data.tables import TaskDataError, load_table
     from biglm.finetune.config import FinetuneConfig
-    from biglm.finetune.instruct import InstructSettings, InstructTask
     from biglm.finetune.loop import FineTuner, FinetuneResult, run_finetune
-    from biglm.finetune.seq2seq import Seq2SeqSettings, Seq2SeqTask
-    from biglm.finetune.data import (
-        BeirData,
-        ClassificationData,
+    from biglm.finetune.tasks.classification import ClassificationData, load_classification
+    from biglm.finetune.tasks.instruct import InstructSettings, InstructTask
+    from biglm.finetune.tasks.retrieval import BeirData, load_beir
+    from biglm.finetune.tasks.seq2seq import Seq2SeqSettings, Seq2SeqTask
+    from biglm.finetune.tasks.squad import (
+        PredictedAnswer,
+        QAWindows,
         SquadData,
-        TaskDataError,
-        load_beir,
-        load_classification,
-        load_squad,
-        load_table,
+        build_qa_features,
+        postprocess_qa_predictions,
         split_by_article,
     )
-    from biglm.finetune.metrics import (
+    from biglm.scoring.metrics import (
         RetrievalResult,
         SquadResult,
         accuracy,
@@ -79,7 +89,6 @@ if TYPE_CHECKING:
         squad_f1,
         squad_max_over_ground_truths,
     )
-    from biglm.finetune.qa import PredictedAnswer, QAWindows, build_qa_features, postprocess_qa_predictions
     from biglm.finetune.templates import (
         MNLI_TEMPLATE,
         PromptTemplate,

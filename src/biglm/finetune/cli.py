@@ -95,8 +95,8 @@ def main(argv: list[str]) -> int:
         print(yaml.safe_dump({"finetune": to_dict(cfg), "task": to_dict(settings)}, sort_keys=False), end="")
         return 0
     from ..checkpoint import CheckpointError
+    from ..data.tables import TaskDataError
     from ..training.parts import NonFiniteLossError
-    from .data import TaskDataError
     from .loop import run_finetune
     from .templates import TemplateError
 
@@ -121,10 +121,9 @@ class TasksArgs:
 def tasks_main(argv: list[str]) -> int:
     """`biglm tasks`: the fine-tuning tasks, one line each."""
     from ..config import parse_cli
-    from .tasks import TASKS, _load_optional
+    from .tasks import TASKS
 
     parse_cli(TasksArgs, argv, prog="biglm tasks", doc="List the fine-tuning tasks `biglm finetune TASK` takes.")
-    _load_optional()
     for name, recipe in TASKS.items():
         loop = " ".join(f"{k}={v}" for k, v in recipe.loop.items())
         print(f"{name:<16} {recipe.description} [{loop}]")

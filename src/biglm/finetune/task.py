@@ -1,6 +1,7 @@
-"""The contract between the fine-tuning loop and a task (DESIGN §9).
+"""The contract between the fine-tuning loop and a task, and the export every task shares.
 
-One loop trains every task (`biglm.finetune.loop`); a task is a plug-in that supplies what differs:
+One loop trains every task (`biglm.finetune.loop`); a task (from a family module of `biglm.finetune.tasks`) is a
+plug-in that supplies what differs:
 a model built from the pre-trained BiGLM (the MLM head itself, or a new head), its training
 features, a collate function, the loss, the evaluation metric and the export. The loop owns the
 rest: epochs, shuffling, batching, accumulation, the optimiser and schedule, mixed precision,
@@ -19,15 +20,18 @@ Notable features
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
+TASK_FILE = "biglm_task.json"  # written beside an exported model: the task, its settings (and template)
+
 
 @runtime_checkable
 class FinetuneTask(Protocol):
-    """What a task gives the fine-tuning loop. See `biglm.finetune.classification` for a complete one."""
+    """What a task gives the fine-tuning loop. See `biglm.finetune.tasks.classification` for a complete one."""
 
     name: str
     """registry name (``biglm tasks``)"""
@@ -62,3 +66,19 @@ class FinetuneTask(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """What the run directory records about the task (name, data, template), JSON-serialisable."""
+
+
+def save_task_export(model: torch.nn.Module, tokenizer: Any, out_dir: Path, *, record: dict[str, Any],
+                     params_key: str | None = None, params: dict[str, Any] | None = None) -> None:
+    """Write an exported task model: ``model`` and ``tokenizer`` through ``save_pretrained`` into ``out_dir``, and
+    ``record`` (the task's `describe`) as `TASK_FILE` beside them. With ``params_key``, ``params`` first go into
+    the model config's ``task_specific_params[params_key]``, where the exported model's pipeline or decoding
+    reads them."""
+    out_dir = Path(out_dir)
+    if params_key is not None:
+        task_params = dict(getattr(model.config, "task_specific_params", None) or {})
+        task_params[params_key] = params
+        model.config.task_specific_params = task_params
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / TASK_FILE).write_text(json.dumps(record, indent=2))

@@ -1,4 +1,4 @@
-"""Prompt templates for classification by prompt (DESIGN §9): text with ``{field}`` slots and label words.
+"""Prompt templates for classification by prompt: text with ``{field}`` slots and label words.
 
 An example becomes a prompt with one answer slot at its end, e.g. the built-in MNLI template
 ``{premise} Question: {hypothesis} True, False or Neither? Answer: {answer}``; under the BiGLM
@@ -31,7 +31,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -243,6 +243,18 @@ _SPEC_KEYS = {"name", "template", "flan", "promptsource", "label_words", "label_
               "options_header", "field_map"}
 
 
+def read_template_file(path: Path, parse: Callable[[str], Any], *, missing: str, language: str,
+                       parse_error: type[Exception]) -> Any:
+    """``parse`` of ``path``'s text; a missing file or text ``parse`` refuses (``parse_error``) is a `TemplateError`
+    naming the file: ``"<path>: <missing>"`` or ``"<path>: not valid <language> (<parser's message>)"``."""
+    try:
+        return parse(path.read_text())
+    except FileNotFoundError as e:
+        raise TemplateError(f"{path}: {missing}") from e
+    except parse_error as e:
+        raise TemplateError(f"{path}: not valid {language} ({e})") from e
+
+
 def load_template(path: str | os.PathLike[str]) -> PromptTemplate:
     """Read a template spec (YAML) and check it. One of three sources, with the same other keys:
 
@@ -262,12 +274,8 @@ def load_template(path: str | os.PathLike[str]) -> PromptTemplate:
     unless ``label_words`` overrides them. Relative files resolve against the spec's folder.
     """
     p = Path(path)
-    try:
-        spec = yaml.safe_load(p.read_text())
-    except FileNotFoundError as e:
-        raise TemplateError(f"{p}: no such template spec file") from e
-    except yaml.YAMLError as e:
-        raise TemplateError(f"{p}: not valid YAML ({e})") from e
+    spec = read_template_file(p, yaml.safe_load, missing="no such template spec file", language="YAML",
+                              parse_error=yaml.YAMLError)
     if not isinstance(spec, dict):
         raise TemplateError(f"{p}: a template spec is a YAML mapping with keys template/flan/promptsource, "
                             "label_words, ...")

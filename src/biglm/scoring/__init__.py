@@ -1,7 +1,8 @@
-"""Likelihood scoring for zero-shot evaluation: estimators (DESIGN §5) and the lm-eval adapter.
+"""Scoring: likelihood estimators for zero-shot evaluation, the suites' definitions, held-out metrics, and the task
+metrics shared with fine-tuning (`metrics`).
 
-`estimators` and `suite` need only torch and PyYAML; `lm_eval_adapter`, `harness` and `cli` import lm-eval
-(the ``eval`` extra) when they run.
+Nothing here imports lm-eval: the lm-eval model ``biglm`` and the runners that drive lm-eval are in
+`biglm.integrations.lm_eval`, which `biglm eval` (``cli``, an entry point) calls.
 """
 
 from .estimators import ESTIMATORS, fit_window, rolling_requests, score_requests, score_rolling

@@ -11,9 +11,9 @@ missing (naming the file), and prints the paper's table at the end.
 
     biglm eval --suite multitask --data_dir ../shared/data/eval --model_args pretrained=DIR --output_path out/
 
-``--suite multitask`` is Table 5 (`biglm.scoring.multitask`): MMLU zero-shot and ``--mmlu_fewshot``-shot,
-the SuperGLUE average over every task folder found under ``<data_dir>/aps__super_glue/``, and Genset
-(``--genset_n`` seeded instances of each ``--genset`` set, default WikiAuto beside the data dir,
+``--suite multitask`` is Table 5 (`biglm.scoring.multitask`, run by `biglm.integrations.lm_eval.run_multitask`):
+MMLU zero-shot and ``--mmlu_fewshot``-shot, the SuperGLUE average over every task folder found under
+``<data_dir>/aps__super_glue/``, and Genset (``--genset_n`` seeded instances of each ``--genset`` set, default WikiAuto beside the data dir,
 generated with the ``--genset_decoding.*`` options and scored by BLEU-2 / Distinct-2). It prints
 Table 5's row and, with ``--output_path``, writes ``multitask.json`` and ``multitask.md`` there.
 
@@ -34,10 +34,12 @@ from typing import Literal
 
 from ..generation.config import DecodingConfig
 
-# the suite definition and the lm-eval runner, importable from here as before the split
-from .harness import evaluate, run_suite
-from .multitask import PARTS, parse_genset, run_multitask
-from .suite import SUITES, default_data_dir, format_table, select_tasks, suite_table, write_suite_yamls
+# biglm eval is an entry point: it drives lm-eval through the integrations room (the runners stay importable from
+# here, as before they moved)
+from ..integrations.lm_eval import (evaluate, results_tables, run_multitask, run_suite, setup_logging,
+                                    write_suite_yamls)
+from .multitask import PARTS, parse_genset
+from .suite import SUITES, default_data_dir, format_table, select_tasks, suite_table
 
 __all__ = ["EvalArgs", "parse_eval_args", "main", "run_suite", "run_multitask", "evaluate", "write_suite_yamls",
            "suite_table", "format_table", "SUITES"]
@@ -196,8 +198,6 @@ def main(argv: list[str]) -> int:
         args = parse_eval_args(argv)
     except SystemExit as e:  # --help (0) or a bad option (2, already reported)
         return e.code if isinstance(e.code, int) else 0
-    from lm_eval.utils import make_table, setup_logging
-
     setup_logging()  # lm-eval's progress lines, as its own CLI shows them
     common = dict(limit=args.limit, num_fewshot=args.num_fewshot, batch_size=args.batch_size, device=args.device,
                   output_path=args.output_path, log_samples=args.log_samples)
@@ -219,9 +219,7 @@ def main(argv: list[str]) -> int:
     if not results:  # not rank 0 under torchrun
         return 0
     results.pop("samples", None)
-    print(make_table(results))
-    if "groups" in results:
-        print(make_table(results, "groups"))
+    print(results_tables(results))
     if args.suite is not None:
         header, row = results["biglm_suite"]["header"], results["biglm_suite"]["row"]
         print(f"\nBiGLM zero-shot, suite {args.suite!r} (acc_norm: PIQA, ARC-C, LogiQA, HellaS; acc elsewhere; "

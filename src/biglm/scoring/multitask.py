@@ -1,15 +1,17 @@
-"""Table 5's multitask suite (paper §4.3, DESIGN §10): MMLU zero/few-shot, the SuperGLUE average, Genset.
+"""Table 5's multitask suite (paper §4.3): MMLU zero/few-shot, the SuperGLUE average, Genset; biglm's own parts.
+
+Table 5 mixes two kinds of evaluation. MMLU and SuperGLUE are likelihood tasks run by lm-eval (built-in
+task YAMLs, data replaced by local files, as for Table 1); Genset is free generation by biglm's own
+decoding, scored by BLEU-2 and Distinct-2. This module holds what is biglm's own: the SuperGLUE task table
+and its discovery, the Genset sets, their instances, generation and scores, and the table. The lm-eval side
+(the YAMLs, the runs, the summary) is `biglm.integrations.lm_eval.run_multitask`:
 
     summary = run_multitask("runs/flan-hf", data_dir="../shared/data/eval", limit=50)
     print(summary["table"])          # Table 5's row: MMLU ZS / FS | SuperGLUE AVG ACC. | Genset B-2 / D-2
 
-Why a module of its own: Table 5 mixes two kinds of evaluation. MMLU and SuperGLUE are likelihood
-tasks run by lm-eval (built-in task YAMLs, data replaced by local files, as `suite` does for
-Table 1); Genset is free generation by biglm's own decoding, scored by BLEU-2 and Distinct-2.
-
 Notable features
-- MMLU: lm-eval's ``mmlu`` group over the local subjects (`suite._write_mmlu`), run twice on one
-  loaded model: zero-shot and ``mmlu_fewshot``-shot (default 5, examples from ``dev``).
+- MMLU: lm-eval's ``mmlu`` group over the local subjects, run twice on one loaded model: zero-shot and
+  ``mmlu_fewshot``-shot (default 5, examples from ``dev``).
 - SuperGLUE: every folder under ``<data_dir>/aps__super_glue/`` (hub layout ``<config>/validation.jsonl``)
   is discovered, not listed: each known config name maps to its built-in lm-eval task
   (`SUPERGLUE_TASKS`); ``wsc`` is the unfixed copy of ``wsc.fixed`` (lm-eval's ``wsc`` reads the
@@ -25,7 +27,7 @@ Notable features
   for a seed, whatever the run); each prompt goes through the model's chat template when it has one
   (`biglm.generation.chat.render_chat`), the answer is written by `biglm.generation.generate` with
   one `DecodingConfig`, and the outputs are scored with sacrebleu's BLEU-2 (multi-reference) and
-  Distinct-2 (`biglm.finetune.genmetrics`), per set and over the pooled Genset (the paper's column).
+  Distinct-2 (`biglm.scoring.metrics`), per set and over the pooled Genset (the paper's column).
 - Scales as in the paper's Table 5: accuracies and BLEU-2 in percent, Distinct-2 as a fraction.
 - Bad input fails before the model loads: a genset file or field that does not exist, an empty
   source or target, a prompt without ``{source}``, two sets with one name, no part with data.
@@ -33,25 +35,16 @@ Notable features
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import random
 import re
-import sys
-import tempfile
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .suite import LOCAL_SUFFIX, PAPER_SUITE, _override, _write_mmlu, default_data_dir, tasks_root
-
 __all__ = ["PARTS", "SUPERGLUE_TASKS", "SuperGlueTask", "GensetSpec", "GensetSample", "DEFAULT_GENSET_PROMPTS",
-           "discover_superglue", "write_multitask_yamls", "parse_genset", "default_gensets", "select_instances",
-           "render_field_template", "load_genset", "run_genset", "multitask_table", "run_multitask"]
+           "discover_superglue", "parse_genset", "default_gensets", "select_instances", "render_field_template",
+           "load_genset", "genset_prompt", "genset_scores", "run_genset", "multitask_table"]
 
 PARTS = ("MMLU", "SuperGLUE", "Genset")
 SUPERGLUE_HUB = "aps__super_glue"
@@ -119,47 +112,6 @@ def discover_superglue(data_dir: str | os.PathLike[str]) -> tuple[list[tuple[Sup
         found[task.config] = (task, folder)
     ordered = [found[t.config] for t in SUPERGLUE_TASKS if t.config in found]
     return ordered, skipped
-
-
-@dataclass
-class MultitaskPlan:
-    """What `write_multitask_yamls` wrote: the MMLU group (None when absent), the SuperGLUE tasks, the skips."""
-
-    mmlu_task: str | None
-    mmlu_subjects: list[str]
-    superglue: list[SuperGlueTask]
-    skipped: dict[str, str] = field(default_factory=dict)
-
-
-def write_multitask_yamls(*, data_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-                          parts: Sequence[str] = PARTS) -> MultitaskPlan:
-    """Override YAMLs for the MMLU subjects (and their group) and the SuperGLUE tasks found in ``data_dir``."""
-    data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    root = tasks_root()
-    plan = MultitaskPlan(None, [], [])
-    if "MMLU" in parts:
-        mmlu = next(t for t in PAPER_SUITE if t.task == "mmlu")
-        plan.mmlu_subjects = _write_mmlu(data_dir, out_dir, root, mmlu)
-        if plan.mmlu_subjects:
-            plan.mmlu_task = "mmlu" + LOCAL_SUFFIX
-        else:
-            plan.skipped["MMLU"] = f"no {data_dir / mmlu.hub / '<subject>' / 'test.jsonl'}"
-    if "SuperGLUE" in parts:
-        found, skipped = discover_superglue(data_dir)
-        plan.skipped.update({f"SuperGLUE {k}": v for k, v in skipped.items()})
-        for task, folder in found:
-            files = {"validation": folder / "validation.jsonl"}
-            nulls: tuple[str, ...] = ("training_split",)
-            if (folder / "train.jsonl").is_file():  # the few-shot sampler's source, when shipped
-                files["train"], nulls = folder / "train.jsonl", ()
-            # tag []: the local copies must not join the built-in super-glue-lm-eval-v1 tag
-            doc = _override(root / task.yaml, task.task + LOCAL_SUFFIX, task.config, files, nulls, {"tag": []})
-            (out_dir / f"{task.task}{LOCAL_SUFFIX}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-            plan.superglue.append(task)
-        if not found:
-            plan.skipped["SuperGLUE"] = f"no known task folder with validation.jsonl under {data_dir / SUPERGLUE_HUB}"
-    return plan
 
 
 # ------------------------------------------------------------------------------------------------- Genset
@@ -382,7 +334,7 @@ def load_genset(spec: GensetSpec, *, n: int, seed: int) -> GensetSample:
 
     The source (and a target template) is rendered from each drawn row (`render_field_template`); a field a
     template names that the set lacks is refused before any row is read, naming it and the set's fields."""
-    from ..finetune.data import load_table
+    from ..data.tables import load_table
 
     table = load_table(spec.path)
     for key, names in spec.fields().items():
@@ -429,8 +381,8 @@ def genset_prompt(tokenizer, spec: GensetSpec, source: str) -> str:
     return text
 
 
-def _scores(outputs: list[str], references: list[list[str]]) -> dict[str, float | None]:
-    from ..finetune.genmetrics import bleu2, distinct_n
+def genset_scores(outputs: list[str], references: list[list[str]]) -> dict[str, float | None]:
+    from .metrics import bleu2, distinct_n
 
     try:
         d2: float | None = distinct_n(outputs=outputs, n=2) / 100.0
@@ -449,7 +401,7 @@ def run_genset(model, tokenizer, sample: GensetSample, *, config=None, batch_siz
     for start in range(0, len(prompts), batch_size):
         outputs += [a.strip() for a in generate(model, tokenizer, prompts[start:start + batch_size], config=config)]
     return {"name": sample.spec.name, "path": sample.spec.path, "rows": sample.rows, "n": len(outputs),
-            "indices": sample.indices, **_scores(outputs, sample.references),
+            "indices": sample.indices, **genset_scores(outputs, sample.references),
             "instances": [{"index": i, "prompt": p, "output": o, "references": r}
                           for i, p, o, r in zip(sample.indices, prompts, outputs, sample.references)]}
 
@@ -499,102 +451,3 @@ def multitask_table(summary: dict[str, Any]) -> str:
     if detail_h:
         lines += ["", format_table(detail_h, detail_r)]
     return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------------------------- runner
-def _value(results: dict[str, Any], task: str, metric: str) -> float | None:
-    v = results.get("results", {}).get(task, {}).get(f"{metric},none")
-    return float(v) if isinstance(v, (int, float)) and not math.isnan(v) else None
-
-
-def run_multitask(
-    pretrained: str | os.PathLike[str],
-    *,
-    data_dir: str | os.PathLike[str] | None = None,
-    parts: Sequence[str] = PARTS,
-    gensets: Sequence[GensetSpec] | None = None,
-    genset_n: int = 100,
-    genset_seed: int = 0,
-    genset_batch_size: int = 16,
-    decoding=None,
-    mmlu_fewshot: int = 5,
-    limit: float | None = None,
-    batch_size: int | str | None = None,
-    device: str | None = None,
-    model_args: dict[str, Any] | None = None,
-    output_path: str | os.PathLike[str] | None = None,
-) -> dict[str, Any]:
-    """Run Table 5's suite and return its summary: ``mmlu``, ``superglue``, ``genset`` (every number,
-    the tasks covered, the instances drawn and generated), ``skipped`` and the Markdown ``table``.
-
-    ``gensets`` None takes `default_gensets` (WikiAuto beside ``data_dir``); ``[]`` runs none.
-    ``decoding`` is the `DecodingConfig` of Genset; ``limit`` cuts each lm-eval task to that many
-    documents (quick checks). With ``output_path`` (a folder) ``multitask.json`` and ``multitask.md``
-    are written there. Skipped parts and folders are named on stderr.
-    """
-    from ..generation import DecodingConfig
-    from .harness import build_lm, evaluate
-
-    decoding = decoding or DecodingConfig()
-    bad = [p for p in parts if p not in PARTS]
-    if bad or not parts:
-        raise ValueError(f"unknown multitask part(s) {', '.join(bad) or '(none given)'}; choose from {', '.join(PARTS)}")
-    if not Path(pretrained).exists():
-        raise FileNotFoundError(f"no model at {pretrained}: pass a directory written by `biglm export` or a run.")
-    if mmlu_fewshot < 1:
-        raise ValueError(f"mmlu_fewshot={mmlu_fewshot} must be >= 1 (the zero-shot column always runs)")
-    data = Path(data_dir) if data_dir is not None else default_data_dir()
-    specs = list(default_gensets(data) if gensets is None else gensets) if "Genset" in parts else []
-    names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"genset names must be unique, got {', '.join(names)}")
-    samples = [load_genset(s, n=genset_n, seed=genset_seed) for s in specs]  # bad files fail before the model
-    args = {"pretrained": str(pretrained), **(model_args or {})}
-    with tempfile.TemporaryDirectory(prefix="biglm-multitask-") as tmp:
-        plan = write_multitask_yamls(data_dir=data, out_dir=tmp, parts=parts)
-        if "Genset" in parts and not samples:
-            plan.skipped["Genset"] = ("no generation set: pass --genset NAME:PATH:SOURCE:TARGET (WikiAuto is read "
-                                      f"from {data.parent / 'finetune' / 'wikiauto' / 'valid.jsonl'} when present)")
-        for what, why in plan.skipped.items():
-            print(f"biglm eval: multitask: skipping {what}: {why}", file=sys.stderr)
-        zero_tasks = ([plan.mmlu_task] if plan.mmlu_task else []) + [t.task + LOCAL_SUFFIX for t in plan.superglue]
-        if not zero_tasks and not samples:
-            raise FileNotFoundError(f"nothing of the multitask suite has data under {data}: "
-                                    + "; ".join(f"{k}: {v}" for k, v in plan.skipped.items()))
-        lm = build_lm(model_args=args, batch_size=batch_size, device=device)
-        common = dict(include_path=tmp, limit=limit, lm=lm, include_defaults=False)
-        zero = evaluate(tasks=zero_tasks, num_fewshot=0, **common) if zero_tasks else {}
-        few = evaluate(tasks=[plan.mmlu_task], num_fewshot=mmlu_fewshot, **common) if plan.mmlu_task else {}
-    if getattr(lm, "rank", 0) != 0:  # torchrun: rank 0 reports
-        return {}
-    sets = [run_genset(lm.model, lm.tokenizer, s, config=decoding, batch_size=genset_batch_size) for s in samples]
-    sg_values = {t.config: _value(zero, t.task + LOCAL_SUFFIX, t.metric) for t in plan.superglue}
-    ran = {k: v for k, v in sg_values.items() if v is not None}
-    pooled = _scores([i["output"] for s in sets for i in s["instances"]],
-                     [i["references"] for s in sets for i in s["instances"]]) if sets else {"bleu2": None,
-                                                                                             "distinct2": None}
-    summary: dict[str, Any] = {
-        "model": Path(pretrained).name,
-        "pretrained": str(pretrained),
-        "limit": limit,
-        "parts": [p for p in PARTS if p in parts],
-        "mmlu": {"zero_shot": _value(zero, plan.mmlu_task, "acc") if plan.mmlu_task else None,
-                 "few_shot": _value(few, plan.mmlu_task, "acc") if plan.mmlu_task else None,
-                 "fewshot": mmlu_fewshot, "subjects": plan.mmlu_subjects},
-        "superglue": {"average": sum(ran.values()) / len(ran) if ran else None, "covered": list(ran),
-                      "tasks": ran, "metrics": {t.config: t.metric for t in plan.superglue}},
-        "genset": {**pooled, "seed": genset_seed, "n_per_set": genset_n,
-                   "decoding": asdict(decoding), "sets": sets},
-        "skipped": plan.skipped,
-        "scales": {"accuracy": "fraction in JSON, percent in the table", "bleu2": "percent",
-                   "distinct2": "fraction (the paper's scale)"},
-        "lm_eval": {"zero_shot": {k: zero.get(k, {}) for k in ("results", "n-shot", "n-samples")},
-                    "few_shot": {k: few.get(k, {}) for k in ("results", "n-shot", "n-samples")}},
-    }
-    summary["table"] = multitask_table(summary)
-    if output_path is not None:
-        out = Path(output_path)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "multitask.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        (out / "multitask.md").write_text(summary["table"] + "\n")
-    return summary

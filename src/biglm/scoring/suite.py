@@ -1,19 +1,16 @@
-"""The paper's zero-shot suite (DESIGN §8) as data: its columns, their local data, and its table.
+"""The paper's zero-shot suite as data: its columns, their local data, and its table.
 
 Notable features
 - `PAPER_SUITE` lists Table 1's eleven columns (ARC-E, ARC-C, PIQA, SciQ, WinoG, LogiQA, RACE, SIQA,
   BoolQ, HellaSwag, TruthfulQA MC1) plus MMLU and LAMBADA, each as a *built-in* lm-eval task (same
   prompts and metrics) and the metric the paper reports for it.
-- `write_suite_yamls` replaces only the data source: for each task a small override YAML
-  ``include``s the built-in one by absolute path and points ``dataset_path: json`` at
-  ``<data-dir>/<owner>__<name>[/<config>]/<split>.jsonl`` (the hub schema). Splits that are not
-  shipped become ``null``, because lm-eval 0.4.13 builds its few-shot sampler from
-  ``training_split`` even at zero-shot. A task whose evaluation file is missing is returned with the
-  path it looked for, so any subset of the sets may be present.
+- The override YAMLs that point lm-eval's built-in tasks at the local data are written by
+  `biglm.integrations.lm_eval.write_suite_yamls` (lm-eval's own task folder is read there).
 - `suite_table` turns an lm-eval results dict into the paper's row: acc_norm for PIQA, ARC-C, LogiQA
   and HellaSwag, acc elsewhere, and the average over the Table 1 columns that ran.
 
-Nothing here runs a model; `biglm.scoring.harness.run_suite` does, through lm-eval's Python API.
+Nothing here runs a model or imports lm-eval; `biglm.integrations.lm_eval.run_suite` runs the suite through
+lm-eval's Python API.
 """
 
 from __future__ import annotations
@@ -24,10 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 __all__ = ["SUITES", "SuiteTask", "PAPER_SUITE", "LOCAL_SUFFIX", "default_data_dir", "select_tasks",
-           "write_suite_yamls", "suite_value", "suite_table", "format_table"]
+           "suite_value", "suite_table", "format_table"]
 
 SUITES = ("paper",)
 
@@ -76,7 +72,7 @@ PAPER_SUITE: tuple[SuiteTask, ...] = (
               ("training_split",), "acc"),
     SuiteTask("HellaS", "hellaswag", "hellaswag/hellaswag.yaml", "Rowan__hellaswag", None, ("validation",),
               ("training_split",), "acc_norm"),
-    # MC1, not MC2: the paper's TruthfulQA values are MC1-sized (DESIGN §8)
+    # MC1, not MC2: the paper's TruthfulQA values are MC1-sized (MC2 would be ~15 points higher)
     SuiteTask("TruthQA", "truthfulqa_mc1", "truthfulqa/truthfulqa_mc1.yaml", "truthfulqa__truthful_qa",
               "multiple_choice", ("validation",), (), "acc"),
     # beyond Table 1 (reported by the paper elsewhere): shown after the average, not in it
@@ -93,13 +89,6 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("BIGLM_EVAL_DATA", "data/eval"))
 
 
-def tasks_root() -> Path:
-    """The installed ``lm_eval/tasks`` folder (the built-in YAMLs the overrides include)."""
-    import lm_eval.tasks
-
-    return Path(lm_eval.tasks.__file__).resolve().parent
-
-
 def select_tasks(columns: str | list[str] | tuple[str, ...] | None) -> tuple[SuiteTask, ...]:
     """The suite's tasks restricted to ``columns`` (table names like "PIQA" or task names like "piqa"),
     in the table's order; all of them when ``columns`` is empty."""
@@ -112,83 +101,6 @@ def select_tasks(columns: str | list[str] | tuple[str, ...] | None) -> tuple[Sui
         raise ValueError(f"unknown suite task(s) {', '.join(bad)}; choose from {', '.join(t.column for t in PAPER_SUITE)}.")
     chosen = {known[c.lower()].task for c in wanted}
     return tuple(t for t in PAPER_SUITE if t.task in chosen)
-
-
-def _override(include: Path, task: str, alias: str, files: dict[str, Path], nulls: tuple[str, ...],
-              extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    # absolute data_files: lm-eval resolves relative ones against the working directory (DESIGN §5)
-    doc: dict[str, Any] = {"include": str(include), "task": task, "task_alias": alias, "dataset_path": "json",
-                           "dataset_name": None, "dataset_kwargs": {"data_files": {k: str(v) for k, v in files.items()}}}
-    doc.update({k: None for k in nulls})
-    doc.update(extra or {})
-    return doc
-
-
-def write_suite_yamls(*, data_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-                      suite: str = "paper", only: str | list[str] | tuple[str, ...] | None = None,
-                      ) -> tuple[list[SuiteTask], dict[str, str]]:
-    """Write one override YAML per available task of ``suite`` (or of its ``only`` columns) into ``out_dir``.
-
-    Returns ``(tasks_written, missing)`` where ``missing`` maps a skipped column to the file it looked
-    for. Raises FileNotFoundError when no chosen task has data.
-    """
-    if suite == "multitask":  # Table 5 mixes lm-eval tasks and generation: its own module writes its YAMLs
-        raise ValueError("the multitask suite's YAMLs are written by biglm.scoring.multitask.write_multitask_yamls.")
-    if suite not in SUITES:
-        raise ValueError(f"unknown suite {suite!r}; available: {', '.join(SUITES)}")
-    data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    root = tasks_root()
-    written: list[SuiteTask] = []
-    missing: dict[str, str] = {}
-    for t in select_tasks(only):
-        if t.task == "mmlu":
-            if _write_mmlu(data_dir, out_dir, root, t):
-                written.append(t)
-            else:
-                missing[t.column] = str(data_dir / t.hub / "<subject>" / "test.jsonl")
-            continue
-        base = data_dir / t.hub / t.config if t.config else data_dir / t.hub
-        files = {s: base / f"{s}.jsonl" for s in t.splits}
-        if not files[t.splits[0]].is_file():
-            missing[t.column] = str(files[t.splits[0]])
-            continue
-        nulls = list(t.null_splits)
-        for s in t.splits[1:]:  # optional extra splits (SciQ's and LogiQA's validation): null when absent
-            if not files[s].is_file():
-                del files[s]
-                nulls.append(f"{s}_split")
-        doc = _override(root / t.yaml, t.task + LOCAL_SUFFIX, t.task, files, tuple(nulls))
-        (out_dir / f"{t.task}{LOCAL_SUFFIX}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-        written.append(t)
-    if not written:
-        raise FileNotFoundError(f"no task of suite {suite!r} has data under {data_dir}: looked for "
-                                + "; ".join(missing.values()))
-    return written, missing
-
-
-def _write_mmlu(data_dir: Path, out_dir: Path, root: Path, t: SuiteTask) -> list[str]:
-    """Subject overrides (test + dev from the data dir) and a group averaging them by size, like
-    lm-eval's own ``mmlu`` group. Returns the subjects written."""
-    subjects = []
-    for builtin in sorted((root / t.yaml).glob("mmlu_*.yaml")):
-        subject = builtin.stem[len("mmlu_"):]
-        files = {s: data_dir / t.hub / subject / f"{s}.jsonl" for s in t.splits}
-        if not files["test"].is_file():
-            continue
-        nulls = () if files["dev"].is_file() else ("fewshot_split",)
-        if not files["dev"].is_file():
-            del files["dev"]
-        # tag []: the local copies must not join the built-in mmlu_<category>_tasks tags
-        doc = _override(builtin, f"mmlu_{subject}{LOCAL_SUFFIX}", subject, files, nulls, {"tag": []})
-        (out_dir / f"mmlu_{subject}{LOCAL_SUFFIX}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-        subjects.append(subject)
-    if subjects:
-        group = {"group": "mmlu" + LOCAL_SUFFIX, "group_alias": "mmlu",
-                 "task": [f"mmlu_{s}{LOCAL_SUFFIX}" for s in subjects],
-                 "aggregate_metric_list": [{"metric": "acc", "weight_by_size": True}], "metadata": {"version": 2}}
-        (out_dir / f"_mmlu{LOCAL_SUFFIX}.yaml").write_text(yaml.safe_dump(group, sort_keys=False))
-    return subjects
 
 
 def suite_value(results: dict[str, Any], t: SuiteTask) -> float | None:

@@ -1,8 +1,8 @@
-"""lm-evaluation-harness (0.4.13) model ``biglm``: a BiGLM scored with the estimators of `estimators.py`.
+"""lm-evaluation-harness (0.4.13) model ``biglm``: a BiGLM scored with the estimators of `biglm.scoring.estimators`.
 
 Notable features
 - Registered with ``@register_model("biglm")`` when this module is imported; lm-eval has no plugin
-  discovery, so `biglm eval` (``biglm.scoring.cli``) imports it before handing over to lm-eval's CLI.
+  discovery, so the runners (`biglm.integrations.lm_eval.harness`) import it before calling lm-eval.
 - ``loglikelihood`` groups requests by identical context: each context is encoded once and its cache
   is shared by all the choices of a question (and by every variant an estimator needs).
 - Tokenisation follows HFLM: trailing spaces of the context move to the continuation, and the
@@ -21,7 +21,8 @@ Notable features
   is the published Mask-Predict (T model calls); ``early_stop=true`` is opt-in.
 - Data parallel: under ``torchrun`` / ``accelerate launch`` (WORLD_SIZE > 1) each process evaluates
   its shard of the documents (lm-eval splits them by ``rank``/``world_size``) and the gathers go
-  through torch.distributed (gloo on CPU, nccl on CUDA), as HFLM does through accelerate.
+  through torch.distributed (gloo on CPU, nccl on CUDA), as HFLM does through accelerate. The process
+  group is started by `biglm.training.distributed.init_distributed`, the one place that starts them.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from ..generation import DecodingConfig, generate_from_ids
-from ..generation.config import FIELDS as DECODING_FIELDS
-from .estimators import ESTIMATORS, fit_window, score_requests, score_rolling
+from ...generation import DecodingConfig, generate_from_ids
+from ...generation.config import FIELDS as DECODING_FIELDS
+from ...scoring.estimators import ESTIMATORS, fit_window, score_requests, score_rolling
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ class BiGLMLM(LM):
             self._device = next(self.model.parameters()).device
         else:
             self._init_distributed(device)
-            from ..checkpoint import load_model
+            from ...checkpoint import load_model
 
             self.model, self.tokenizer = load_model(pretrained, device=self._device,
                                                     dtype=_DTYPES[str(dtype)] if dtype is not None else None)
@@ -209,16 +210,11 @@ class BiGLMLM(LM):
             log.warning("biglm: device %s requested but CUDA is not available; using cpu", device)
             device = "cpu"
         want_cuda = device is not None and str(device).startswith("cuda") or (device is None and torch.cuda.is_available())
-        if world > 1:
-            import torch.distributed as dist
+        if world > 1:  # the launcher's process group (nccl on CUDA, gloo on CPU), one device per local rank
+            from ...training.distributed import init_distributed
 
-            if not dist.is_initialized():
-                dist.init_process_group(backend="nccl" if want_cuda else "gloo")
-            self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
-            local = int(os.environ.get("LOCAL_RANK", "0"))
-            self._device = torch.device(f"cuda:{local}") if want_cuda else torch.device("cpu")
-            if want_cuda:
-                torch.cuda.set_device(self._device)
+            info = init_distributed("cuda" if want_cuda else "cpu")
+            self._rank, self._world_size, self._device = info.rank, info.world_size, info.device
         else:
             self._device = torch.device(device if device is not None else ("cuda" if want_cuda else "cpu"))
 

@@ -1,4 +1,4 @@
-"""In-training zero-shot evaluation (DESIGN §11, the paper's Fig. 3 metric): every K steps the current
+"""In-training zero-shot evaluation (the paper's Fig. 3 metric): every K steps the current
 model is scored on a fixed subset of zero-shot tasks (default ARC-Easy + ARC-Challenge) by exactly what
 `biglm eval --suite paper` runs — the suite's override YAMLs on the local data, lm-eval's
 ``simple_evaluate`` and the ``biglm`` adapter with the same scorer — and the per-task metric and the
@@ -7,7 +7,11 @@ average go to metrics.jsonl (``kind: "tasks"``) and TensorBoard.
 Why it cannot disturb a run: lm-eval reseeds Python's, NumPy's and torch's RNGs, so every RNG state is
 saved before and restored after; the data sampler is not touched; the model goes back to train mode.
 Under torchrun the unwrapped model is scored on rank 0 while the others wait (FSDP first gathers a full
-copy of the weights onto rank 0), so the value does not depend on the number of ranks.
+copy of the weights onto rank 0: `biglm.training.distributed.full_model_on_rank0`), so the value does not
+depend on the number of ranks.
+
+The training entry point builds the evaluator and hands it to the trainer: training itself imports no
+lm-eval.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import ConfigError
+from ...config import ConfigError
 
 
 class TaskEvaluator:
@@ -30,7 +34,8 @@ class TaskEvaluator:
 
     def __init__(self, *, tasks: list[str], data_dir: str | Path, limit: int | None, scorer: str,
                  work_dir: Path) -> None:
-        from ..scoring.suite import select_tasks, write_suite_yamls
+        from ...scoring.suite import select_tasks
+        from .yamls import write_suite_yamls
 
         try:
             chosen = select_tasks(tasks)
@@ -59,8 +64,8 @@ class TaskEvaluator:
         RNG state and the model's train/eval mode are as before on return."""
         import lm_eval
 
-        from ..scoring.lm_eval_adapter import BiGLMLM
-        from ..scoring.suite import LOCAL_SUFFIX, suite_value
+        from ...scoring.suite import LOCAL_SUFFIX, suite_value
+        from .adapter import BiGLMLM
 
         was_training = model.training
         model.eval()
@@ -109,20 +114,3 @@ def _quiet_lm_eval():
         yield
     finally:
         logger.setLevel(level)
-
-
-def full_model_on_rank0(model: torch.nn.Module, raw_model: torch.nn.Module, *, fsdp: bool, is_main: bool,
-                        build: Any) -> torch.nn.Module | None:
-    """The unwrapped model to score on rank 0 (None on other ranks). DDP and one process: the local module
-    itself (its weights are complete). FSDP: a full state dict gathered by every rank (a collective), loaded
-    into a fresh module from ``build()`` on rank 0."""
-    if not fsdp:
-        return raw_model if is_main else None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not is_main:
-        return None
-    fresh = build()
-    fresh.load_state_dict(state)
-    return fresh

@@ -1,4 +1,4 @@
-"""Classification by prompt (paper §4.1 MNLI; DESIGN §9): the label is a word predicted at an answer slot.
+"""Classification by prompt (paper §4.1 MNLI): the label is a word predicted at an answer slot.
 
 An example becomes ``prompt + <mask>``: under the BiGLM mask the prompt is the prefix and the slot the
 suffix, the same shape as generation. Training is cross-entropy over the label words at the slot (the
@@ -23,27 +23,142 @@ Notable features
   ``--task.length_normalize``. A template whose words are all one token keeps the single-pass path and its
   numbers.
 - A template that reads the label column is refused before any work (``check_label_free``).
+- Data (`load_classification`): checked before any work, errors name the file, the field and the fix
+  (missing fields, null texts, labels outside the template's classes); rows labelled -1 (GLUE's unlabelled
+  test rows) are dropped and counted (``ClassificationData.dropped_unlabeled``); string labels map through
+  ``label_names``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..scoring.estimators import chain_rows, score_requests
-from .data import load_classification
-from .metrics import accuracy
-from .templates import MNLI_TEMPLATE, PromptTemplate, TemplateError, load_template
+from ...data.tables import TaskDataError, load_table, preview
+from ...scoring.estimators import chain_rows, score_requests
+from ...scoring.metrics import accuracy
+from ..task import save_task_export
+from ..templates import MNLI_TEMPLATE, PromptTemplate, TemplateError, load_template
+from . import TaskRecipe
+
+if TYPE_CHECKING:
+    import datasets
+
+log = logging.getLogger(__name__)
 
 BUILTIN_TEMPLATES = {"mnli": MNLI_TEMPLATE}
-TEMPLATE_FILE = "biglm_task.json"  # written beside an exported model: the task and its template
+
+
+# ---------------------------------------------------------------- data (GLUE/SuperGLUE style)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassificationData:
+    """A labelled classification split: ``dataset`` has the text fields and an int ``label`` in [0, num_classes)."""
+
+    dataset: datasets.Dataset
+    text_fields: tuple[str, ...]
+    num_classes: int
+    dropped_unlabeled: int
+    source: str
+
+
+def load_classification(
+    source: str | os.PathLike[str],
+    *,
+    split: str = "train",
+    template: PromptTemplate | None = None,
+    text_fields: Sequence[str] = (),
+    label_field: str = "label",
+    num_classes: int | None = None,
+    label_names: Sequence[str] | None = None,
+) -> ClassificationData:
+    """Read a classification split whose rows hold text fields and a label, and check it.
+
+    The text fields are ``text_fields`` plus those ``template`` reads; ``num_classes`` defaults to
+    the template's label words (or ``label_names``). Labels are ints (or strings listed in
+    ``label_names``); -1 rows are dropped and counted. The label column is renamed ``label``.
+    """
+    if template is not None:
+        template.check_label_free(label_field)  # before reading: a prompt holding the answer is never wanted
+    ds = load_table(source, split=split)
+    src = str(source)
+    fields = tuple(dict.fromkeys([*text_fields, *(template.fields if template else ())]))
+    if not fields:
+        raise TaskDataError(f"{src}: no text fields to read; pass a template or text_fields")
+    if template is not None:
+        template.check_fields(ds.column_names, source=src)
+    missing = [f for f in (*fields, label_field) if f not in ds.column_names]
+    if missing:
+        raise TaskDataError(f"{src}: rows have no field(s) {missing} (columns: {ds.column_names}); "
+                            "pass text_fields=/label_field= naming the right columns")
+    feature_names = getattr(ds.features.get(label_field), "names", None)  # a hub ClassLabel
+    if label_names is None and feature_names:
+        label_names = list(feature_names)
+    if num_classes is None:
+        num_classes = (template.num_classes if template is not None
+                       else len(label_names) if label_names is not None else None)
+    if num_classes is None:
+        raise TaskDataError(f"{src}: the number of classes is unknown; pass a template, num_classes or label_names")
+    if template is not None and template.num_classes != num_classes:
+        raise TaskDataError(f"{src}: template {template.name!r} has {template.num_classes} label words but the task "
+                            f"has {num_classes} classes; give one label word per class")
+
+    for f in fields:
+        nulls = [i for i, v in enumerate(ds[f]) if v is None]
+        if nulls:
+            raise TaskDataError(f"{src}: field {f!r} is null in {len(nulls)} row(s) (rows {preview(nulls)}); "
+                                "fill or drop those rows")
+
+    raw = ds[label_field]
+    names = list(label_names) if label_names is not None else None
+    labels: list[int] = []
+    bad: list[int] = []
+    for i, v in enumerate(raw):
+        if isinstance(v, bool) or v is None:
+            bad.append(i)
+        elif isinstance(v, int):
+            labels.append(v)
+        elif isinstance(v, str) and names is not None and v in names:
+            labels.append(names.index(v))
+        else:
+            bad.append(i)
+    if bad:
+        example = raw[bad[0]]
+        hint = (f"string labels must be one of label_names {names}" if names is not None
+                else "pass label_names to map string labels to ids")
+        raise TaskDataError(f"{src}: field {label_field!r} holds {len(bad)} value(s) that are not label ids "
+                            f"(rows {preview(bad)}, e.g. {example!r}); {hint}")
+    out_of_range = sorted({v for v in labels if v != -1 and not 0 <= v < num_classes})
+    if out_of_range:
+        raise TaskDataError(f"{src}: field {label_field!r} holds label(s) {out_of_range} outside "
+                            f"[0, {num_classes}) (and -1 for unlabelled); the template/task has {num_classes} "
+                            "classes: fix the label words or the data")
+
+    keep = [i for i, v in enumerate(labels) if v != -1]
+    dropped = len(labels) - len(keep)
+    if dropped:
+        log.warning("%s: dropped %d unlabelled row(s) (label -1) of %d", src, dropped, len(labels))
+    if label_field != "label" and "label" in ds.column_names:
+        ds = ds.remove_columns("label")
+    ds = ds.remove_columns(label_field).add_column("label", labels)
+    if dropped:
+        ds = ds.select(keep)
+    if len(ds) == 0:
+        raise TaskDataError(f"{src}: no labelled rows left (all {len(labels)} are -1); use a labelled split")
+    return ClassificationData(dataset=ds, text_fields=fields, num_classes=num_classes, dropped_unlabeled=dropped,
+                              source=src)
+
+
+# ---------------------------------------------------------------- the task
 
 
 @dataclass
@@ -216,13 +331,30 @@ class ClassificationTask:
 
     # ------------------------------------------------------------------ output
     def export(self, model: torch.nn.Module, tokenizer: Any, out_dir: Path) -> None:
-        out_dir = Path(out_dir)
-        model.save_pretrained(out_dir)
-        tokenizer.save_pretrained(out_dir)
-        (out_dir / TEMPLATE_FILE).write_text(json.dumps(self.describe(), indent=2))
+        save_task_export(model, tokenizer, out_dir, record=self.describe())
 
     def describe(self) -> dict[str, Any]:
-        from ..config import to_dict
+        from ...config import to_dict
 
         return {"task": self.name, "kind": "classification", "settings": to_dict(self.settings),
                 "template": self.template.to_dict(), "truncated_prompts": self.truncated}
+
+
+# ---------------------------------------------------------------- registry (`biglm tasks`)
+
+
+def _mnli() -> ClassificationSettings:
+    return ClassificationSettings(
+        train="hf:nyu-mll/glue:mnli@train", validation="hf:nyu-mll/glue:mnli@validation_matched", template="mnli",
+        validation_name="MNLI-m",
+        notes=["MNLI-mm (validation_mismatched) is not evaluated: give --task.validation to another split file "
+               "to add it"])
+
+
+RECIPES = (
+    TaskRecipe("mnli", "MNLI by prompt: label word True/Neither/False at an answer slot; accuracy (MNLI-m)",
+               _mnli, lambda s: ClassificationTask(s, name="mnli"), loop={"epochs": 5, "lr": 2e-5}),
+    TaskRecipe("classification", "any GLUE/SuperGLUE-style set by prompt: give --task.train, "
+               "--task.validation and --task.template", ClassificationSettings,
+               lambda s: ClassificationTask(s, name="classification"), loop={"epochs": 5}),
+)

@@ -1,8 +1,8 @@
-"""Instruction tuning on FLAN (paper §4.3, Table 5; DESIGN §10): the `flan` fine-tuning task.
+"""Instruction tuning on FLAN (paper §4.3, Table 5): the `flan` fine-tuning task (the instruct family, with `flan`).
 
 Instruction tuning is conditional generation on a mixture: the instruction, rendered with the chat
 template (`biglm.generation.chat`), is the prefix (never masked); the response is the suffix with a
-uniform share masked, the loss on the response only (the CMLM training of `biglm.finetune.seq2seq`).
+uniform share masked, the loss on the response only (the CMLM training of `biglm.finetune.tasks.seq2seq`).
 Two ways to know where a response ends (``length_mode``):
 - ``eos`` (default, LLaDA's SFT practice): each response is padded with EOS to ``max_target_length``
   tokens (at least one EOS) and the EOS slots are trained like any other token, so inference writes
@@ -39,13 +39,15 @@ from typing import Any, Literal, Sequence
 
 import torch
 
-from ..config import ConfigError, load_yaml
-from ..generation.chat import chat_template, render_chat
-from ..model.seq2seq import BiGLMForConditionalGeneration
-from ..objective import masked_lm_loss
+from ...config import ConfigError, load_yaml
+from ...generation.chat import chat_template, render_chat
+from ...model.seq2seq import BiGLMForConditionalGeneration
+from ...objective import masked_lm_loss
+from ..task import TASK_FILE
+from ..templates import _default_flan_file
+from . import TaskRecipe
 from .flan import MixtureTask, read_flan_collection, render_mixture
-from .seq2seq import TASK_FILE, Seq2SeqSettings, Seq2SeqTask, _check_template
-from .templates import _default_flan_file
+from .seq2seq import Seq2SeqSettings, Seq2SeqTask, _check_template
 
 __all__ = ["InstructSettings", "InstructTask", "load_mixture_spec", "pad_with_eos"]
 
@@ -105,7 +107,7 @@ def load_mixture_spec(path: str | Path) -> dict[str, Any]:
     data = load_yaml(path) or {}
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), list) or not data["tasks"]:
         raise ConfigError(f"{path}: a mixture spec needs `tasks:`, a list of {{name, source, ...}} (see "
-                          "biglm.finetune.instruct.load_mixture_spec)")
+                          "biglm.finetune.tasks.instruct.load_mixture_spec)")
     unknown = sorted(set(data) - {"tasks", "templates_file", "per_task", "options_style", "exclude_eval", "seed"})
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {unknown}; allowed: tasks, templates_file, per_task, options_style, "
@@ -213,7 +215,7 @@ class InstructTask(Seq2SeqTask):
     def predict(self, model: torch.nn.Module, *, batch_size: int = 32) -> tuple[list[str], list[int]]:
         if self.settings.length_mode == "head":
             return super().predict(model, batch_size=batch_size)
-        from ..generation import DecodingConfig, generate_ids, left_pad
+        from ...generation import DecodingConfig, generate_ids, left_pad
 
         device = next(model.parameters()).device
         cfg = DecodingConfig(max_new_tokens=self.settings.max_target_length, steps=self.settings.decode_steps,
@@ -269,14 +271,9 @@ def _flan() -> InstructSettings:
     return InstructSettings(max_target_length=192)
 
 
-def _register() -> None:
-    from .tasks import TaskRecipe, register
-
-    register(TaskRecipe(
-        "flan", "instruction tuning on FLAN (Flan-collection rows or a rendered FLAN-style mixture): chat-templated "
-        "instruction = prefix, response = masked suffix padded with EOS (or a length head); ROUGE-L on a held-in split",
-        _flan, lambda s: InstructTask(s, name="flan"), loop={"epochs": 5, "lr": 5e-5, "schedule": "linear"}))
-
-
-_register()
-
+RECIPES = (
+    TaskRecipe("flan", "instruction tuning on FLAN (Flan-collection rows or a rendered FLAN-style mixture): "
+               "chat-templated instruction = prefix, response = masked suffix padded with EOS (or a length head); "
+               "ROUGE-L on a held-in split", _flan, lambda s: InstructTask(s, name="flan"),
+               loop={"epochs": 5, "lr": 5e-5, "schedule": "linear"}),
+)

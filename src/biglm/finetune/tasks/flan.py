@@ -1,4 +1,4 @@
-"""FLAN instruction-tuning data (DESIGN §10): the hub's Flan-collection schema, and FLAN-style mixtures.
+"""FLAN instruction-tuning data (the instruct family): the hub's Flan-collection schema, and FLAN-style mixtures.
 
 Two sources of ``{inputs, targets, task_name}`` rows:
 
@@ -43,9 +43,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from biglm.data.sources import parse_hub_spec
-from biglm.finetune.data import TaskDataError, load_table
-from biglm.finetune.templates import ANSWER_SLOT, OPTIONS_SLOT, PromptTemplate, TemplateError, _default_flan_file
+from ...data.sources import parse_hub_spec
+from ...data.tables import TaskDataError, load_table
+from ..templates import (ANSWER_SLOT, OPTIONS_SLOT, PromptTemplate, TemplateError, _default_flan_file,
+                         read_template_file)
 
 if TYPE_CHECKING:
     import datasets
@@ -117,12 +118,8 @@ class _Patterns:
 def load_flan_patterns(path: str | os.PathLike[str] | None = None) -> _Patterns:
     """FLAN's ``PATTERNS`` (v2 or 2021 file: ``{"patterns": {family: [[input, target], ...]}}``)."""
     file = Path(path) if path is not None else _default_flan_file()
-    try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError as e:
-        raise TemplateError(f"{file}: FLAN template file not found; pass templates_file=") from e
-    except json.JSONDecodeError as e:
-        raise TemplateError(f"{file}: not valid JSON ({e})") from e
+    data = read_template_file(file, json.loads, missing="FLAN template file not found; pass templates_file=",
+                              language="JSON", parse_error=json.JSONDecodeError)
     if not isinstance(data, dict) or not isinstance(data.get("patterns"), dict):
         raise TemplateError(f"{file}: no 'patterns' mapping; expected templates_flan_v2.json or "
                             "templates_flan2021_v1.json")
@@ -166,7 +163,7 @@ _WORD = re.compile(r"\w+")
 
 def _shared_eval_dir() -> Path:
     # the shared data folder sits beside the repository (../shared/data), as the FLAN templates do
-    return Path(__file__).resolve().parents[4] / "shared" / "data" / "eval"
+    return Path(__file__).resolve().parents[5] / "shared" / "data" / "eval"
 
 
 def default_eval_sets() -> list[Path]:
@@ -177,7 +174,7 @@ def default_eval_sets() -> list[Path]:
     ``./data/eval`` that exist. Fails closed: when none is found, raises `TaskDataError` saying how to point at
     them, never an empty exclusion.
     """
-    from ..scoring.multitask import default_gensets
+    from ...scoring.multitask import default_gensets
 
     env = os.environ.get(EVAL_DATA_ENV)
     if env:

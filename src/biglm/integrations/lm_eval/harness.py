@@ -13,8 +13,9 @@ Notable features
   per task with ``log_samples``.
 - `build_lm` builds the model once for several evaluations (the multitask suite runs MMLU zero- and
   few-shot on one load, then generates Genset with the same weights).
-- `run_suite` writes the suite's override YAMLs (`biglm.scoring.suite`) into a temporary folder, runs
-  them, and adds the paper table to the results dict as ``results["biglm_suite"]``.
+- `run_suite` writes the suite's override YAMLs (`write_suite_yamls`, for the suite `biglm.scoring.suite`
+  defines) into a temporary folder, runs them, and adds the paper table to the results dict as
+  ``results["biglm_suite"]``.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .suite import LOCAL_SUFFIX, default_data_dir, select_tasks, suite_table, write_suite_yamls
+from ...scoring.suite import LOCAL_SUFFIX, default_data_dir, select_tasks, suite_table
+from .yamls import write_suite_yamls
 
-__all__ = ["evaluate", "run_suite", "model_args_string", "build_lm"]
+__all__ = ["evaluate", "run_suite", "model_args_string", "build_lm", "setup_logging", "results_tables"]
 
 
 def model_args_string(model_args: str | dict[str, Any]) -> str:
@@ -43,7 +45,7 @@ def build_lm(*, model_args: str | dict[str, Any], batch_size: int | str | None =
     evaluations (and biglm's own generation, through its ``.model``/``.tokenizer``) share one load."""
     from lm_eval.api.registry import get_model
 
-    from . import lm_eval_adapter  # noqa: F401  registers "biglm"
+    from . import adapter  # noqa: F401  registers "biglm"
 
     extra = {k: v for k, v in (("batch_size", batch_size), ("device", device)) if v is not None}
     return get_model("biglm").create_from_arg_string(model_args_string(model_args), extra)
@@ -77,7 +79,7 @@ def evaluate(
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
-    from . import lm_eval_adapter  # noqa: F401  registers "biglm"
+    from . import adapter  # noqa: F401  registers "biglm"
 
     if (lm is None) == (model_args is None):
         raise ValueError("pass either model_args (lm-eval builds the model) or lm (a model from build_lm).")
@@ -109,15 +111,10 @@ def run_suite(
     *,
     data_dir: str | os.PathLike[str] | None = None,
     scorer: str | None = None,
-    limit: float | None = None,
-    num_fewshot: int | None = None,
-    batch_size: int | str | None = None,
-    device: str | None = None,
-    output_path: str | os.PathLike[str] | None = None,
-    log_samples: bool = False,
     model_args: dict[str, Any] | None = None,
     suite: str = "paper",
     only: str | list[str] | tuple[str, ...] | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """Run the paper's zero-shot suite on the local data in ``data_dir`` (default `default_data_dir`)
     and return lm-eval's results dict, plus ``results["biglm_suite"]``: the paper table's ``header``
@@ -125,7 +122,8 @@ def run_suite(
 
     ``model_args`` adds further adapter options (e.g. ``{"mc_samples": 16}``); ``scorer`` None keeps the
     adapter's default; ``only`` restricts the suite to some columns (e.g. ``["PIQA", "ARC-E"]``).
-    Columns without data are skipped with a line on stderr naming the file.
+    ``options`` are `evaluate`'s: ``limit``, ``num_fewshot``, ``batch_size``, ``device``, ``output_path``,
+    ``log_samples``. Columns without data are skipped with a line on stderr naming the file.
     """
     if not Path(pretrained).exists():
         raise FileNotFoundError(f"no model at {pretrained}: pass a directory written by `biglm export` or save_pretrained.")
@@ -136,9 +134,25 @@ def run_suite(
         for column, path in missing.items():
             print(f"biglm eval: skipping {column}: data file not found: {path}", file=sys.stderr)
         results = evaluate(model_args=args, tasks=[t.task + LOCAL_SUFFIX for t in tasks], include_path=tmp,
-                           limit=limit, num_fewshot=num_fewshot, batch_size=batch_size, device=device,
-                           output_path=output_path, log_samples=log_samples, include_defaults=False)
+                           include_defaults=False, **options)
     if results:
         header, row = suite_table(results, tasks=select_tasks(only))
         results["biglm_suite"] = {"header": header, "row": row, "missing": missing}
     return results
+
+
+def setup_logging() -> None:
+    """lm-eval's progress lines, as its own CLI shows them."""
+    from lm_eval.utils import setup_logging as lm_eval_setup_logging
+
+    lm_eval_setup_logging()
+
+
+def results_tables(results: dict[str, Any]) -> str:
+    """lm-eval's printed tables of a results dict: the tasks, then the groups when there are any."""
+    from lm_eval.utils import make_table
+
+    tables = [make_table(results)]
+    if "groups" in results:
+        tables.append(make_table(results, "groups"))
+    return "\n".join(tables)

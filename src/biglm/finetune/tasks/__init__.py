@@ -1,7 +1,13 @@
-"""The registry of fine-tuning tasks (`biglm tasks`): a name, its settings dataclass (given as
-``--task.FIELD value``), the loop settings the paper uses for it, and how to build the task. A task can
-also be a YAML file: ``kind:`` (a registry name or ``classification``), the task's settings, and an
-optional ``finetune:`` mapping of loop settings.
+"""The tasks wing: one module per task family, and the registry of fine-tuning tasks (`biglm tasks`).
+
+A registered task is a name, its settings dataclass (given as ``--task.FIELD value``), the loop settings
+the paper uses for it, and how to build the task. A task can also be a YAML file: ``kind:`` (a registry
+name or ``classification``), the task's settings, and an optional ``finetune:`` mapping of loop settings.
+
+Each family module (`classification`, `squad`, `retrieval`, `seq2seq`, `instruct`; `flan` is the FLAN
+template and mixture side of the instruct family) lists its recipes in ``RECIPES``; `FAMILIES` below names
+every family module, imported plainly, so a broken family is an import error, never a task that silently
+goes missing. Adding a task: a module here with its ``RECIPES`` and one line in `FAMILIES`.
 
 Choices the paper does not state, written down here: learning rates (2e-5, the BERT/RoBERTa fine-tuning
 default), warm-up 6% (RoBERTa), batch 32, linear decay to 0.
@@ -14,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import ConfigError, from_dict, load_yaml
-from .classification import BUILTIN_TEMPLATES, ClassificationSettings, ClassificationTask
+from ...config import ConfigError, from_dict, load_yaml
 
 
 @dataclass
@@ -30,42 +35,15 @@ class TaskRecipe:
     """FinetuneConfig fields this task changes (paper settings)"""
 
 
-def _mnli() -> ClassificationSettings:
-    return ClassificationSettings(
-        train="hf:nyu-mll/glue:mnli@train", validation="hf:nyu-mll/glue:mnli@validation_matched", template="mnli",
-        validation_name="MNLI-m",
-        notes=["MNLI-mm (validation_mismatched) is not evaluated: give --task.validation to another split file "
-               "to add it"])
-
-
-TASKS: dict[str, TaskRecipe] = {
-    "mnli": TaskRecipe("mnli", "MNLI by prompt: label word True/Neither/False at an answer slot; accuracy (MNLI-m)",
-                       _mnli, lambda s: ClassificationTask(s, name="mnli"), loop={"epochs": 5, "lr": 2e-5}),
-    "classification": TaskRecipe("classification", "any GLUE/SuperGLUE-style set by prompt: give --task.train, "
-                                 "--task.validation and --task.template", ClassificationSettings,
-                                 lambda s: ClassificationTask(s, name="classification"), loop={"epochs": 5}),
-}
+TASKS: dict[str, TaskRecipe] = {}
 
 
 def register(recipe: TaskRecipe) -> None:
-    """Add a task to the registry (tasks in other modules register themselves on import)."""
+    """Add a task to the registry (the families' ``RECIPES`` are registered when this package is imported)."""
     TASKS[recipe.name] = recipe
 
 
-def _load_optional() -> None:
-    """Tasks whose modules need optional pieces register when importable."""
-    import importlib
-
-    for module in ("biglm.finetune.squad_task", "biglm.finetune.retrieval", "biglm.finetune.seq2seq",
-                   "biglm.finetune.instruct"):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            pass
-
-
 def get_task_recipe(name: str) -> TaskRecipe:
-    _load_optional()
     if name not in TASKS:
         close = difflib.get_close_matches(name, list(TASKS), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -91,3 +69,19 @@ def load_task_file(path: str | Path) -> tuple[TaskRecipe, Any, dict[str, Any]]:
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     return recipe, settings, loop
+
+
+# The families, in the order `biglm tasks` lists them. Imported after TaskRecipe is defined: each family
+# module builds its RECIPES with it.
+from . import classification, instruct, retrieval, seq2seq, squad  # noqa: E402
+
+FAMILIES = (classification, squad, retrieval, seq2seq, instruct)
+
+for _family in FAMILIES:
+    for _recipe in _family.RECIPES:
+        register(_recipe)
+del _family, _recipe
+
+from .classification import BUILTIN_TEMPLATES  # noqa: E402
+
+__all__ = ["FAMILIES", "TASKS", "TaskRecipe", "get_task_recipe", "load_task_file", "register"]

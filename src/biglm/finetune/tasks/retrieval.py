@@ -1,152 +1,140 @@
-"""Retrieval embeddings (DESIGN §9; BEIR, nDCG@10): a BiGLM bi-encoder trained contrastively.
+"""Retrieval embeddings (BEIR, nDCG@10): a BiGLM bi-encoder trained contrastively, the `beir-scifact` and
+`retrieval` tasks.
 
-A text's embedding is the mean of the encoder's last hidden states over its real tokens under full
-bidirectional attention (no prefix), L2-normalised, so a dot product is a cosine. Training is InfoNCE
-over query -> document pairs with the other documents of the batch as negatives (and, optionally, one
-mined hard negative per pair); evaluation encodes the corpus and the judged queries, ranks by dot
-product and scores the top 100 with ``ir-measures`` (`biglm.finetune.metrics.retrieval_scores`).
+The model is `biglm.model.biencoder.BiGLMBiEncoder` (mean of the last hidden states over real tokens,
+L2-normalised, so a dot product is a cosine). Training is InfoNCE over query -> document pairs with the
+other documents of the batch as negatives (and, optionally, one mined hard negative per pair); evaluation
+encodes the corpus and the judged queries, ranks by dot product and scores the top 100 with ``ir-measures``
+(`biglm.scoring.metrics.retrieval_scores`).
 
 Notable features
-- `BiGLMBiEncoder.encode` batches by length: texts are sorted by token count, each batch is padded
-  to its own longest text and the rows go back to their original order. SciFact's documents range
-  from ~10 to ~1,000 words, so padding every batch to the longest text would waste most of the work.
-- One forward for queries and documents (`BiGLMBiEncoder.forward` takes both, as CLIP's does), so
-  DDP and FSDP see one forward per backward; each side is padded to its own length.
+- Data (`load_beir`): GenericDataLoader's layout (``corpus.jsonl`` ``_id/title/text``, ``queries.jsonl``
+  ``_id/text``, ``qrels/{split}.tsv`` with header ``query-id corpus-id score``), ids read as strings
+  (SciFact's are numeric), queries restricted to those the split judges (as BEIR: 300 of SciFact's 1,109
+  for test); qrels naming unknown ids are refused, naming the file and the fix.
 - False negatives are masked: a batch's document that is also judged relevant to a query (248 of
   SciFact's training documents are cited by several queries) is not scored as that query's negative.
-- Export is a sentence-transformers directory written by sentence-transformers' own ``save``
-  (Transformer -> Pooling(mean) -> Normalize), loadable with ``SentenceTransformer(path)`` after
-  ``import biglm`` (which registers BiGLM with ``AutoConfig``/``AutoModel``) and so by ``mteb``.
-  The same directory loads with `BiGLMBiEncoder.from_pretrained`. Texts are tokenised exactly as
-  sentence-transformers does (the tokenizer's ``<s> ... </s>``, truncated to ``max_length``).
+- Export is a sentence-transformers directory (Transformer -> Pooling(mean) -> Normalize) written by
+  sentence-transformers' own ``save`` (`biglm.integrations.sentence_transformers`, reached through
+  ``biglm.adapter``: the task needs no import of the integrations room), loadable with
+  ``SentenceTransformer(path)`` after ``import biglm`` and so by ``mteb``. The same directory loads with
+  `BiGLMBiEncoder.from_pretrained`. Texts are tokenised exactly as sentence-transformers does (the
+  tokenizer's ``<s> ... </s>``, truncated to ``max_length``).
 - Scores are in percent (like the other tasks' accuracy/EM/F1); BEIR tables print fractions.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
+import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
-from transformers.utils import ModelOutput
 
-from ..config import ConfigError
-from ..model import BiGLMModel
-from .data import BeirData, TaskDataError, load_beir
-from .metrics import retrieval_scores
+from ...config import ConfigError
+from ...data.tables import TaskDataError, load_table, preview
+from ...model.biencoder import BiGLMBiEncoder, mean_pool, pad_batch
+from ...scoring.metrics import retrieval_scores
+from ..task import TASK_FILE
+from . import TaskRecipe
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "BiEncoderOutput", "BiGLMBiEncoder", "RetrievalSettings", "RetrievalTask", "doc_text", "export_sentence_transformer",
-    "info_nce", "mean_pool", "pad_batch",
+    "BeirData", "BiGLMBiEncoder", "RetrievalSettings", "RetrievalTask", "doc_text", "info_nce", "load_beir",
+    "mean_pool", "pad_batch",
 ]
 
-TASK_FILE = "biglm_task.json"  # written beside the exported model: the task's settings
 TOP_K = 100  # documents kept per query: enough for recall@100, and nDCG@10 only reads the first 10
 
 
-# ---------------------------------------------------------------- the model
+# ---------------------------------------------------------------- data (BEIR)
 
 
-def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, L, h) hidden states -> (B, h) fp32 mean over real tokens, L2-normalised.
+@dataclasses.dataclass(frozen=True)
+class BeirData:
+    """BEIR's (corpus, queries, qrels) for one split, as GenericDataLoader returns them."""
 
-    The same arithmetic as sentence-transformers' ``Pooling(mean)`` then ``Normalize``, so the exported
-    model gives the same vectors.
-    """
-    mask = attention_mask.unsqueeze(-1).to(torch.float32)  # (B, L, 1)
-    summed = (hidden.float() * mask).sum(dim=1)
-    mean = summed / mask.sum(dim=1).clamp(min=1e-9)
-    return F.normalize(mean, p=2, dim=-1)
-
-
-@dataclass
-class BiEncoderOutput(ModelOutput):
-    embeddings: torch.Tensor | None = None
-    """(B, h) normalised embeddings of ``input_ids``"""
-    doc_embeddings: torch.Tensor | None = None
-    """(D, h) normalised embeddings of ``doc_input_ids``, when given"""
+    corpus: dict[str, dict[str, str]]
+    """doc id -> {"title", "text"}"""
+    queries: dict[str, str]
+    """query id -> text, only the queries the split judges"""
+    qrels: dict[str, dict[str, int]]
+    """query id -> doc id -> relevance grade"""
+    split: str
+    folder: str
 
 
-class BiGLMBiEncoder(nn.Module):
-    """A `BiGLMModel` (``.model``, so `parallelize` finds its blocks) read out as one vector per text."""
-
-    def __init__(self, encoder: BiGLMModel, tokenizer: Any = None) -> None:
-        super().__init__()
-        self.model = encoder
-        self.tokenizer = tokenizer  # for `encode`; not a module, not in the state dict
-
-    @property
-    def config(self):
-        return self.model.config
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> BiGLMBiEncoder:
-        """Load an exported bi-encoder (or any BiGLM directory: a masked-LM's encoder is taken) and its tokenizer."""
-        from transformers import AutoTokenizer
-
-        return cls(BiGLMModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)).eval()
-
-    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(B, L) padded ids -> (B, h) fp32 normalised embeddings (full attention, padding masked out)."""
-        hidden = self.model(input_ids, attention_mask=attention_mask).last_hidden_state
-        return mean_pool(hidden, attention_mask)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                doc_input_ids: torch.Tensor | None = None, doc_attention_mask: torch.Tensor | None = None,
-                ) -> BiEncoderOutput:
-        """Embeddings of a batch of texts and, in the same call, of a second batch (the documents)."""
-        docs = None if doc_input_ids is None else self.embed(doc_input_ids, doc_attention_mask)
-        return BiEncoderOutput(embeddings=self.embed(input_ids, attention_mask), doc_embeddings=docs)
-
-    @torch.no_grad()
-    def encode(self, texts: Sequence[str], *, batch_size: int = 32, max_length: int = 256,
-               tokenizer: Any = None) -> torch.Tensor:
-        """(N, h) fp32 CPU embeddings of ``texts`` in their order, batched by length.
-
-        Each text is tokenised as sentence-transformers does (``<s> ... </s>``, cut to ``max_length``
-        tokens); batches of ``batch_size`` texts of similar length are padded to their own longest.
-        The model runs in eval mode (restored afterwards) on the device its weights are on.
-        """
-        tok = tokenizer if tokenizer is not None else self.tokenizer
-        if tok is None:
-            raise ValueError("no tokenizer: pass tokenizer= or build the BiGLMBiEncoder with one")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if not texts:
-            return torch.empty(0, self.config.hidden_size)
-        device = self.model.embed_tokens.weight.device
-        ids = tok(list(texts), truncation=True, max_length=max_length)["input_ids"]
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first: a too-large batch fails at once
-        out = torch.empty(len(ids), self.config.hidden_size, dtype=torch.float32)
-        was_training = self.training
-        self.eval()
-        try:
-            for start in range(0, len(order), batch_size):
-                rows = order[start:start + batch_size]
-                input_ids, mask = pad_batch([ids[i] for i in rows], pad_id=tok.pad_token_id)
-                out[rows] = self.embed(input_ids.to(device), mask.to(device)).cpu()
-        finally:
-            self.train(was_training)
-        return out
+def _read_id_text(path: Path, *, with_title: bool) -> dict[str, dict[str, str]]:
+    ds = load_table(path)
+    need = ["_id", "text"]
+    missing = [f for f in need if f not in ds.column_names]
+    if missing:
+        raise TaskDataError(f"{path}: rows have no field(s) {missing} (columns: {ds.column_names}); BEIR rows are "
+                            '{"_id": ..., "text": ...}' + (', "title" optional' if with_title else ""))
+    ids = [str(x) for x in ds["_id"]]
+    texts = ds["text"]
+    titles = ds["title"] if with_title and "title" in ds.column_names else [""] * len(ids)
+    nulls = [ids[i] for i, t in enumerate(texts) if t is None]
+    if nulls:
+        raise TaskDataError(f"{path}: field 'text' is null for {len(nulls)} id(s) ({preview(nulls)}); "
+                            "give every row a text")
+    dupes = [i for i, n in Counter(ids).items() if n > 1]
+    if dupes:
+        raise TaskDataError(f"{path}: {len(dupes)} _id(s) occur more than once ({preview(dupes)}); ids must be unique")
+    return {i: {"title": ti or "", "text": te} for i, ti, te in zip(ids, titles, texts)}
 
 
-def pad_batch(seqs: Sequence[Sequence[int]], *, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token lists to the longest: (ids, attention_mask), both (B, L) long."""
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), L), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[i, :len(s)] = 1
-    return ids, mask
+def load_beir(folder: str | os.PathLike[str], *, split: str = "test") -> BeirData:
+    """Read a BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/{split}.tsv) and check its qrels."""
+    import datasets
+
+    root = Path(folder)
+    paths = {"corpus": root / "corpus.jsonl", "queries": root / "queries.jsonl", "qrels": root / "qrels" / f"{split}.tsv"}
+    absent = [str(p) for p in paths.values() if not p.is_file()]
+    if absent:
+        raise TaskDataError(f"{root}: not a BEIR folder, missing {absent}; expected corpus.jsonl, queries.jsonl "
+                            f"and qrels/{split}.tsv")
+    with paths["qrels"].open() as f:
+        header = f.readline().rstrip("\n").split("\t")
+    if header != ["query-id", "corpus-id", "score"]:
+        raise TaskDataError(f"{paths['qrels']}: the first line is {header}, expected the header "
+                            "'query-id<TAB>corpus-id<TAB>score' (BEIR skips the first line, so a headerless "
+                            "file would lose a judgement): add the header")
+    corpus = _read_id_text(paths["corpus"], with_title=True)
+    all_queries = {k: v["text"] for k, v in _read_id_text(paths["queries"], with_title=False).items()}
+    features = datasets.Features({"query-id": datasets.Value("string"), "corpus-id": datasets.Value("string"),
+                                  "score": datasets.Value("int64")})
+    qrels_ds = load_table(paths["qrels"], features=features)
+    qrels: dict[str, dict[str, int]] = {}
+    for q, d, s in zip(qrels_ds["query-id"], qrels_ds["corpus-id"], qrels_ds["score"]):
+        if q is None or d is None or s is None:
+            raise TaskDataError(f"{paths['qrels']}: a row has an empty query-id, corpus-id or score; every row "
+                                "needs all three")
+        qrels.setdefault(q, {})[d] = int(s)
+    if not qrels:
+        raise TaskDataError(f"{paths['qrels']}: holds no judgements")
+    unknown_docs = sorted({d for docs in qrels.values() for d in docs if d not in corpus})
+    if unknown_docs:
+        raise TaskDataError(f"{paths['qrels']}: {len(unknown_docs)} corpus-id(s) are not in {paths['corpus']} "
+                            f"({preview(unknown_docs)}); qrels and corpus come from different versions: "
+                            "use the corpus the qrels were made for")
+    unknown_queries = sorted(q for q in qrels if q not in all_queries)
+    if unknown_queries:
+        raise TaskDataError(f"{paths['qrels']}: {len(unknown_queries)} query-id(s) are not in {paths['queries']} "
+                            f"({preview(unknown_queries)}); use the queries file the qrels were made for")
+    queries = {q: all_queries[q] for q in qrels}
+    return BeirData(corpus=corpus, queries=queries, qrels=qrels, split=split, folder=str(root))
+
+
+# ---------------------------------------------------------------- the loss
 
 
 def info_nce(queries: torch.Tensor, docs: torch.Tensor, *, temperature: float,
@@ -163,39 +151,6 @@ def info_nce(queries: torch.Tensor, docs: torch.Tensor, *, temperature: float,
             logits = logits.masked_fill(exclude, float("-inf"))
         target = torch.arange(queries.shape[0], device=queries.device)
         return F.cross_entropy(logits, target, reduction="sum")
-
-
-def export_sentence_transformer(encoder: BiGLMModel, tokenizer: Any, out_dir: str | Path, *,
-                                max_length: int) -> Path:
-    """Write ``out_dir`` as a sentence-transformers model: Transformer (BiGLM) -> Pooling(mean) -> Normalize.
-
-    The encoder and tokenizer are saved with ``save_pretrained``, loaded back through
-    sentence-transformers' ``Transformer`` module (``AutoModel``, hence BiGLM's registration) and the
-    pipeline saved by ``SentenceTransformer.save`` (modules.json, sentence_bert_config.json, 1_Pooling/,
-    2_Normalize/). The saved config names the ``sdpa`` attention backend, which runs anywhere.
-    """
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError as e:  # pragma: no cover - part of the finetune extra
-        raise ImportError("exporting a retrieval model needs sentence-transformers: pip install 'biglm[finetune]'") from e
-    try:  # sentence-transformers >= 6
-        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-    except ImportError:  # 3.x-5.x
-        from sentence_transformers.models import Normalize, Pooling, Transformer
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    backend = encoder.config.attn_backend
-    encoder.config.attn_backend = "sdpa"  # flex needs torch.compile to be fast; eager is slow
-    try:
-        encoder.save_pretrained(out)
-    finally:
-        encoder.config.attn_backend = backend
-    tokenizer.save_pretrained(out)
-    transformer = Transformer(str(out), max_seq_length=max_length)
-    modules = [transformer, Pooling(encoder.config.hidden_size, pooling_mode="mean"), Normalize()]
-    SentenceTransformer(modules=modules, device="cpu", similarity_fn_name="cosine").save(str(out))
-    return out
 
 
 # ---------------------------------------------------------------- the task
@@ -389,12 +344,14 @@ class RetrievalTask:
 
     # ------------------------------------------------------------------ output
     def export(self, model: torch.nn.Module, tokenizer: Any, out_dir: Path) -> None:
+        from ... import adapter  # the sentence-transformers writer is a third-party adapter (biglm.integrations)
+
         encoder = model.model if isinstance(model, BiGLMBiEncoder) else model
-        export_sentence_transformer(encoder, tokenizer, out_dir, max_length=self.settings.max_length)
+        adapter("sentence-transformers-export")(encoder, tokenizer, out_dir, max_length=self.settings.max_length)
         (Path(out_dir) / TASK_FILE).write_text(json.dumps(self.describe(), indent=2))
 
     def describe(self) -> dict[str, Any]:
-        from ..config import to_dict
+        from ...config import to_dict
 
         s = self.settings
         info: dict[str, Any] = {"task": self.name, "kind": "retrieval", "settings": to_dict(s),
@@ -421,22 +378,17 @@ def doc_text(doc: dict[str, str]) -> str:
 # ---------------------------------------------------------------- registry (`biglm tasks`)
 
 
-def _register() -> None:
-    from .tasks import TaskRecipe, register
+# Written-down choices (the paper gives none for retrieval): 10 epochs of SciFact's 919 training pairs;
+# one micro-batch per step, so all 64 documents of a step are negatives of each query (negatives never
+# cross micro-batches or ranks); lr 2e-5 as the other tasks.
+_LOOP = {"epochs": 10, "global_batch": 64, "micro_batch": 64, "lr": 2e-5}
 
-    # Written-down choices (the paper gives none for retrieval): 10 epochs of SciFact's 919 training pairs;
-    # one micro-batch per step, so all 64 documents of a step are negatives of each query (negatives never
-    # cross micro-batches or ranks); lr 2e-5 as the other tasks.
-    loop = {"epochs": 10, "global_batch": 64, "micro_batch": 64, "lr": 2e-5}
-    register(TaskRecipe(
-        "beir-scifact", "BEIR SciFact retrieval: bi-encoder (mean pooling, normalised), InfoNCE with in-batch "
-        "negatives on the train qrels; nDCG@10 and recall@100 on the test qrels; exported as a sentence-transformers "
-        "model. Give --task.data DIR (e.g. ../shared/data/finetune/beir_scifact)",
-        lambda: RetrievalSettings(max_length=256), lambda s: RetrievalTask(s, name="beir-scifact"), loop=loop))
-    register(TaskRecipe(
-        "retrieval", "any BEIR-layout dataset (corpus.jsonl, queries.jsonl, qrels/): give --task.data and the "
-        "--task.train_split/--task.eval_split qrels names", RetrievalSettings,
-        lambda s: RetrievalTask(s, name="retrieval"), loop=loop))
-
-
-_register()
+RECIPES = (
+    TaskRecipe("beir-scifact", "BEIR SciFact retrieval: bi-encoder (mean pooling, normalised), InfoNCE with in-batch "
+               "negatives on the train qrels; nDCG@10 and recall@100 on the test qrels; exported as a "
+               "sentence-transformers model. Give --task.data DIR (e.g. ../shared/data/finetune/beir_scifact)",
+               lambda: RetrievalSettings(max_length=256), lambda s: RetrievalTask(s, name="beir-scifact"), loop=_LOOP),
+    TaskRecipe("retrieval", "any BEIR-layout dataset (corpus.jsonl, queries.jsonl, qrels/): give --task.data and the "
+               "--task.train_split/--task.eval_split qrels names", RetrievalSettings,
+               lambda s: RetrievalTask(s, name="retrieval"), loop=_LOOP),
+)

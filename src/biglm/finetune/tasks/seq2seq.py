@@ -1,4 +1,4 @@
-"""CMLM seq2seq fine-tuning (paper §4.1, Table 3 XSUM/MSQG; DESIGN §9): the tasks `xsum`, `squad-qg`, `seq2seq`.
+"""CMLM seq2seq fine-tuning (paper §4.1, Table 3 XSUM/MSQG): the tasks `xsum`, `squad-qg`, `seq2seq`.
 
 The source is the BiGLM prefix (never masked); the target is the suffix, with a uniform share of it
 masked (β ~ U(0,1), max(1, round(β·n)) of its n tokens, CMLM's rule). The model is
@@ -24,7 +24,7 @@ Notable features
   them with a counted message. Validation targets are never cut or dropped (only their text is scored).
 - Masks use torch's global RNG, which the loop's checkpoints save and restore, so a killed run resumes
   with the exact masks of the uninterrupted one (tested).
-- Metrics from their libraries (`biglm.finetune.genmetrics`): ROUGE-1/2/L (rouge-score, stemming);
+- Metrics from their libraries (`biglm.scoring.metrics`): ROUGE-1/2/L (rouge-score, stemming);
   BLEU-4 (sacrebleu, 13a tokenisation, lower-cased for the lower-cased SQuAD-QG), METEOR (nltk with
   WordNet: checked when the task is built; ``meteor: false`` leaves it out) and ROUGE-L for questions.
   ``length_accuracy`` is the share of sources whose top-1 predicted length equals the target's.
@@ -34,7 +34,6 @@ Notable features
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
@@ -44,18 +43,20 @@ from typing import Any, Literal, Sequence
 
 import torch
 
-from ..config import ConfigError, to_dict
-from ..model import BiGLMForMaskedLM
-from ..model.seq2seq import BiGLMForConditionalGeneration, length_loss
-from ..objective import MaskPattern, apply_masks, masked_lm_loss
-from .data import TaskDataError, load_table
-from .templates import TemplateError
+from ...config import ConfigError, to_dict
+from ...data.tables import TaskDataError, load_table
+from ...model import BiGLMForMaskedLM
+from ...model.seq2seq import BiGLMForConditionalGeneration, length_loss
+from ...objective import MaskPattern, apply_masks, masked_lm_loss
+from ...scoring import metrics
+from ..task import save_task_export
+from ..templates import TemplateError
+from . import TaskRecipe
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Seq2SeqSettings", "Seq2SeqTask", "decode_with_length_head", "render_rows"]
 
-TASK_FILE = "biglm_task.json"
 PARAMS_KEY = "seq2seq"  # config.task_specific_params key: templates and decoding settings of an exported model
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SHOW = 5
@@ -162,7 +163,7 @@ def decode_with_length_head(model: BiGLMForConditionalGeneration, prompts: Seque
     the highest mean log-probability is kept (`biglm.generation.generate_ids` with a (B, beam) length table).
     Prompts go ``batch_size`` at a time, left-padded.
     """
-    from ..generation import DecodingConfig, generate_ids, left_pad
+    from ...generation import DecodingConfig, generate_ids, left_pad
 
     device = next(model.parameters()).device
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
@@ -204,7 +205,7 @@ class Seq2SeqTask:
             if getattr(s, key) is not None and getattr(s, key) < 1:
                 raise ConfigError(f"--task.{key} must be at least 1 (or unset), got {getattr(s, key)}")
         if s.metrics == "qg" and s.meteor:
-            from .genmetrics import load_wordnet
+            from ...scoring.metrics import load_wordnet
 
             try:
                 load_wordnet()
@@ -378,15 +379,13 @@ class Seq2SeqTask:
         return [t.strip() for t in texts], top1
 
     def score(self, predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-        from . import genmetrics
-
         s = self.settings
         if s.metrics == "rouge":
-            return genmetrics.rouge(predictions=predictions, references=references)
-        out = {"bleu4": genmetrics.bleu(predictions=predictions, references=references, lowercase=s.bleu_lowercase)}
+            return metrics.rouge(predictions=predictions, references=references)
+        out = {"bleu4": metrics.bleu(predictions=predictions, references=references, lowercase=s.bleu_lowercase)}
         if s.meteor:
-            out["meteor"] = genmetrics.meteor(predictions=predictions, references=references)
-        out["rougeL"] = genmetrics.rouge(predictions=predictions, references=references)["rougeL"]
+            out["meteor"] = metrics.meteor(predictions=predictions, references=references)
+        out["rougeL"] = metrics.rouge(predictions=predictions, references=references)["rougeL"]
         return out
 
     @torch.no_grad()
@@ -406,13 +405,8 @@ class Seq2SeqTask:
                 "length_beam": s.length_beam, "steps": s.decode_steps}
 
     def export(self, model: torch.nn.Module, tokenizer: Any, out_dir: Path) -> None:
-        out_dir = Path(out_dir)
-        params = dict(getattr(model.config, "task_specific_params", None) or {})
-        params[PARAMS_KEY] = self.decoding_params()
-        model.config.task_specific_params = params
-        model.save_pretrained(out_dir)
-        tokenizer.save_pretrained(out_dir)
-        (out_dir / TASK_FILE).write_text(json.dumps(self.describe(), indent=2))
+        save_task_export(model, tokenizer, out_dir, record=self.describe(), params_key=PARAMS_KEY,
+                         params=self.decoding_params())
 
     def describe(self) -> dict[str, Any]:
         notes = []
@@ -442,19 +436,16 @@ def _squad_qg() -> Seq2SeqSettings:
                            max_source_length=256, max_target_length=64, metrics="qg", bleu_lowercase=True)
 
 
-def _register() -> None:
-    from .tasks import TaskRecipe, register
+# paper: 50 epochs for XSUM and MSQG; lr not stated: 5e-5 written down here (5e-5 is also its FLAN lr)
+_LOOP = {"epochs": 50, "lr": 5e-5}
 
-    # paper: 50 epochs for XSUM and MSQG; lr not stated: 5e-5 written down here (5e-5 is also its FLAN lr)
-    loop = {"epochs": 50, "lr": 5e-5}
-    register(TaskRecipe("xsum", "XSum summarisation, CMLM: document = prefix, masked summary = suffix, length head; "
-                        "ROUGE-1/2/L (best epoch by ROUGE-L)", _xsum, lambda s: Seq2SeqTask(s, name="xsum"), loop=loop))
-    register(TaskRecipe("squad-qg", "SQuAD question generation (Du et al. split, stand-in for MSQG), CMLM; BLEU-4, "
-                        "METEOR, ROUGE-L (best epoch by BLEU-4)", _squad_qg, lambda s: Seq2SeqTask(s, name="squad-qg"),
-                        loop=loop))
-    register(TaskRecipe("seq2seq", "any source -> target set, CMLM: give --task.train, --task.validation (or "
-                        "--task.validation_fraction), --task.source_template, --task.target_template",
-                        Seq2SeqSettings, lambda s: Seq2SeqTask(s, name="seq2seq"), loop=loop))
-
-
-_register()
+RECIPES = (
+    TaskRecipe("xsum", "XSum summarisation, CMLM: document = prefix, masked summary = suffix, length head; "
+               "ROUGE-1/2/L (best epoch by ROUGE-L)", _xsum, lambda s: Seq2SeqTask(s, name="xsum"), loop=_LOOP),
+    TaskRecipe("squad-qg", "SQuAD question generation (Du et al. split, stand-in for MSQG), CMLM; BLEU-4, "
+               "METEOR, ROUGE-L (best epoch by BLEU-4)", _squad_qg, lambda s: Seq2SeqTask(s, name="squad-qg"),
+               loop=_LOOP),
+    TaskRecipe("seq2seq", "any source -> target set, CMLM: give --task.train, --task.validation (or "
+               "--task.validation_fraction), --task.source_template, --task.target_template",
+               Seq2SeqSettings, lambda s: Seq2SeqTask(s, name="seq2seq"), loop=_LOOP),
+)
