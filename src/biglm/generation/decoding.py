@@ -16,7 +16,11 @@ Notable features
   or the block and the masks after it (``"rest"``). With ``block_cache="exact"`` (default) the
   grown prefix is re-encoded as one BiGLM prefix, the training condition with the split at the
   block, so the cache is exact (tested against recomputing prompt + blocks every call);
-  ``"append"`` encodes only the new block, which the earlier prefix never sees (cheaper, approximate).
+  ``"append"`` encodes only the new block, which the earlier prefix never sees (cheaper, approximate), and
+  its pass folds into the next block's first step.
+- One set-up (`Decode`): candidate lengths, the seeded sampler, the prompt encoded into the cache, finished
+  blocks joining it (the append fold included) and the work accounting exist once; `generate_ids` drives one
+  `Decode` over a batch, the server's `engine.DecodeEngine` one per request inside merged model calls.
 - Batches of prompts of different lengths are left-padded to a common length P (RoPE is
   relative, so the padding needs no position shift); every answer starts at P.
 - Length beam: several candidate lengths per prompt decoded side by side as extra rows (shorter
@@ -345,8 +349,8 @@ class DecodeRun:
     the model: ``pending`` is the next `Query` (answer it with `advance(logits)`) or `Commit` (extend
     the cache, then `advance()`), or None when done; `output` then picks each prompt's candidate.
 
-    `generate_ids` drives one run over a whole batch; `engine.DecodeEngine` drives one per request and
-    merges their queries into one model call. A run samples with its own ``generator``, so its tokens do
+    `Decode` wires a run to a model (its cache); `generate_ids` drives one over a whole batch, and
+    `engine.DecodeEngine` one per request, merging their queries into one model call. A run samples with its own ``generator``, so its tokens do
     not depend on what else shares the model call."""
 
     def __init__(self, model_config, *, config: DecodingConfig, cand_len: torch.Tensor,
