@@ -52,7 +52,8 @@ def main() -> None:
 
     from biglm import BiGLMConfig, BiGLMModel
     from biglm.data import train_tokenizer
-    from biglm.finetune.retrieval import BiGLMBiEncoder, doc_text
+    from biglm.finetune.tasks.retrieval import doc_text
+    from biglm.model.biencoder import BiGLMBiEncoder
 
     rows = [json.loads(line) for line in Path(args.corpus).read_text().splitlines() if line.strip()]
     texts = [doc_text(r) for r in (rows[:args.docs] if args.docs else rows)]

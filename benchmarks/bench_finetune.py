@@ -46,7 +46,7 @@ def main() -> None:
 
     from biglm import BiGLMConfig, BiGLMForMaskedLM
     from biglm.data import train_tokenizer
-    from biglm.finetune.classification import ClassificationSettings, ClassificationTask
+    from biglm.finetune.tasks.classification import ClassificationSettings, ClassificationTask
     from biglm.finetune.config import FinetuneConfig
     from biglm.finetune.loop import FineTuner
     from biglm.training.distributed import DistInfo

@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from biglm.scoring.lm_eval_adapter import BiGLMLM
+    from biglm.integrations.lm_eval.adapter import BiGLMLM
 
     reqs, questions = _requests(args.questions)
     n_tokens = None

@@ -33,7 +33,7 @@ Quality (``--mode quality --model DIR``): a fine-tuned seq2seq export (``biglm f
   them (the start, then the template's text after its last field), at most ``max_source_length`` tokens.
 - For each T in ``--steps`` (4 10 16): the length-beam decode (beam ``--beam``, from the length head) of all K
   sources, at each ``--batch`` size (1: one source at a time, the f418a9e library loop; 32: left-padded
-  batches with a (B, beam) length table); ROUGE-1/2/L (`biglm.finetune.genmetrics.rouge`) against the
+  batches with a (B, beam) length table); ROUGE-1/2/L (`biglm.scoring.metrics.rouge`) against the
   references, seconds per source, mean answer length, and the share of answers equal to the batch-1 answers.
 - A model-free row for scale: LEAD-1, the first sentence of the source's first field (XSum's LEAD baseline; for
   one-sentence sources such as SQuAD-QG's, copying the source).
@@ -60,7 +60,7 @@ from pathlib import Path
 import torch
 
 from biglm import BiGLMConfig
-from biglm.finetune.seq2seq import cut_source, render_rows, template_tail
+from biglm.finetune.tasks.seq2seq import cut_source, render_rows, template_tail
 from biglm.generation import DecodingConfig, generate_ids, left_pad
 from biglm.model import count_parameters
 from biglm.model.seq2seq import BiGLMForConditionalGeneration
@@ -271,7 +271,7 @@ def _sources(args: argparse.Namespace, tokenizer, task: dict) -> tuple[list[list
 
 def quality(args: argparse.Namespace) -> dict:
     from biglm.checkpoint import load_model
-    from biglm.finetune.genmetrics import rouge
+    from biglm.scoring.metrics import rouge
 
     model, tokenizer = load_model(args.model)
     if not isinstance(model, BiGLMForConditionalGeneration):

@@ -27,7 +27,7 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 python -m pip install -q -e ".[all]"
 
-# WordNet for METEOR (biglm.finetune.genmetrics): Debian's wordnet-base + wordnet-sense-index (WNdb 3.0 in
+# WordNet for METEOR (biglm.scoring.metrics): Debian's wordnet-base + wordnet-sense-index (WNdb 3.0 in
 # /usr/share/wordnet), laid out as nltk's corpus ($VENV/nltk_data/corpora/wordnet, on nltk's default
 # path). nltk's downloader needs GitHub, so it is not used. Debian omits `lexnames` (the fixed
 # table of WordNet 3.0's 45 lexicographer files, lexnames(5WN)), which nltk's reader needs: written here.

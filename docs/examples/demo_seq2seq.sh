@@ -61,7 +61,7 @@ python - "$D/xsum/test.subset1000.jsonl" "$W/xsum_heldout.jsonl" <<'PY'
 import json, random, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 order = list(range(len(rows)))
-random.Random(0).shuffle(order)  # biglm.finetune.seq2seq's held-out split
+random.Random(0).shuffle(order)  # biglm.finetune.tasks.seq2seq's held-out split
 held = set(order[:round(0.1 * len(rows))])
 with open(sys.argv[2], "w") as f:
     f.writelines(json.dumps(r) + "\n" for i, r in enumerate(rows) if i in held)
