@@ -39,7 +39,7 @@ wait
 # the paper's 5 epochs and linear decay, best epoch on the held-in 5%.
 OMP_NUM_THREADS=2 biglm finetune flan --model $W/pretrain --task.mixture docs/examples/flan_demo_mix.yaml \
     --task.max_source_length 192 --task.max_target_length 48 --task.long_targets drop --epochs 5 $FT --out_dir $W/ft-flan
-# DESIGN §10's compared alternative: the same tuning with the length head instead of EOS padding (Genset only).
+# The compared alternative of instruction tuning: the same tuning with the length head instead of EOS padding (Genset only).
 OMP_NUM_THREADS=1 biglm finetune flan --model $W/pretrain --task.mixture docs/examples/flan_demo_mix.yaml \
     --task.max_source_length 192 --task.max_target_length 48 --task.long_targets drop --task.length_mode head \
     --epochs 5 $FT --out_dir $W/ft-flan-head

@@ -117,8 +117,11 @@ class SquadResult:
     """Official SQuAD v1.1 scores in percent, over ``total`` questions."""
 
     exact_match: float
+    """EM: the share of questions whose normalised prediction equals a gold answer, in percent"""
     f1: float
+    """the mean over questions of the best token-overlap F1 against the gold answers, in percent"""
     total: int
+    """questions scored: every reference, answered or not"""
     unanswered: int
     """Questions with no prediction; each scored 0 and counted in ``total``."""
 
