@@ -129,26 +129,19 @@ class BiGLMForConditionalGeneration(BiGLMForMaskedLM):
         return super().encode_prefix(input_ids, attention_mask, past=past, position_ids=position_ids)
 
     # ------------------------------------------------------------------ training forward
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        prefix_len: torch.Tensor | int | None = None,
-        labels: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        doc_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        prefix_cache: PrefixCache | None = None,
-        num_items_in_batch: torch.Tensor | int | None = None,
-        logits_positions: torch.Tensor | None = None,
-        return_length_logits: bool = False,
-        **kwargs,
-    ):
+    def forward(self, input_ids: torch.Tensor, prefix_len: torch.Tensor | int | None = None, *args,
+                return_length_logits: bool = False, **kwargs):
         """As `BiGLMForMaskedLM.forward`; with ``return_length_logits`` (needs ``prefix_len``, no cache) the output
         is a `Seq2SeqLMOutput` that also holds the length logits of each row's prefix."""
         if not return_length_logits:
-            return super().forward(input_ids, prefix_len=prefix_len, labels=labels, attention_mask=attention_mask,
-                                   doc_ids=doc_ids, position_ids=position_ids, prefix_cache=prefix_cache,
-                                   num_items_in_batch=num_items_in_batch, logits_positions=logits_positions, **kwargs)
+            return super().forward(input_ids, prefix_len, *args, **kwargs)
+        if args:
+            raise TypeError("return_length_logits=True takes the other arguments by name")
+        attention_mask, prefix_cache = kwargs.pop("attention_mask", None), kwargs.pop("prefix_cache", None)
+        doc_ids, position_ids = kwargs.pop("doc_ids", None), kwargs.pop("position_ids", None)
+        logits_positions = kwargs.pop("logits_positions", None)
+        if kwargs.pop("labels", None) is not None or kwargs.pop("num_items_in_batch", None) is not None:
+            raise ValueError("return_length_logits computes no loss: the task's loss takes the logits (no labels)")
         if prefix_len is None or prefix_cache is not None:
             raise ValueError("return_length_logits needs prefix_len (the source length per row) and no prefix_cache")
         B, L = input_ids.shape
