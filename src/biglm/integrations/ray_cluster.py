@@ -44,6 +44,8 @@ def connect(address: str | None, *, cpus: float, gpus: float) -> Cluster:
     the job needs at least (checked against a local instance, whose size is this machine's)."""
     import ray
 
+    if address is not None and address != "auto":
+        _reachable(address)
     if ray.is_initialized():  # (a test or a notebook that set Ray up itself)
         return Cluster(address=address, started_here=False)
     if address is None:
@@ -57,8 +59,6 @@ def connect(address: str | None, *, cpus: float, gpus: float) -> Cluster:
                                "or --replica_gpus, or join a cluster with --ray_address")
         ray.init(include_dashboard=False, configure_logging=False, log_to_driver=True)
         return Cluster(address=None, started_here=True)
-    if address != "auto":
-        _reachable(address)
     try:
         ray.init(address=address, configure_logging=False, log_to_driver=True)
     except (ConnectionError, RuntimeError) as e:

@@ -88,7 +88,7 @@ class ServeArgs(ReplicaOptions):
             hi = self.replicas if self.max_replicas is None else self.max_replicas
             if lo < 1:
                 raise ConfigError(f"--min_replicas {lo} must be >= 1")
-            if lo > hi:
+            if self.min_replicas is not None and self.max_replicas is not None and lo > hi:
                 raise ConfigError(f"--min_replicas {lo} exceeds --max_replicas {hi}")
             if not lo <= self.replicas <= hi:
                 raise ConfigError(f"--replicas {self.replicas} (the replicas to start with) must lie in "

@@ -1,0 +1,230 @@
+"""`biglm serve --replicas` on Ray Serve and `biglm generate --input --replicas` on Ray Data, on a real local Ray
+instance (one for the module, 4 logical CPUs on whatever cores the machine has), with a tiny model.
+
+What must hold: through the Ray Serve application, the official `openai` client's completion and streamed chat
+are what `biglm generate` prints for the same settings and seed; 64 concurrent requests are all answered and both
+replicas served some (their /health counts); a replica killed mid-load ends each request as a completion or a
+retryable 5xx within a time bound, never a hang, and the application is healthy again with 2 replicas; batch
+generation on Ray Data writes the local job's file, row by row, continuing a stopped job's output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("ray.serve")
+pytest.importorskip("ray.data")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx2")
+
+from biglm.checkpoint import load_model  # noqa: E402
+from biglm.generation.batch import generate_file  # noqa: E402
+from biglm.generation.chat import render_chat  # noqa: E402
+from biglm.generation.cli import main as generate_main  # noqa: E402
+
+pytestmark = pytest.mark.ray
+NAME = "tiny-ray"
+KILL_BOUND_S = 90.0  # every request in flight on a killed replica has ended by then (answered or a 5xx)
+
+
+@pytest.fixture(scope="module")
+def model_dir(checkpoint, tmp_path_factory) -> Path:
+    """The `checkpoint` fixture's tokenizer and tiny shape with a larger init std: peaked predictions free of
+    near-ties that the float rounding of a batched call could flip (as in test_generation_batch)."""
+    from conftest import save_random_model
+
+    _, tok = load_model(checkpoint, device="cpu")
+    return save_random_model(tmp_path_factory.mktemp("ray-model"), tok, initializer_range=0.2)
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    yield ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(ray_instance, model_dir):
+    from biglm.integrations.ray_serve import deploy
+    from biglm.serving.cli import ServeArgs
+
+    args = ServeArgs(checkpoint=str(model_dir), model_name=NAME, port=_free_port(), replicas=2, max_batch_rows=8,
+                     max_queue=32, shutdown_timeout=5.0)
+    deployed = deploy(args)
+    client = openai.OpenAI(base_url=deployed.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    yield SimpleNamespace(url=deployed.url, client=client, deployed=deployed)
+    deployed.delete()
+
+
+def _health(url: str) -> tuple[int, dict]:
+    r = httpx.get(url + "/health", timeout=30)
+    return r.status_code, r.json()
+
+
+def _biglm_generate(checkpoint: Path, prompt: str, capsys, **flags) -> str:
+    """The answer `biglm generate CHECKPOINT --prompt PROMPT --FLAG VALUE...` prints for one prompt."""
+    argv = [str(checkpoint), "--prompt", prompt, "--device", "cpu"]
+    for k, v in flags.items():
+        argv += [f"--{k}", str(v)]
+    capsys.readouterr()
+    assert generate_main(argv) == 0
+    out = capsys.readouterr().out
+    header = f"### prompt 1: {prompt}\n"
+    assert out.startswith(header) and out.endswith("\n"), out
+    return out[len(header):-1]
+
+
+def test_openai_client_through_ray_serve_equals_biglm_generate(served, model_dir, capsys):
+    flags = dict(max_new_tokens=12, strategy="confidence", block_length=4, temperature=0.8, top_p=0.9, seed=4)
+    extra = {"strategy": "confidence", "block_length": 4}
+    sampling = dict(max_tokens=12, temperature=0.8, top_p=0.9, seed=4)
+    prompt = "To be, or not to be"
+    text = served.client.completions.create(model=NAME, prompt=prompt, extra_body=extra, **sampling)
+    assert text.choices[0].text == _biglm_generate(model_dir, prompt, capsys, **flags)
+    messages = [{"role": "user", "content": "Speak, friend."}]
+    stream = served.client.chat.completions.create(model=NAME, messages=messages, stream=True, extra_body=extra,
+                                                   **sampling)
+    chunks = [c for c in stream if c.choices]
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason
+    _, tok = load_model(model_dir)
+    want = _biglm_generate(model_dir, render_chat(tok, messages), capsys, **flags)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
+    assert served.client.models.list().data[0].id == NAME
+
+
+def test_64_concurrent_requests_are_served_by_both_replicas(served):
+    status, before = _health(served.url)
+    assert status == 200 and before["status"] == "ok" and before["application"] == "RUNNING", before
+    assert len(before["replicas"]) == 2 and all(r["state"] == "RUNNING" for r in before["replicas"])
+
+    def ask(i: int) -> str:
+        out = served.client.completions.create(model=NAME, prompt=f"Request {i}:", max_tokens=8, seed=i,
+                                               temperature=1.0, extra_body={"steps": 4})
+        return out.choices[0].finish_reason
+
+    with ThreadPoolExecutor(64) as pool:
+        reasons = list(pool.map(ask, range(64)))
+    assert len(reasons) == 64 and all(r in ("stop", "length") for r in reasons)
+    _, after = _health(served.url)
+    served_now = {r["id"]: r["served"] for r in after["replicas"]}
+    served_before = {r["id"]: r["served"] for r in before["replicas"]}
+    gained = {rid: n - served_before.get(rid, 0) for rid, n in served_now.items()}
+    assert sum(gained.values()) == 64, after
+    assert all(n > 0 for n in gained.values()), gained  # both replicas answered some
+
+
+def test_a_killed_replica_ends_its_requests_cleanly_and_is_replaced(served):
+    _, body = _health(served.url)
+    victim = body["replicas"][0]
+
+    def ask(i: int) -> tuple[str, float]:
+        start = time.monotonic()
+        try:
+            served.client.completions.create(model=NAME, prompt=f"Load {i}:", max_tokens=48, seed=i,
+                                             extra_body={"steps": 48})
+            return "ok", time.monotonic() - start
+        except openai.APIStatusError as e:  # a clean HTTP error: retryable when 5xx
+            return f"http {e.status_code}", time.monotonic() - start
+        except openai.APIConnectionError as e:
+            return f"connection {type(e).__name__}", time.monotonic() - start
+
+    with ThreadPoolExecutor(32) as pool:
+        futures = [pool.submit(ask, i) for i in range(32)]
+        time.sleep(1.0)  # requests in flight on both replicas
+        os.kill(victim["pid"], signal.SIGKILL)
+        outcomes = [f.result(timeout=KILL_BOUND_S) for f in futures]
+    kinds = {kind for kind, _ in outcomes}
+    assert kinds <= {"ok"} | {f"http {s}" for s in range(500, 600)}, outcomes
+    assert "ok" in kinds  # the other replica kept serving
+    # Ray Serve replaces the dead replica: healthy again with 2 running replicas, the victim gone
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            status, body = _health(served.url)
+        except (httpx.HTTPError, ValueError):
+            status, body = 0, {}
+        replicas = body.get("replicas", [])
+        if (status == 200 and len(replicas) == 2 and all(r["state"] == "RUNNING" for r in replicas)
+                and victim["id"] not in {r["id"] for r in replicas}):
+            break
+        assert time.monotonic() < deadline, (status, body)
+        time.sleep(0.5)
+    assert served.client.completions.create(model=NAME, prompt="Again", max_tokens=4).choices[0].finish_reason
+
+
+ROWS = [{"id": i, "prompt": p} for i, p in enumerate(["The king", "To be, or not", "My lord,", "What, my dear lady",
+                                                       "Come", "And then"])]
+ROWS += [{"id": "sampled", "prompt": "The king", "temperature": 1.0, "top_k": 20, "seed": 7},
+         {"id": "chat", "messages": [{"role": "user", "content": "Who?"}], "steps": 3},
+         {"id": "beam", "prompt": "Come", "length_beam": 2, "max_new_tokens": 10, "steps": 4}]
+
+
+def test_ray_data_batch_generation_equals_the_local_job_and_resumes(ray_instance, model_dir, tmp_path, capsys):
+    """`biglm generate --input --replicas 2` writes the local job's file row by row; started on the output of a
+    job stopped mid-write (two batches and half a line), it ends with the uninterrupted file, byte for byte."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    model, tok = load_model(model_dir, device="cpu")
+    local = tmp_path / "local.jsonl"
+    generate_file(model, tok, src, local, config={"max_new_tokens": 12, "steps": 6}, batch_size=2, progress=False)
+    lines = local.read_bytes().splitlines(keepends=True)
+    out = tmp_path / "ray.jsonl"
+    out.write_bytes(b"".join(lines[:4]) + lines[4][:7])  # stopped: 2 batches written, a third cut short
+    flags = ["--max_new_tokens", "12", "--steps", "6", "--batch_size", "2", "--progress", "false"]
+    assert generate_main([str(model_dir), "--input", str(src), "--output", str(out), *flags, "--replicas", "2"]) == 0
+    assert "dropping a partial last line" in capsys.readouterr().err
+    assert [json.loads(x) for x in out.read_bytes().splitlines()] == [json.loads(x) for x in lines]
+    assert out.read_bytes() == local.read_bytes()
+
+
+def test_bad_ray_options_are_refused_in_one_line(tmp_path, capsys):
+    from biglm.serving.cli import main as serve_main
+
+    def refused(main, argv: list[str], needle: str) -> None:
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1, err
+
+    refused(serve_main, [str(tmp_path), "--replicas", "0"], "--replicas 0 must be >= 1")
+    refused(serve_main, [str(tmp_path), "--replicas", "2", "--min_replicas", "3", "--max_replicas", "2"],
+            "--min_replicas 3 exceeds --max_replicas 2")
+    refused(serve_main, [str(tmp_path), "--replicas", "4", "--max_replicas", "3"], "must lie in")
+    refused(serve_main, [str(tmp_path), "--max_replicas", "3"], "go with --replicas")
+    refused(serve_main, [str(tmp_path), "--ray_address", "auto"], "goes with --replicas")
+    refused(serve_main, [str(tmp_path), "--replicas", "1", "--ray_address", "nowhere"], "HOST:PORT")
+    refused(serve_main, [str(tmp_path), "--replicas", "1", "--device", "cpu"], "--device applies to one process")
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": 1, "prompt": "x"}) + "\n")
+    io = ["--input", str(src), "--output", str(tmp_path / "out.jsonl")]
+    refused(generate_main, [str(tmp_path), "--prompt", "x", "--replicas", "2"], "go with --input")
+    refused(generate_main, [str(tmp_path), *io, "--replicas", "2", "--replica_gpus", "-1"], "must be >= 0")
+
+
+def test_unreachable_ray_address_is_refused_before_work(tmp_path, capsys):
+    from biglm.integrations.ray_cluster import ClusterError, connect
+
+    with pytest.raises(ClusterError, match="no Ray head answers there"):
+        connect(f"127.0.0.1:{_free_port()}", cpus=1, gpus=0)
