@@ -1,4 +1,4 @@
-"""Headered binary token shards (DESIGN §7): write atomically, memory-map, refuse anything off.
+"""Headered binary token shards: write atomically, memory-map, refuse anything off.
 
 File layout (all integers little-endian)::
 

@@ -40,7 +40,7 @@ def _build_fast(backend: Tokenizer) -> PreTrainedTokenizerFast:
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK, mask_token=_mask_token(),
-        model_max_length=2048,  # BiGLM's pre-training window (DESIGN §6)
+        model_max_length=2048,  # BiGLM's pre-training window (the paper's L = 2048)
         padding_side="right",
     )
     return tok

@@ -1,4 +1,4 @@
-"""Batch generation over files: a JSONL of prompts in, a JSONL of answers out, resumable by row id (DESIGN §14).
+"""Batch generation over files: a JSONL of prompts in, a JSONL of answers out, resumable by row id.
 
     biglm generate RUN --input prompts.jsonl --output answers.jsonl [--batch_size 16] [any decoding option]
 

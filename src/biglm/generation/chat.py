@@ -1,4 +1,4 @@
-"""Chat prompts: a list of messages rendered to the prompt text a BiGLM continues (DESIGN §10, §12).
+"""Chat prompts: a list of messages rendered to the prompt text a BiGLM continues.
 
 One place for the chat format, used by instruction tuning (which saves the template with the
 model as the tokenizer's ``chat_template``), `biglm chat`, `biglm generate` and the server's

@@ -1,4 +1,4 @@
-"""`BiGLMForQuestionAnswering`: the BiGLM encoder with a start/end span head (extractive QA, DESIGN §9).
+"""`BiGLMForQuestionAnswering`: the BiGLM encoder with a start/end span head (extractive QA).
 
 The BERT practice: every token's final hidden state gives a start and an end logit; the answer is the
 best span (found outside the model, `biglm.finetune.qa.postprocess_qa_predictions`). The encoder runs

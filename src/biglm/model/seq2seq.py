@@ -1,4 +1,4 @@
-"""`BiGLMForConditionalGeneration`: a BiGLM masked LM plus a CMLM length head (DESIGN §9; Ghazvininejad et al. 2019).
+"""`BiGLMForConditionalGeneration`: a BiGLM masked LM plus a CMLM length head (Mask-Predict, Ghazvininejad et al. 2019).
 
 Seq2seq with one encoder: the source is the prefix (never masked), the target the suffix, written by
 Mask-Predict. The decoder needs the target length before it starts; CMLM predicts it from the source.

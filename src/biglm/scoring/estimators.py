@@ -1,4 +1,4 @@
-"""log P(continuation | context) for a BiGLM: the four estimators of DESIGN §5, batched over an exact prefix cache.
+"""log P(continuation | context) for a BiGLM: four estimators (below), batched over an exact prefix cache.
 
 Notable features
 - One engine, four estimators. Each estimator turns a request (context X, continuation Y) into

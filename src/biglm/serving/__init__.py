@@ -1,4 +1,4 @@
-"""`biglm serve`: an OpenAI-compatible HTTP server for BiGLM (DESIGN §12).
+"""`biglm serve`: an OpenAI-compatible HTTP server for BiGLM.
 
 Layers: ``protocol`` (the wire format and the one request -> `DecodingConfig` mapping) ->
 ``scheduler`` (the engine thread that batches requests between decoding steps, with a bounded

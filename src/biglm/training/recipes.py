@@ -19,12 +19,12 @@
 
 - Continued pre-training of an existing BiGLM (``--init_from DIR``; these recipes refuse to start without it, and
   take the model's shape and tokenizer from DIR, so they set neither):
-  - `blocks-adapt`: turn an existing BiGLM into a biglm-blocks model by continued pre-training (DESIGN §13: "a
-    paper model adapts"): the `default` recipe's data, batch and windows, objective biglm-blocks, 300 steps at
+  - `blocks-adapt`: turn an existing BiGLM into a biglm-blocks model by continued pre-training (a paper model
+    adapts to the blocks rule without starting over): the `default` recipe's data, batch and windows, objective biglm-blocks, 300 steps at
     lr 3e-4 (a tenth of the default's 3e-3: the weights are already trained, so a from-scratch lr would undo
     them) with a 20-step warm-up (the optimizer state is fresh) and cosine to 3e-5. ``biglm pretrain blocks-adapt
     --init_from runs/default`` adapts the built-in demo; ``--data DIR`` any prepared data.
-  - `biglm-136m-from-smollm`, `biglm-360m-from-smollm` (issue 23, DESIGN §15, meant for a GPU): a SmolLM-135M /
+  - `biglm-136m-from-smollm`, `biglm-360m-from-smollm` (starting from an autoregressive checkpoint; meant for a GPU): a SmolLM-135M /
     360M checkpoint converted by `biglm convert` becomes a BiGLM with the paper objective on the final models' data
     and batch (1024 x 2048, FineWeb-edu + Cosmopedia v2). Chosen, not measured: 20k steps (~43B tokens, a
     fifteenth of the from-scratch 300k), a 500-step warm-up (fresh optimizer, weights already trained), peak lr
