@@ -1,0 +1,228 @@
+"""`biglm serve --replicas` on Ray Serve: 1 vs 2 replicas at 1, 4 and 16 clients, and Ray Data batch generation
+against the same prompts sent through the server, in one run.
+
+Protocol
+- Each server is ``biglm serve CHECKPOINT --replicas R --replica_cpus 1`` in a process of its own (a local Ray
+  instance; each replica one torch thread), with ``--max_batch_rows``/``--max_queue`` as given; it must answer
+  /health with every replica RUNNING before the clock starts. R = 1, then R = 2, in the same run; with
+  ``--plain`` the single-process server (``--threads`` torch threads) is measured first as the reference.
+- Clients: as `bench_serve.level` (``c`` threads with one keep-alive connection each, non-streamed
+  ``/v1/completions`` back to back, greedy, the same decoding fields for every request, a warm-up request per
+  client, then ``--seconds`` timed); per level: requests/s, completion tokens/s, latency p50 / p99, failures.
+- Batch: ``--rows`` prompts (request ``i`` continues prompt ``i mod 8``, as the clients' requests) with the same
+  decoding options, (a) written by ``biglm generate --input --output --replicas 2`` (Ray Data, 2 model holders of
+  one thread each, a new local Ray instance), rows/s over the whole command (Ray and model start-up included) and
+  over the job alone as it reports it (the actors' start-up included: they start with the job); (b) sent through
+  the 2-replica server by 16 clients, rows/s from the first request to the last answer (the server already warm).
+- The machine is shared: ``load_avg_1m_at_start`` in the results says how busy it was.
+
+Usage
+    python benchmarks/bench_serve_replicas.py --checkpoint RUN --random-weights [--seconds 30] [--rows 256]
+
+Results go to ``benchmarks/results/<out>.json`` (with the machine and git commit) and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve import PROMPTS, _free_port, level, random_copy  # noqa: E402
+from common import machine, write_report  # noqa: E402
+
+
+def start(args: argparse.Namespace, port: int, replicas: int | None) -> subprocess.Popen:
+    threads = 1 if replicas else args.threads
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    cmd = [sys.executable, "-m", "biglm", "serve", args.served, "--port", str(port), "--model_name", "bench",
+           "--max_batch_rows", str(args.max_batch_rows), "--max_queue", str(args.max_queue), "--log_level", "warning"]
+    if replicas:
+        cmd += ["--replicas", str(replicas), "--replica_cpus", "1"]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_ready(httpx, url: str, proc: subprocess.Popen, replicas: int | None, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode})")
+        try:
+            r = httpx.get(url + "/health", timeout=5)
+            body = r.json()
+            if r.status_code == 200 and (not replicas or len(body.get("replicas", [])) == replicas):
+                return
+        except (httpx.TransportError, ValueError):
+            pass
+        time.sleep(1.0)
+    raise RuntimeError("the server did not become healthy in time")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()  # SIGTERM: the graceful shutdown (Ray: the application deleted, Ray stopped)
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def through_server(httpx, url: str, body: dict, rows: int, clients: int) -> dict:
+    """``rows`` requests (prompt ``i mod 8``, seed ``i``) sent by ``clients`` threads; rows/s over the whole batch."""
+    todo = list(range(rows))
+    lock = threading.Lock()
+    failures = [0]
+
+    def worker() -> None:
+        with httpx.Client(timeout=600) as client:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    i = todo.pop(0)
+                r = client.post(url + "/v1/completions", json=dict(body, prompt=PROMPTS[i % len(PROMPTS)], seed=i))
+                if r.status_code != 200:
+                    with lock:
+                        failures[0] += 1
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return dict(rows=rows, failures=failures[0], seconds=wall, rows_per_s=rows / wall)
+
+
+def ray_data_job(args: argparse.Namespace, work: Path) -> dict:
+    src, out = work / "prompts.jsonl", work / "answers.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "prompt": PROMPTS[i % len(PROMPTS)]}) + "\n"
+                           for i in range(args.rows)))
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "biglm", "generate", args.served, "--input", str(src), "--output", str(out),
+           "--max_new_tokens", str(args.max_tokens), "--steps", str(args.steps), "--strategy", args.strategy,
+           "--batch_size", str(args.batch_size), "--progress", "false", "--replicas", "2", "--replica_cpus", "1"]
+    if args.block_length:
+        cmd += ["--block_length", str(args.block_length)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"biglm generate failed ({done.returncode}): {done.stderr[-2000:]}")
+    found = re.search(r"wrote (\d+) rows .* in ([\d.]+) s", done.stderr)
+    job_s = float(found.group(2)) if found else float("nan")
+    return dict(rows=args.rows, command_seconds=wall, command_rows_per_s=args.rows / wall, job_seconds=job_s,
+                job_rows_per_s=args.rows / job_s)
+
+
+def run(args: argparse.Namespace) -> dict:
+    import httpx2 as httpx
+
+    work = Path(tempfile.mkdtemp(prefix="bench_replicas_"))
+    if args.random_weights:
+        args.served = random_copy(args.checkpoint, work / "bench")
+    body = dict(model="bench", max_tokens=args.max_tokens, steps=args.steps, strategy=args.strategy, temperature=0.0)
+    if args.block_length:
+        body["block_length"] = args.block_length
+    configs = ([None] if args.plain else []) + [1, 2]
+    results, batch = [], {}
+    for replicas in configs:
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = start(args, port, replicas)
+        name = "plain (1 process)" if replicas is None else f"{replicas} replica(s)"
+        try:
+            wait_ready(httpx, url, proc, replicas)
+            seed = 0
+            for c in args.concurrency:
+                row = level(httpx, url, clients=c, seconds=args.seconds, body=body, first=seed)
+                seed = row.pop("next_seed")
+                health = httpx.get(url + "/health", timeout=30).json()
+                row["served"] = [r["served"] for r in health.get("replicas", [])]
+                row["setup"] = name
+                results.append(row)
+                print(f"  {name}, {c:3d} clients: {row['requests']:4d} requests ({row['failures']} failed), "
+                      f"{row['requests_per_s']:.2f} req/s, p50 {row['latency_p50_s']:.3f} s, "
+                      f"p99 {row['latency_p99_s']:.3f} s, served {row['served']}", flush=True)
+            if replicas == 2:
+                batch["server"] = through_server(httpx, url, body, args.rows, clients=16)
+                print(f"  {args.rows} rows through the 2-replica server: {batch['server']['rows_per_s']:.2f} rows/s",
+                      flush=True)
+        finally:
+            stop(proc)
+    batch["ray_data"] = ray_data_job(args, work)
+    print(f"  {args.rows} rows by Ray Data (2 model holders): {batch['ray_data']['command_rows_per_s']:.2f} rows/s "
+          f"over the command, {batch['ray_data']['job_rows_per_s']:.2f} over the job", flush=True)
+    return dict(settings=dict(checkpoint=args.checkpoint, random_weights=args.random_weights, threads=args.threads,
+                              max_batch_rows=args.max_batch_rows, max_queue=args.max_queue, seconds=args.seconds,
+                              rows=args.rows, batch_size=args.batch_size, request=body),
+                results=results, batch=batch)
+
+
+def to_markdown(report: dict) -> str:
+    m, s, b = report["machine"], report["settings"], report["batch"]
+    load = m["load_avg_1m_at_start"]
+    busy = " — loaded: other jobs were running" if load > 0.5 else ""
+    lines = ["# biglm serve --replicas on Ray Serve: 1 vs 2 replicas, and Ray Data batch generation", "",
+             f"- command: `{report['command']}`",
+             f"- machine: {m['cpu']}, {m['cpu_cores']} cores (one torch thread per replica; load average {load} at "
+             f"start{busy}); git {m['git_commit'][:12]}" + (" (dirty)" if m["git_dirty"] else ""),
+             f"- model: `{s['checkpoint']}`" + (" (its shape and tokenizer, random weights)" if s["random_weights"]
+                                               else "")
+             + f", max_batch_rows {s['max_batch_rows']}, max_queue {s['max_queue']}; request: "
+             f"`{json.dumps(s['request'])}`; {s['seconds']:g} s per level after a warm-up request per client",
+             "", "| setup | clients | requests | failed | req/s | completion tok/s | p50 latency (s) | p99 latency (s) "
+             "| served per replica |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in report["results"]:
+        lines.append(f"| {r['setup']} | {r['clients']} | {r['requests']} | {r['failures']} | "
+                     f"{r['requests_per_s']:.2f} | {r['completion_tokens_per_s']:.1f} | {r['latency_p50_s']:.3f} | "
+                     f"{r['latency_p99_s']:.3f} | {', '.join(map(str, r['served'])) or '-'} |")
+    rd, sv = b["ray_data"], b["server"]
+    lines += ["", f"Batch generation of {s['rows']} prompts with the same settings (batch_size {s['batch_size']}):", "",
+              "| path | rows/s | seconds |", "|---|---:|---:|",
+              f"| Ray Data, 2 model holders: the whole `biglm generate --replicas 2` (Ray start-up included) | "
+              f"{rd['command_rows_per_s']:.2f} | {rd['command_seconds']:.1f} |",
+              f"| Ray Data, 2 model holders: the job as it reports it (actor start-up included) | "
+              f"{rd['job_rows_per_s']:.2f} | {rd['job_seconds']:.1f} |",
+              f"| the 2-replica server, 16 clients (already warm; {sv['failures']} failed) | {sv['rows_per_s']:.2f} | "
+              f"{sv['seconds']:.1f} |"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True, help="a trained run or export (the server needs its tokenizer)")
+    p.add_argument("--random-weights", action="store_true", help="serve the checkpoint's shape with fresh weights")
+    p.add_argument("--plain", action="store_true", help="measure the single-process server first, as reference")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--seconds", type=float, default=30.0, help="timed seconds per concurrency level")
+    p.add_argument("--rows", type=int, default=256, help="prompts of the batch comparison")
+    p.add_argument("--batch-size", type=int, default=16, help="biglm generate --batch_size of the Ray Data job")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--strategy", default="confidence")
+    p.add_argument("--block-length", type=int, default=16)
+    p.add_argument("--max-batch-rows", type=int, default=16)
+    p.add_argument("--max-queue", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1, help="the plain server's torch threads")
+    p.add_argument("--out", default="serve-replicas-cpu", help="results file stem under benchmarks/results/")
+    args = p.parse_args(argv)
+    args.served = args.checkpoint
+    report = dict(command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), machine=machine())
+    report.update(run(args))
+    write_report(args.out, report, to_markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
