@@ -171,3 +171,31 @@ def test_no_design_note_references():
     hits = [f"{p.relative_to(SRC)}:{i}" for p in SRC.rglob("*.py")
             for i, line in enumerate(p.read_text().splitlines(), 1) if "DESIGN §" in line or "DESIGN.md" in line]
     assert hits == [], hits
+
+
+def test_every_listed_task_builds(capsys):
+    """`biglm tasks` lists the registry; every task there builds from its defaults (or, where the defaults name no
+    data, refuses in one line naming the --task. setting to give), its loop settings are real FinetuneConfig fields,
+    and every family module of the wing is listed (a module left out would drop its tasks silently)."""
+    from biglm.cli import main
+    from biglm.config import ConfigError, from_dict
+    from biglm.finetune import FinetuneConfig, tasks
+    from biglm.finetune.task import FinetuneTask
+    from biglm.finetune.templates import TemplateError
+
+    assert main(["tasks"]) == 0
+    listed = capsys.readouterr().out
+    assert tasks.TASKS and all(name in listed for name in tasks.TASKS)
+    for name, recipe in tasks.TASKS.items():
+        from_dict(FinetuneConfig, dict(recipe.loop))  # unknown or mistyped loop settings raise here
+        try:
+            task = recipe.build(recipe.settings())
+        except (ConfigError, TemplateError) as e:
+            assert "--task." in str(e), (name, str(e))
+            continue
+        assert isinstance(task, FinetuneTask) and task.name == name and isinstance(task.metric, str), name
+    import importlib
+
+    with_recipes = {p.stem for p in (SRC / "finetune" / "tasks").glob("*.py") if p.stem != "__init__"
+                    and hasattr(importlib.import_module(f"biglm.finetune.tasks.{p.stem}"), "RECIPES")}
+    assert with_recipes == {m.__name__.rsplit(".", 1)[-1] for m in tasks.FAMILIES}, with_recipes
