@@ -15,6 +15,7 @@ import yaml
 
 from biglm.checkpoint import checkpoint_dirs
 from biglm.config import ConfigError
+from biglm.integrations.lm_eval import zero_shot_evaluator
 from biglm.training import Trainer, TrainConfig
 from biglm.training.config import ModelArgs
 from biglm.training.distributed import DistInfo
@@ -34,6 +35,11 @@ def _cfg(data: Path, out: Path, eval_dir: Path, **kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
+def _trainer(cfg: TrainConfig) -> Trainer:
+    """A trainer with the zero-shot evaluator injected, as `biglm pretrain` builds it."""
+    return Trainer(cfg, info=SINGLE, echo=lambda s: None, task_evaluator=zero_shot_evaluator(cfg, info=SINGLE))
+
+
 def _records(out: Path, kind: str) -> dict[int, dict]:
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r for r in rows if r["kind"] == kind}
@@ -44,7 +50,7 @@ def test_logged_scores_equal_biglm_eval_on_the_checkpoint(synthetic_data, shared
     from biglm.scoring.suite import select_tasks, suite_value
 
     out = tmp_path / "run"
-    result = Trainer(_cfg(synthetic_data, out, shared_data / "eval"), info=SINGLE, echo=lambda s: None).train()
+    result = _trainer(_cfg(synthetic_data, out, shared_data / "eval")).train()
     logged = _records(out, "tasks")
     assert sorted(logged) == [2, 4] and [s for s, _ in result.task_scores] == [2, 4]
     assert logged[4]["tokens"] == 4 * 8 * 32
@@ -64,10 +70,9 @@ def test_logged_scores_equal_biglm_eval_on_the_checkpoint(synthetic_data, shared
 def test_training_is_unchanged_and_resume_exact(synthetic_data, shared_data, tmp_path):
     eval_dir = shared_data / "eval"
     plain = tmp_path / "plain"
-    Trainer(_cfg(synthetic_data, plain, eval_dir, eval_tasks_every=0, steps=6, save_every=3),
-            info=SINGLE, echo=lambda s: None).train()
+    _trainer(_cfg(synthetic_data, plain, eval_dir, eval_tasks_every=0, steps=6, save_every=3)).train()
     full = tmp_path / "full"
-    Trainer(_cfg(synthetic_data, full, eval_dir, steps=6, save_every=3), info=SINGLE, echo=lambda s: None).train()
+    _trainer(_cfg(synthetic_data, full, eval_dir, steps=6, save_every=3)).train()
     a, b = _records(plain, "train"), _records(full, "train")
     assert all(a[s]["loss"] == b[s]["loss"] for s in range(1, 7))  # dropout RNG not disturbed by lm-eval's seeding
     assert {s: r["val_loss"] for s, r in _records(plain, "val").items()} == \
@@ -96,4 +101,6 @@ def test_bad_settings_are_refused_before_training(synthetic_data, tmp_path):
     with pytest.raises(ConfigError, match="eval_tasks_limit"):
         _cfg(synthetic_data, tmp_path, tmp_path, eval_tasks_limit=0).validate()
     with pytest.raises(ConfigError, match="eval_tasks_data"):  # no eval data there: named before step 1
-        Trainer(_cfg(synthetic_data, tmp_path / "r", tmp_path / "nowhere"), info=SINGLE, echo=lambda s: None)
+        _trainer(_cfg(synthetic_data, tmp_path / "r", tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match="needs the zero-shot evaluator"):  # asked for, not given: refused, not ignored
+        Trainer(_cfg(synthetic_data, tmp_path / "r2", tmp_path / "nowhere"), info=SINGLE, echo=lambda s: None)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
 
 from ..config import ConfigError, apply_overrides, fail, format_help, given_options
 from .config import BUILTIN, ModelArgs, TrainConfig, load_recipe_file
@@ -137,6 +136,8 @@ def main(argv: list[str]) -> int:
             cfg.data = {(str(data_dir) if k == BUILTIN else k): w for k, w in cfg.data.items()}
             if not cfg.init_from:
                 cfg.tokenizer = cfg.tokenizer or str(tok_dir)
+        from ..integrations.lm_eval import zero_shot_evaluator
+
         trainer = Trainer(cfg, info=info, task_evaluator=zero_shot_evaluator(cfg, info=info))
         result = trainer.train()
         if builtin and info.is_main and not result.interrupted:
@@ -153,19 +154,6 @@ def main(argv: list[str]) -> int:
             run_lock.__exit__(None, None, None)
         if info is not None:
             destroy_distributed()
-
-
-def zero_shot_evaluator(cfg: TrainConfig, *, info: Any = None) -> Any:
-    """The in-training zero-shot evaluator --eval_tasks_every asks for (lm-eval's, as `biglm eval` scores), built
-    where it is injected into the trainer; None when the run has none or on ranks other than 0 (which only gather
-    and wait). Bad task names or missing data are refused here, before any model work."""
-    if not cfg.eval_tasks_every or (info is not None and not info.is_main):
-        return None
-    from ..integrations.lm_eval.task_eval import TaskEvaluator
-    from ..scoring.suite import default_data_dir
-
-    return TaskEvaluator(tasks=cfg.eval_tasks, data_dir=cfg.eval_tasks_data or default_data_dir(),
-                         limit=cfg.eval_tasks_limit, scorer=cfg.eval_tasks_scorer, work_dir=cfg.output_dir / "eval_tasks")
 
 
 def _demo_report(trainer, result) -> None:

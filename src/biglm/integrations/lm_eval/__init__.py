@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from .harness import build_lm, evaluate, model_args_string, results_tables, run_suite, setup_logging
 from .multitask import run_multitask
-from .task_eval import TaskEvaluator, preserved_rng
+from .task_eval import TaskEvaluator, preserved_rng, zero_shot_evaluator
 from .yamls import MultitaskPlan, tasks_root, write_multitask_yamls, write_suite_yamls
 
 __all__ = ["MultitaskPlan", "TaskEvaluator", "build_lm", "evaluate", "model_args_string", "preserved_rng",
            "results_tables", "run_multitask", "run_suite", "setup_logging", "tasks_root", "write_multitask_yamls",
-           "write_suite_yamls"]
+           "write_suite_yamls", "zero_shot_evaluator"]

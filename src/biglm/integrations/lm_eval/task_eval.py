@@ -114,3 +114,15 @@ def _quiet_lm_eval():
         yield
     finally:
         logger.setLevel(level)
+
+
+def zero_shot_evaluator(cfg: Any, *, info: Any = None) -> TaskEvaluator | None:
+    """The in-training zero-shot evaluator a `TrainConfig`'s --eval_tasks_every asks for (lm-eval's, as `biglm eval` scores), built
+    where it is injected into the trainer; None when the run has none or on ranks other than 0 (which only gather
+    and wait). Bad task names or missing data are refused here, before any model work."""
+    if not cfg.eval_tasks_every or (info is not None and not info.is_main):
+        return None
+    from ...scoring.suite import default_data_dir
+
+    return TaskEvaluator(tasks=cfg.eval_tasks, data_dir=cfg.eval_tasks_data or default_data_dir(),
+                         limit=cfg.eval_tasks_limit, scorer=cfg.eval_tasks_scorer, work_dir=cfg.output_dir / "eval_tasks")
