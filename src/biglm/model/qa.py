@@ -1,7 +1,7 @@
 """`BiGLMForQuestionAnswering`: the BiGLM encoder with a start/end span head (extractive QA).
 
 The BERT practice: every token's final hidden state gives a start and an end logit; the answer is the
-best span (found outside the model, `biglm.finetune.qa.postprocess_qa_predictions`). The encoder runs
+best span (found outside the model, `biglm.finetune.tasks.squad.postprocess_qa_predictions`). The encoder runs
 with full bidirectional attention (no prefix length): question and context see each other.
 
 Notable features

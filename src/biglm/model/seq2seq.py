@@ -5,7 +5,7 @@ Mask-Predict. The decoder needs the target length before it starts; CMLM predict
 Under the BiGLM mask the prefix never sees the suffix, so the mean of the prefix's final hidden states
 depends on the source alone, and a linear layer over it (``length_head``) gives logits over lengths
 0..``config.max_target_length``. Training adds ``length_loss_weight`` × its cross-entropy (fairseq's 0.1)
-to the token loss (`biglm.finetune.seq2seq`).
+to the token loss (`biglm.finetune.tasks.seq2seq`).
 
 Notable features
 - Everything of `BiGLMForMaskedLM` is inherited (MLM head, ``encode_prefix``, the exact prefix cache,
