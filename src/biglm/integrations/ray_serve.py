@@ -132,6 +132,8 @@ def deployment_options(args: ServeArgs) -> dict[str, Any]:
         graceful_shutdown_wait_loop_s=0.5,
         health_check_period_s=HEALTH_CHECK_S,
         health_check_timeout_s=30.0,
+        # --log_level: the replicas' log level; "info" and "debug" keep Ray Serve's access log, as uvicorn's
+        logging_config={"log_level": args.log_level.upper(), "enable_access_log": args.log_level in ("info", "debug")},
     )
     lo, hi = scale_range(args)
     if lo != hi:

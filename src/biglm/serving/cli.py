@@ -77,7 +77,7 @@ class ServeArgs(ReplicaOptions):
     min_replicas: int | None = None
     """with --replicas: Ray Serve scales the replicas on queue length down to this many (unset: --replicas)"""
     max_replicas: int | None = None
-    """with --replicas: ... and up to this many (unset: --replicas)"""
+    """with --replicas: Ray Serve scales the replicas on queue length up to this many (unset: --replicas)"""
 
     def __post_init__(self) -> None:
         self.check_replicas()
