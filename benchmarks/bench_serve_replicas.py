@@ -10,10 +10,10 @@ Protocol
   ``/v1/completions`` back to back, greedy, the same decoding fields for every request, a warm-up request per
   client, then ``--seconds`` timed); per level: requests/s, completion tokens/s, latency p50 / p99, failures.
 - Batch: ``--rows`` prompts (request ``i`` continues prompt ``i mod 8``, as the clients' requests) with the same
-  decoding options, (a) written by ``biglm generate --input --output --replicas 2`` (Ray Data, 2 model holders of
-  one thread each, a new local Ray instance), rows/s over the whole command (Ray and model start-up included) and
-  over the job alone as it reports it (the actors' start-up included: they start with the job); (b) sent through
-  the 2-replica server by 16 clients, rows/s from the first request to the last answer (the server already warm).
+  decoding options, (a) written by `generate_file` with the Ray Data backend (`--replicas 2`'s: 2 model holders of
+  one thread each, on a local Ray instance started by this script), rows/s over the job (the actors start with
+  it) and after its first batch; (b) the same locally in this process (one thread), as reference; (c) sent
+  through the 2-replica server by 16 clients, rows/s from the first request to the last answer (server warm).
 - The machine is shared: ``load_avg_1m_at_start`` in the results says how busy it was.
 
 Usage
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -103,26 +102,45 @@ def through_server(httpx, url: str, body: dict, rows: int, clients: int) -> dict
     return dict(rows=rows, failures=failures[0], seconds=wall, rows_per_s=rows / wall)
 
 
-def ray_data_job(args: argparse.Namespace, work: Path) -> dict:
-    src, out = work / "prompts.jsonl", work / "answers.jsonl"
+def batch_jobs(args: argparse.Namespace, work: Path) -> dict:
+    """The ``--rows`` prompts written by `generate_file` on Ray Data (2 model holders of one thread each, on a local
+    Ray instance started here) and, as reference, locally in this process (one thread): rows/s over the job and
+    after its first batch (the Ray job's actors start with it)."""
+    import ray
+    import torch
+
+    from biglm.checkpoint import load_model
+    from biglm.generation.batch import generate_file
+    from biglm.integrations.ray_data import ray_data_backend
+
+    src = work / "prompts.jsonl"
     src.write_text("".join(json.dumps({"id": i, "prompt": PROMPTS[i % len(PROMPTS)]}) + "\n"
                            for i in range(args.rows)))
-    out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "biglm", "generate", args.served, "--input", str(src), "--output", str(out),
-           "--max_new_tokens", str(args.max_tokens), "--steps", str(args.steps), "--strategy", args.strategy,
-           "--batch_size", str(args.batch_size), "--progress", "false", "--replicas", "2", "--replica_cpus", "1"]
+    options = dict(max_new_tokens=args.max_tokens, steps=args.steps, strategy=args.strategy, temperature=0.0)
     if args.block_length:
-        cmd += ["--block_length", str(args.block_length)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise RuntimeError(f"biglm generate failed ({done.returncode}): {done.stderr[-2000:]}")
-    found = re.search(r"wrote (\d+) rows .* in ([\d.]+) s", done.stderr)
-    job_s = float(found.group(2)) if found else float("nan")
-    return dict(rows=args.rows, command_seconds=wall, command_rows_per_s=args.rows / wall, job_seconds=job_s,
-                job_rows_per_s=args.rows / job_s)
+        options["block_length"] = args.block_length
+    torch.set_num_threads(1)
+    model, tok = load_model(args.served, device="cpu")
+    out = {}
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    try:
+        for name, backend in (("ray_data", ray_data_backend(args.served, replicas=2, cpus=1)), ("local", None)):
+            stamps: list[tuple[float, int]] = []
+            t0 = time.perf_counter()
+            report = generate_file(model, tok, src, work / f"answers-{name}.jsonl", config=options,
+                                   batch_size=args.batch_size, progress=False, backend=backend,
+                                   on_batch=lambda b, rows: stamps.append((time.perf_counter(), len(rows))))
+            wall = time.perf_counter() - t0
+            (t_first, _), (t_last, _) = stamps[0], stamps[-1]
+            after = sum(n for _, n in stamps[1:])
+            out[name] = dict(rows=report.written, seconds=wall, rows_per_s=report.written / wall,
+                             first_batch_s=t_first - t0,
+                             steady_rows_per_s=after / (t_last - t_first) if t_last > t_first else float("nan"))
+    finally:
+        ray.shutdown()
+    same = (work / "answers-ray_data.jsonl").read_bytes() == (work / "answers-local.jsonl").read_bytes()
+    out["same_output"] = same
+    return out
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -160,9 +178,10 @@ def run(args: argparse.Namespace) -> dict:
                       flush=True)
         finally:
             stop(proc)
-    batch["ray_data"] = ray_data_job(args, work)
-    print(f"  {args.rows} rows by Ray Data (2 model holders): {batch['ray_data']['command_rows_per_s']:.2f} rows/s "
-          f"over the command, {batch['ray_data']['job_rows_per_s']:.2f} over the job", flush=True)
+    batch.update(batch_jobs(args, work))
+    for name in ("ray_data", "local"):
+        print(f"  {args.rows} rows by generate_file ({name}): {batch[name]['rows_per_s']:.2f} rows/s over the job, "
+              f"{batch[name]['steady_rows_per_s']:.2f} after its first batch", flush=True)
     return dict(settings=dict(checkpoint=args.checkpoint, random_weights=args.random_weights, threads=args.threads,
                               max_batch_rows=args.max_batch_rows, max_queue=args.max_queue, seconds=args.seconds,
                               rows=args.rows, batch_size=args.batch_size, request=body),
@@ -187,15 +206,17 @@ def to_markdown(report: dict) -> str:
         lines.append(f"| {r['setup']} | {r['clients']} | {r['requests']} | {r['failures']} | "
                      f"{r['requests_per_s']:.2f} | {r['completion_tokens_per_s']:.1f} | {r['latency_p50_s']:.3f} | "
                      f"{r['latency_p99_s']:.3f} | {', '.join(map(str, r['served'])) or '-'} |")
-    rd, sv = b["ray_data"], b["server"]
-    lines += ["", f"Batch generation of {s['rows']} prompts with the same settings (batch_size {s['batch_size']}):", "",
-              "| path | rows/s | seconds |", "|---|---:|---:|",
-              f"| Ray Data, 2 model holders: the whole `biglm generate --replicas 2` (Ray start-up included) | "
-              f"{rd['command_rows_per_s']:.2f} | {rd['command_seconds']:.1f} |",
-              f"| Ray Data, 2 model holders: the job as it reports it (actor start-up included) | "
-              f"{rd['job_rows_per_s']:.2f} | {rd['job_seconds']:.1f} |",
+    rd, lo, sv = b["ray_data"], b["local"], b["server"]
+    lines += ["", f"Batch generation of {s['rows']} prompts with the same settings (batch_size {s['batch_size']}; "
+              f"Ray Data's file equal to the local one: {b['same_output']}):", "",
+              "| path | rows/s over the job | rows/s after the first batch | seconds | first batch after (s) |",
+              "|---|---:|---:|---:|---:|",
+              f"| Ray Data, 2 model holders (1 thread each; their start-up inside the job) | {rd['rows_per_s']:.2f} | "
+              f"{rd['steady_rows_per_s']:.2f} | {rd['seconds']:.1f} | {rd['first_batch_s']:.1f} |",
+              f"| local `generate_file`, 1 thread (reference) | {lo['rows_per_s']:.2f} | {lo['steady_rows_per_s']:.2f} | "
+              f"{lo['seconds']:.1f} | {lo['first_batch_s']:.1f} |",
               f"| the 2-replica server, 16 clients (already warm; {sv['failures']} failed) | {sv['rows_per_s']:.2f} | "
-              f"{sv['seconds']:.1f} |"]
+              f"- | {sv['seconds']:.1f} | - |"]
     return "\n".join(lines) + "\n"
 
 
