@@ -25,7 +25,6 @@ Notable features
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import signal
 import sys
@@ -103,11 +102,14 @@ class BiglmReplica:
         if self.controller is None:
             self.controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
         controller = self.controller
-        details, served = await asyncio.gather(controller.get_serve_instance_details.remote(),
-                                               self.board.counts.remote())
+        details = await controller.get_serve_instance_details.remote()
+        try:
+            served: dict[str, int] | None = await self.board.counts.remote()
+        except ray.exceptions.RayActorError:  # the launching process (which owns the board) is gone
+            served = None
         app = details.get("applications", {}).get(self.app_name, {})
         state = _name(app.get("status", "UNKNOWN"))
-        replicas = [{"id": r["replica_id"], "state": _name(r["state"]), "served": served.get(r["replica_id"], 0),
+        replicas = [{"id": r["replica_id"], "state": _name(r["state"]), "served": None if served is None else served.get(r["replica_id"], 0),
                      "pid": r.get("pid"), "node": r.get("node_ip")}
                     for r in app.get("deployments", {}).get(self.deployment, {}).get("replicas", [])]
         healthy = state == "RUNNING" and all(r["state"] == "RUNNING" for r in replicas)
