@@ -655,15 +655,20 @@ def _unmask(progress: Progress, strategy: DecodingStrategy, *, valid: torch.Tens
             if t > 0 and not bool(where.any()):
                 break  # every row converged or filled its block early, or the strategy has nothing left to do
             before = progress.answer
-            inputs = torch.where(where, mask_id, before)
+            # masked slots already hold the mask token: only re-masked ones need writing
+            inputs = before if n is None else torch.where(where, mask_id, before)
             tok, p = yield Query(inputs, where, s0, end)
             cand = inputs.masked_scatter(where, tok)
             conf = torch.full((R, N), float("-inf"), device=device).masked_scatter(where, p)
             k = strategy.commit(state, where, conf)
-            keep = where if k is None else (rank(conf, descending=True) < k[:, None]) & where
-            progress.answer = torch.where(keep, cand, inputs)
+            if k is None:  # every prediction kept
+                keep = where
+                progress.answer = cand
+            else:  # the k most confident kept, the others masked again
+                keep = (rank(conf, descending=True) < k[:, None]) & where
+                progress.answer = torch.where(keep, cand, inputs)
             progress.probs = torch.where(keep, conf, progress.probs)
-            masked = (masked | where) & ~keep
+            masked = (masked if n is None else masked | where) & ~keep
             if not strategy.remasks:
                 progress.final = valid & ~masked  # a kept token never changes again
             calls += 1
