@@ -29,10 +29,12 @@ cluster at ``--ray_address``) with the same output file.
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -133,6 +135,20 @@ def cli_decoding(args: DecodingConfig, argv: list[str], model) -> DecodingConfig
     return model_decoding(model.config, {name: getattr(args, name) for name in FIELDS if name in given})
 
 
+def ray_integration(name: str, *, given: Mapping[str, Any], prog: str) -> Any:
+    """``biglm.integrations.<name>`` for a ``--replicas`` run, or None after one line on stderr: ``--device`` was
+    given (the replicas' device follows ``--replica_gpus``), or Ray is not installed."""
+    if "device" in given:
+        print(f"{prog}: --device applies to one process; replicas run on cuda with --replica_gpus > 0, else on cpu",
+              file=sys.stderr)
+        return None
+    try:
+        return importlib.import_module(f"biglm.integrations.{name}")
+    except ImportError as e:
+        print(f"{prog}: --replicas needs Ray ({e}): pip install 'biglm[ray]'", file=sys.stderr)
+        return None
+
+
 def _render(tokenizer, ids: list[int], mask_id: int) -> str:
     # decode with the mask token kept, then show each mask as "_"
     text = tokenizer.decode(ids, skip_special_tokens=False)
@@ -215,15 +231,11 @@ def _main_file(args: GenerateArgs, argv: list[str]) -> int:
     given = given_options(type(args), argv)
     backend, cluster = None, None
     if args.replicas is not None:
-        if "device" in given:
-            print(f"{prog}: --device applies to one process; replicas run on cuda with --replica_gpus > 0, else on "
-                  "cpu", file=sys.stderr)
+        ray_data = ray_integration("ray_data", given=given, prog=prog)
+        if ray_data is None:
             return 2
-        try:
-            from ..integrations import ray_cluster, ray_data
-        except ImportError as e:
-            print(f"{prog}: --replicas needs Ray Data ({e}): pip install 'biglm[ray]'", file=sys.stderr)
-            return 2
+        from ..integrations import ray_cluster
+
         try:
             cluster = ray_cluster.connect(args.ray_address, cpus=args.replicas * args.replica_cpus,
                                           gpus=args.replicas * args.replica_gpus)

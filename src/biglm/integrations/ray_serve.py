@@ -109,7 +109,8 @@ class BiglmReplica:
             served = None
         app = details.get("applications", {}).get(self.app_name, {})
         state = _name(app.get("status", "UNKNOWN"))
-        replicas = [{"id": r["replica_id"], "state": _name(r["state"]), "served": None if served is None else served.get(r["replica_id"], 0),
+        replicas = [{"id": r["replica_id"], "state": _name(r["state"]),
+                     "served": None if served is None else served.get(r["replica_id"], 0),
                      "pid": r.get("pid"), "node": r.get("node_ip")}
                     for r in app.get("deployments", {}).get(self.deployment, {}).get("replicas", [])]
         healthy = state == "RUNNING" and all(r["state"] == "RUNNING" for r in replicas)

@@ -402,7 +402,8 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
 
         return await reply(
             body, request, run, prompt_ids, chunk=chunk,
-            tail=lambda u: CompletionResponse(id=rid, created=created_at, model=settings.model_name, choices=[], usage=u),
+            tail=lambda u: CompletionResponse(id=rid, created=created_at, model=settings.model_name, choices=[],
+                                              usage=u),
             whole=lambda u: CompletionResponse(
                 id=rid, created=created_at, model=settings.model_name, usage=u,
                 choices=[CompletionChoice(index=i, text=s.text, finish_reason=s.finish_reason)

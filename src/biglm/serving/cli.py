@@ -36,7 +36,7 @@ from typing import Any, Literal
 import torch
 
 from ..config import ConfigError, given_options, parse_cli
-from ..generation.cli import ReplicaOptions
+from ..generation.cli import ReplicaOptions, ray_integration
 from ..generation.config import FIELDS, DecodingConfig, model_decoding
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -252,13 +252,5 @@ def main(argv: list[str]) -> int:
 
 def _main_replicas(args: ServeArgs, argv: list[str], given: list[str]) -> int:
     """`biglm serve --replicas N`: the same app as the ingress of a Ray Serve application (`biglm.integrations`)."""
-    if "device" in given_options(ServeArgs, argv):
-        print("biglm serve: --device applies to one process; replicas run on cuda with --replica_gpus > 0, else on "
-              "cpu", file=sys.stderr)
-        return 2
-    try:
-        from ..integrations import ray_serve
-    except ImportError as e:
-        print(f"biglm serve: --replicas needs Ray Serve ({e}): pip install 'biglm[ray]'", file=sys.stderr)
-        return 2
-    return ray_serve.main(args, given=given)
+    ray_serve = ray_integration("ray_serve", given=given_options(ServeArgs, argv), prog="biglm serve")
+    return 2 if ray_serve is None else ray_serve.main(args, given=given)
