@@ -3,12 +3,18 @@ sliding window, Qwen2) into a BiGLM Hugging Face directory (weights mapped by na
 positions; a mask token added to the tokenizer when it has none, its embedding initialised from the mean
 embedding). What BiGLM cannot represent (a sliding window, attention biases outside Qwen2, MLP biases, rope
 scaling, an activation other than SiLU) is refused in one line naming it. Continue with
-`biglm pretrain ... --init_from OUT`."""
+`biglm pretrain ... --init_from OUT`.
+
+--shift: the BiGLM predicts a masked token at position i from position i-1, as the source predicted the next
+token (the head keeps its alignment; Dream's and DiffuLLaMA's choice); --shift false: from its own position, as a
+BiGLM trained from scratch. The model records it, so decoding, scoring and serving follow it."""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+
+from .convert import SHIFT_DEFAULT
 
 
 @dataclass
@@ -17,6 +23,9 @@ class ConvertArgs:
     """a transformers checkpoint directory (config.json, weights, tokenizer) of model_type llama, mistral or qwen2"""
     out: str
     """where to write the BiGLM Hugging Face directory"""
+    shift: bool = SHIFT_DEFAULT
+    """predict the token at position i from position i-1's hidden state, as the autoregressive source did (the
+    default is the measured better choice: docs/LOG.md, issue 23)"""
 
 
 def main(argv: list[str]) -> int:
@@ -25,7 +34,7 @@ def main(argv: list[str]) -> int:
 
     args = parse_cli(ConvertArgs, argv, prog="biglm convert", doc=__doc__, positionals=("src", "out"))
     try:
-        convert_checkpoint(args.src, args.out)
+        convert_checkpoint(args.src, args.out, shift=args.shift)
     except (ConvertError, OSError) as e:
         print(f"[biglm] error: cannot convert {args.src}: {e}", file=sys.stderr)
         return 2

@@ -10,6 +10,11 @@ has no scaling), an activation other than SiLU, a head dimension other than hidd
 
 A tokenizer without a mask token gets one (``<mask>``); its embedding row (and its ``lm_head`` row when untied)
 starts as the mean of the source's rows.
+
+``shift`` (`BiGLMConfig.shift_logits`): the converted model predicts the token at position i from position i-1's
+final hidden state, as its source predicted the next token, so the head keeps the alignment it was trained with
+(Dream's and DiffuLLaMA's "shift"); off, a masked token is predicted from its own position, as a BiGLM trained
+from scratch does. `SHIFT_DEFAULT` is the measured choice (docs/LOG.md, issue 23).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 MASK_TOKEN = "<mask>"
+SHIFT_DEFAULT = False
 
 
 class ConvertError(ValueError):
@@ -67,10 +73,11 @@ def check_convertible(src: Any) -> None:
                            f"{src.hidden_size // src.num_attention_heads}: BiGLM derives the head dimension.")
 
 
-def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
+def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str], *, shift: bool = SHIFT_DEFAULT,
                        log: Callable[[str], None] = print) -> Path:
     """Convert the transformers checkpoint directory ``src`` (Llama, SmolLM, Mistral without a sliding window,
-    Qwen2) to a BiGLM Hugging Face directory ``out`` (config, weights, tokenizer); return ``out``.
+    Qwen2) to a BiGLM Hugging Face directory ``out`` (config, weights, tokenizer); return ``out``. ``shift``: the
+    model predicts position i from position i-1, as its source did (`BiGLMConfig.shift_logits`).
 
     Raises `ConvertError` (one line naming the field) for what cannot be mapped, before any weight is read.
     """
@@ -107,7 +114,7 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
         max_position_embeddings=src_cfg.max_position_embeddings, rope_theta=theta, rms_norm_eps=src_cfg.rms_norm_eps,
         initializer_range=getattr(src_cfg, "initializer_range", 0.02), tie_word_embeddings=tied,
         attention_bias=src_cfg.model_type == "qwen2", pad_token_id=pad_id, bos_token_id=src_cfg.bos_token_id,
-        eos_token_id=src_cfg.eos_token_id, mask_token_id=mask_id,
+        eos_token_id=src_cfg.eos_token_id, mask_token_id=mask_id, shift_logits=shift,
     )
     with torch.device("meta"):
         model = BiGLMForMaskedLM(cfg)
@@ -146,7 +153,8 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
     tok.save_pretrained(out)
     log(f"[biglm] {src_cfg.model_type} {src} -> BiGLM {out}: {cfg.num_hidden_layers} layers, hidden "
         f"{cfg.hidden_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, rope_theta {theta:g}, "
-        f"{'tied' if tied else 'untied'} head" + (", q/k/v biases" if cfg.attention_bias else ""))
+        f"{'tied' if tied else 'untied'} head" + (", q/k/v biases" if cfg.attention_bias else "")
+        + (", predicts position i from i-1 (shift)" if shift else ", predicts each position from itself (no shift)"))
     if added_mask:
         head = "" if tied else " and lm_head row"
         log(f"[biglm] the tokenizer had no mask token: added {MASK_TOKEN!r} as id {mask_id}; its embedding{head} "

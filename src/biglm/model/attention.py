@@ -7,6 +7,9 @@ Notable features
   length b: a prefix query i < q sees j < q (the prompt, both ways); q <= i < p in the block [s, e)
   (s = q + b*floor((i-q)/b), e = min(s + b, p)) sees j < e (the prompt, earlier blocks, its own block);
   suffix queries still see everything. q = p is the paper's rule.
+- A lookahead w (attention annealing from an autoregressive start) ANDs "key j <= query i + w" into the rule:
+  w = 0 is causal attention, w >= L - 1 the rule itself. It is a tensor read inside the rule, so a
+  compiled FlexAttention mask does not recompile as w grows.
 - `eager` is the reference (explicit scores, fp32 softmax); `sdpa` uses PyTorch's fused kernels
   with a boolean mask and `enable_gqa` (the CPU training path); `flex` uses FlexAttention with a
   block mask, so blocks where prefix queries meet suffix keys are skipped (the GPU training path;
@@ -43,6 +46,9 @@ class AttentionMask:
             paper's bidirectional prefix.
         causal: a test/diagnostic switch: a query also never sees a later key (k <= q, ANDed into the rule),
             so a model converted from an autoregressive checkpoint can be compared with its source.
+        lookahead: a query at position i also never sees a key beyond i + lookahead (ANDed into the rule): 0 is
+            causal, None (or >= Lk - 1) no limit. Training's attention annealing (`TrainConfig.attention_anneal_steps`)
+            grows it from 0 to the window over the first steps. An int or a 0-dim long tensor.
     """
 
     batch: int
@@ -55,13 +61,15 @@ class AttentionMask:
     prompt_len: torch.Tensor | None = None
     block_len: torch.Tensor | None = None
     causal: bool = False
+    lookahead: torch.Tensor | int | None = None
     _dense: torch.Tensor | None = field(default=None, repr=False)
     _block: object | None = field(default=None, repr=False)
 
     @property
     def is_full(self) -> bool:
         """True when every query may see every key (no prefix rule, no padding, no documents)."""
-        return self.prefix_len is None and self.key_valid is None and self.doc_ids is None and not self.causal
+        return (self.prefix_len is None and self.key_valid is None and self.doc_ids is None and not self.causal
+                and self.lookahead is None)
 
     def allowed(self, b: torch.Tensor, q_idx: torch.Tensor, k_idx: torch.Tensor) -> torch.Tensor:
         """The mask rule on broadcastable index tensors; used both densely and as a FlexAttention mask_mod."""
@@ -77,6 +85,8 @@ class AttentionMask:
                 ok = (q_pos >= p) | (k_idx < torch.where(q_pos < q0, q0, block_end))
         if self.causal:
             ok = ok & (k_idx <= q_pos)
+        if self.lookahead is not None:
+            ok = ok & (k_idx <= q_pos + self.lookahead)
         if self.doc_ids is not None:
             ok = ok & (self.doc_ids[b, q_pos] == self.doc_ids[b, k_idx])
         if self.key_valid is not None:

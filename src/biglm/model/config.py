@@ -87,6 +87,11 @@ class BiGLMConfig(PreTrainedConfig):
             block length is the largest); empty for "bidirectional".
         attention_bias: biases on q_proj/k_proj/v_proj (not o_proj), as Qwen2 has; off for BiGLM's own presets
             (`biglm convert` sets it for a Qwen2 checkpoint).
+        shift_logits: the logits of position i come from the final hidden state of position i-1 (position 0 from
+            itself), as an autoregressive model's head is aligned: the "shift" Dream and DiffuLLaMA keep when they
+            adapt an AR checkpoint. A property of the model, so decoding, scoring and serving use it without
+            knowing (the prefix cache carries the hidden states it needs). Off for models trained from scratch;
+            `biglm convert --shift` sets it.
     """
 
     model_type = "biglm"
@@ -115,6 +120,7 @@ class BiGLMConfig(PreTrainedConfig):
         prefix_attention: str = "bidirectional",
         prefix_block_lengths: list[int] | tuple[int, ...] = (),
         attention_bias: bool = False,
+        shift_logits: bool = False,
         **kwargs: Any,
     ) -> None:
         self.vocab_size = vocab_size
@@ -135,6 +141,7 @@ class BiGLMConfig(PreTrainedConfig):
         self.prefix_attention = prefix_attention
         self.prefix_block_lengths = [int(b) for b in prefix_block_lengths]
         self.attention_bias = bool(attention_bias)
+        self.shift_logits = bool(shift_logits)
         # transformers' SDPA integration assumes causal attention when no mask is given.
         self.is_decoder = False
         super().__init__(

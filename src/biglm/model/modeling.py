@@ -11,6 +11,9 @@ Notable features
 - Exact prefix cache: because prefix tokens never attend to the suffix, their keys/values do
   not depend on it. `encode_prefix` computes them once; `forward(..., prefix_cache=...)` then
   runs only the suffix positions. This is exact, not an approximation.
+- The AR "shift" (`BiGLMConfig.shift_logits`, for models converted from autoregressive checkpoints): the
+  logits of position i come from the final hidden state of position i-1. The prefix cache then also carries
+  the prefix's final hidden states, so the first suffix position's logits stay exact with a cached prefix.
 - Written for one device; parallelism and compilation are applied from outside
   (`biglm.training.distributed`).
 """
@@ -93,13 +96,16 @@ class PrefixCache:
     """Keys/values of an encoded prefix, one (k, v) pair per layer, each (B, Hkv, P, D) after RoPE.
 
     ``key_valid`` (B, P) marks real (non-padding) prefix tokens. Rows can be repeated or selected
-    (`select`) so several continuations share one encoded context.
+    (`select`) so several continuations share one encoded context. ``hidden`` (B, P, h): the prefix's final
+    hidden states, kept only for a model with ``shift_logits`` (the first suffix position's logits come from the
+    last prefix position's); every operation (`first`, `extend`, `merge`, `select`) keeps it aligned with the keys.
     """
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     key_valid: torch.Tensor
     padded: bool = True  # False when every prefix token is real: suffix passes then need no key mask
+    hidden: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -114,13 +120,16 @@ class PrefixCache:
         """A cache of zero prefix tokens (an empty prompt): suffix passes then see only the suffix."""
         shape = (batch, config.num_key_value_heads, 0, config.head_dim)
         kv = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        hidden = (torch.zeros(batch, 0, config.hidden_size, device=device, dtype=dtype)
+                  if getattr(config, "shift_logits", False) else None)
         return cls(keys=kv, values=list(kv), key_valid=torch.zeros(batch, 0, dtype=torch.bool, device=device),
-                   padded=False)
+                   padded=False, hidden=hidden)
 
     def first(self, n: int) -> "PrefixCache":
         """The first ``n`` positions of this cache (a call's keys/values of its leading prefix tokens)."""
         return PrefixCache(keys=[k[:, :, :n] for k in self.keys], values=[v[:, :, :n] for v in self.values],
-                           key_valid=self.key_valid[:, :n], padded=self.padded and not bool(self.key_valid[:, :n].all()))
+                           key_valid=self.key_valid[:, :n], padded=self.padded and not bool(self.key_valid[:, :n].all()),
+                           hidden=None if self.hidden is None else self.hidden[:, :n])
 
     def extend(self, other: "PrefixCache") -> "PrefixCache":
         """This cache followed by ``other`` (keys/values of later prefix tokens, encoded seeing this one)."""
@@ -129,6 +138,8 @@ class PrefixCache:
             values=[torch.cat((a, b), dim=2) for a, b in zip(self.values, other.values)],
             key_valid=torch.cat((self.key_valid, other.key_valid), dim=1),
             padded=self.padded or other.padded,
+            hidden=(None if self.hidden is None or other.hidden is None
+                    else torch.cat((self.hidden, other.hidden), dim=1)),
         )
 
     @staticmethod
@@ -150,11 +161,14 @@ class PrefixCache:
             keys.append([pad(k, n) for k in c.keys])
             values.append([pad(v, n) for v in c.values])
             valid.append(F.pad(c.key_valid, (n, 0), value=False))
+        with_hidden = all(c.hidden is not None for c in caches)
         return PrefixCache(
             keys=[torch.cat(layer, dim=0) for layer in zip(*keys)],
             values=[torch.cat(layer, dim=0) for layer in zip(*values)],
             key_valid=torch.cat(valid, dim=0),
             padded=any(c.padded or c.length < width for c in caches),
+            # (R, C, h) left-padded like the keys: each row's last column stays its last prefix token
+            hidden=torch.cat([pad(c.hidden, width - c.length) for c in caches]) if with_hidden else None,
         )
 
     def select(self, index: torch.Tensor) -> "PrefixCache":
@@ -164,6 +178,7 @@ class PrefixCache:
             values=[v.index_select(0, index) for v in self.values],
             key_valid=self.key_valid.index_select(0, index),
             padded=self.padded,
+            hidden=None if self.hidden is None else self.hidden.index_select(0, index),
         )
 
 
@@ -317,6 +332,7 @@ class BiGLMModel(BiGLMPreTrainedModel):
         prompt_len: torch.Tensor | int | None = None,
         block_len: torch.Tensor | int | None = None,
         causal: bool = False,
+        lookahead: torch.Tensor | int | None = None,
         **kwargs,
     ) -> BaseModelOutput:
         """Encode a batch.
@@ -340,6 +356,9 @@ class BiGLMModel(BiGLMPreTrainedModel):
             causal: a test/diagnostic switch: also forbid every query to see later keys (a causal mask ANDed into
                 the rule), so a model converted from an autoregressive checkpoint (`biglm convert`) can be checked
                 against its source. Never used in training or decoding.
+            lookahead: training's attention annealing: a query at position i also never sees keys beyond
+                i + lookahead (0: causal; None: no limit). The pre-training program grows it over the first
+                ``attention_anneal_steps``; decoding and evaluation never pass it.
         """
         B, L = input_ids.shape
         offset = 0 if prefix_cache is None else prefix_cache.length
@@ -365,7 +384,8 @@ class BiGLMModel(BiGLMPreTrainedModel):
             key_valid = None  # nothing padded: keep the fast unmasked path
         mask = AttentionMask(batch=B, q_len=L, k_len=L + offset, q_offset=offset,
                              prefix_len=prefix_len, key_valid=key_valid, doc_ids=doc_ids, prompt_len=prompt_len,
-                             block_len=block_len, causal=causal)
+                             block_len=block_len, causal=causal,
+                             lookahead=None if lookahead is None else torch.as_tensor(lookahead, device=input_ids.device))
         # build the mask once, outside the (possibly compiled) blocks, for the backend that will read it
         if self.config.attn_backend == "flex":
             mask.block_mask(input_ids.device)
@@ -386,7 +406,8 @@ class BiGLMModel(BiGLMPreTrainedModel):
         if return_cache:
             valid = attention_mask.bool() if attention_mask is not None else torch.ones(B, L, dtype=torch.bool, device=input_ids.device)
             padded = attention_mask is not None and not bool(valid.all())  # one check per prompt, not per step
-            out["cache"] = PrefixCache(keys=keys, values=values, key_valid=valid, padded=padded)
+            hidden = out.last_hidden_state if getattr(self.config, "shift_logits", False) else None
+            out["cache"] = PrefixCache(keys=keys, values=values, key_valid=valid, padded=padded, hidden=hidden)
         return out
 
 
@@ -426,6 +447,22 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
                          return_cache=True)["cache"]
         return new if past is None else past.extend(new)
 
+    @staticmethod
+    def _shifted(hidden: torch.Tensor, prefix_cache: PrefixCache | None) -> torch.Tensor:
+        """``shift_logits``: the hidden state each position predicts from, (B, L, h): position i's is i-1's; the
+        first position's is the cached prefix's last (a suffix pass) or its own (the sequence's first token)."""
+        if hidden.shape[1] == 0:
+            return hidden
+        if prefix_cache is None or prefix_cache.length == 0:
+            first = hidden[:, :1]
+        elif prefix_cache.hidden is None:
+            raise ValueError("this model predicts from the previous position (shift_logits), but the prefix cache has "
+                             "no hidden states: build it with this model's encode_prefix / return_cache (or keep its "
+                             "`hidden` when slicing a cache by hand).")
+        else:
+            first = prefix_cache.hidden[:, -1:].to(hidden.dtype)
+        return torch.cat((first, hidden[:, :-1]), dim=1)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -456,6 +493,8 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         base = self.model(input_ids, prefix_len=prefix_len, attention_mask=attention_mask, doc_ids=doc_ids,
                           position_ids=position_ids, prefix_cache=prefix_cache, **kwargs)
         hidden = base.last_hidden_state
+        if self.config.shift_logits:
+            hidden = self._shifted(hidden, prefix_cache)
         select = None
         if labels is not None and self.config.sparse_prediction:
             select = labels != IGNORE_INDEX

@@ -134,7 +134,9 @@ class MaskedBatch:
     (also for the no-attn variant), None without a split; loss_weight: (B, L) or None; normalizer:
     scalar tensor dividing the summed loss; ratios: (B, 2) the drawn (β_X, β_Y) or (t, t), for logs/tests;
     positions: (M,) flat indices of the masked positions once `find_positions` has run, else None;
-    prompt_len, block_len: (B,) the biglm-blocks rule, None for the paper's bidirectional prefix.
+    prompt_len, block_len: (B,) the biglm-blocks rule, None for the paper's bidirectional prefix;
+    lookahead: attention annealing (`annealed_lookahead`): queries also never see keys more than this many
+    positions ahead (0: causal), None for the objective's own attention.
     """
 
     input_ids: torch.Tensor
@@ -147,12 +149,15 @@ class MaskedBatch:
     positions: torch.Tensor | None = None
     prompt_len: torch.Tensor | None = None
     block_len: torch.Tensor | None = None
+    lookahead: int | None = None
 
-    def attention(self) -> dict[str, torch.Tensor | None]:
+    def attention(self) -> dict[str, torch.Tensor | int | None]:
         """The model's attention arguments for this batch (``model(batch.input_ids, **batch.attention())``)."""
         out = {"prefix_len": self.prefix_len}
         if self.prompt_len is not None:
             out.update(prompt_len=self.prompt_len, block_len=self.block_len)
+        if self.lookahead is not None:
+            out.update(lookahead=self.lookahead)
         return out
 
     def find_positions(self) -> "MaskedBatch":
@@ -161,6 +166,20 @@ class MaskedBatch:
         masked positions by index, with no sync in the middle of the step."""
         self.positions = (self.labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
         return self
+
+
+def annealed_lookahead(step: int, *, anneal_steps: int, seq_len: int) -> int | None:
+    """Attention annealing from an autoregressive start: how far ahead a query may look at training step ``step``
+    (0-based), or None once the objective's own attention applies.
+
+    Over the first ``anneal_steps`` steps the lookahead grows linearly from 0 (causal attention: what the
+    converted AR model was trained with) to the window, floor(step·(L-1)/anneal_steps), ANDed into the objective's
+    rule; from ``anneal_steps`` on (and always when it is 0: switching at once) the rule applies unchanged. A
+    function of the step alone, so a resumed run sees the masks the uninterrupted one saw.
+    """
+    if step >= anneal_steps:
+        return None
+    return (step * (seq_len - 1)) // anneal_steps
 
 
 def make_generator(*, seed: int, step: int, rank: int, device: torch.device | str) -> torch.Generator:

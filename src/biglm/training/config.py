@@ -154,6 +154,10 @@ class TrainConfig(LoopConfig):
     """masking objective: a named variant, then any of its fields changed"""
     doc_mask: bool = False
     """attend within a document only (off in the paper, whose Megatron setup attends across EOS)"""
+    attention_anneal_steps: int = 0
+    """anneal the attention from causal to the objective's over the first N steps (a query may look ahead
+    floor(step·(L-1)/N) positions; for a model converted from an autoregressive one, as DiffuLLaMA does);
+    0: the objective's attention from the first step. Validation always uses the objective's attention"""
 
     # data
     tokenizer: str | None = None
@@ -247,6 +251,9 @@ class TrainConfig(LoopConfig):
             raise ConfigError(f"--anneal_fraction {self.anneal_fraction} must lie in [0, 1).")
         if self.warmup_steps > self.steps:
             raise ConfigError(f"--warmup_steps {self.warmup_steps} is more than --steps {self.steps}: lower it.")
+        if not 0 <= self.attention_anneal_steps <= self.steps:
+            raise ConfigError(f"--attention_anneal_steps {self.attention_anneal_steps} must lie in [0, --steps "
+                              f"{self.steps}] (0: the objective's attention from the first step).")
         if self.requires_init and not self.init_from:
             raise ConfigError(f"recipe {self.name!r} continues training an existing BiGLM: give --init_from DIR (a "
                               "`biglm export` directory or a `biglm pretrain` run directory)")

@@ -29,6 +29,7 @@ from ..checkpoint import CheckpointError, checkpoint_dirs, latest_checkpoint, mo
 from ..config import ConfigError
 from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters, resolve_attn_backend
 from ..objective import ObjectiveConfig, apply_masks, draw_masks, make_generator, masked_lm_loss
+from ..objective.masking import annealed_lookahead
 from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_sum, full_model_on_rank0
 from .loop import Evaluation, TrainLoop
@@ -276,18 +277,22 @@ class Trainer(TrainLoop):
     def step_batches(self) -> tuple[list[tuple[Any, torch.Tensor]], torch.Tensor]:
         """This rank's masked windows of the step and the global masked-token count. The masks of the whole global
         batch come from (seed, step) alone and each rank takes the rows of its windows, so the loss is the same
-        for any number of ranks, micro-batch size or accumulation, and the count needs no all-reduce."""
+        for any number of ranks, micro-batch size or accumulation, and the count needs no all-reduce. Under
+        ``attention_anneal_steps`` each batch also carries the step's lookahead (causal at step 0, growing to the
+        objective's attention), a function of the step alone like the masks."""
         cfg, dev = self.cfg, self.info.device
         W, r, mb = self.info.world_size, self.info.rank, cfg.micro_batch
         gen = make_generator(seed=cfg.seed, step=self.step, rank=0, device=dev)
         pattern = draw_masks(cfg.global_batch, cfg.seq_len, self.objective, generator=gen, device=dev,
                              vocab_size=self.model_config.vocab_size)
         normalizer = pattern.count().float().clamp(min=1)
+        lookahead = annealed_lookahead(self.step, anneal_steps=cfg.attention_anneal_steps, seq_len=cfg.seq_len)
         micro = []
         for i in range(self.accum):
             windows = self.train_sampler.next_batch(mb, step=self.step).to(dev, non_blocking=True)
             rows = i * mb * W + torch.arange(mb, device=dev) * W + r  # global window index of each row
             batch = apply_masks(windows, pattern.rows(rows), mask_token_id=self.mask_id)
+            batch.lookahead = lookahead
             micro.append((batch.find_positions(), windows))  # the step's syncs happen here, before any forward
         return micro, normalizer
 
