@@ -166,3 +166,37 @@ def test_cli_help():
     from biglm.cli import main
 
     assert main(["convert", "--help"]) == 0
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "flex"])
+def test_shift_predicts_position_i_with_the_sources_next_token_logits_at_i_minus_1(tmp_path, tok_with_mask, backend):
+    """`--shift`: the converted model's logits at position i are its source's at i-1 (the next-token prediction
+    there), under the causal test switch; position 0 predicts from itself."""
+    from transformers import AutoModelForCausalLM
+
+    src = _save_source(tmp_path, "llama", tok_with_mask, tie_word_embeddings=False)
+    out = convert_checkpoint(src, tmp_path / "biglm", shift=True)
+    source = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager").eval()
+    model = BiGLMForMaskedLM.from_pretrained(out, dtype=torch.float32).eval()
+    model.set_attn_backend(backend)
+    assert model.config.shift_logits
+    vocab = source.config.vocab_size
+    ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = source(ids).logits
+        got = model(ids, causal=True).logits[..., :vocab]
+    torch.testing.assert_close(got[:, 1:], ref[:, :-1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[:, 0], ref[:, 0], rtol=1e-4, atol=1e-4)
+
+
+def test_cli_shift_option(tmp_path, tok_with_mask, capsys):
+    from biglm.checkpoint.convert import SHIFT_DEFAULT
+    from biglm.cli import main
+    from biglm.model import BiGLMConfig
+
+    src = _save_source(tmp_path, "llama", tok_with_mask)
+    for args, shift in (([], SHIFT_DEFAULT), (["--shift"], True), (["--shift", "false"], False)):
+        out = tmp_path / f"out-{len(args)}"
+        assert main(["convert", str(src), str(out), *args]) == 0
+        assert BiGLMConfig.from_pretrained(out).shift_logits is shift
+        assert ("(shift)" in capsys.readouterr().out) is shift
