@@ -41,6 +41,7 @@ import torch
 from ..config import ConfigError, given_options, parse_cli
 from .config import FIELDS, DecodingConfig, model_decoding
 from .decoding import StepInfo
+from .strategies import get_strategy
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -165,7 +166,7 @@ def _step_printer(tokenizer, mask_id: int):
                 label += f" (length {n})"
             head = f"[step {info.step}/{info.total_steps}] {label}, {int(info.num_masked[r])} masked"
             after = _render(tokenizer, info.output_ids[r, :n].tolist(), mask_id)
-            if info.strategy == "mask-predict":
+            if get_strategy(info.strategy).remasks:  # a re-masking step rewrites tokens: show before and after
                 before = _render(tokenizer, info.input_ids[r, :n].tolist(), mask_id)
                 print(f"{head}: {before}\n{' ' * len(head)}  -> {after}", flush=True)
             else:
