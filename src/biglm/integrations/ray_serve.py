@@ -19,8 +19,9 @@ Notable features
 - Overload: a replica takes up to ``max_batch_rows + max_queue`` requests (plus a few for /health), refusing more
   with its own 429; requests no replica can take wait in Ray Serve's queue up to ``max_queue`` per replica, then get
   Ray Serve's 503 at once.
-- Shutdown (Ctrl-C / SIGTERM): the application is deleted; Ray Serve stops routing to its replicas and gives each
-  ``--shutdown_timeout`` seconds to finish what it holds, then the app's own shutdown cancels the rest (503).
+- Shutdown (Ctrl-C / SIGTERM), as in one process: the replicas answer new requests 503 while those in flight get
+  ``--shutdown_timeout`` seconds to finish, then the rest are cancelled (503) and the application is deleted. The
+  launcher tells the replicas through the board, which each polls every ``POLL_S`` seconds.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import dataclasses
 import signal
 import sys
 import threading
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,22 +44,39 @@ from .ray_cluster import Cluster, ClusterError, connect, disconnect, limit_threa
 
 DEPLOYMENT = "biglm"
 HEALTH_CHECK_S = 2.0  # how often the controller checks each replica (and so notices a dead one)
+POLL_S = 0.25  # how often a replica reads the shutdown phase
 HEALTH_ROOM = 8  # requests a full replica still takes beyond its queue: /health and the 429s it answers itself
 SERVED_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
 @ray.remote(num_cpus=0)
 class ServedBoard:
-    """Requests answered, per replica id (each replica adds its own; /health reads them all)."""
+    """What the replicas share with each other and the launcher: requests answered per replica id (/health reads
+    them all), and the shutdown phase ("serving", "draining", "cancel") each replica polls with its requests in
+    flight."""
 
     def __init__(self) -> None:
         self.served: dict[str, int] = {}
+        self.in_flight: dict[str, tuple[int, float]] = {}  # replica id -> (requests in flight, when it said so)
+        self.phase = "serving"
 
     def add(self, replica_id: str) -> None:
         self.served[replica_id] = self.served.get(replica_id, 0) + 1
 
     def counts(self) -> dict[str, int]:
         return dict(self.served)
+
+    def poll(self, replica_id: str, in_flight: int) -> str:
+        self.in_flight[replica_id] = (in_flight, time.monotonic())
+        return self.phase
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+
+    def busy(self) -> int:
+        """Requests in flight on the replicas that polled lately (a dead one stops counting)."""
+        now = time.monotonic()
+        return sum(n for n, when in self.in_flight.values() if now - when < 4 * POLL_S)
 
 
 class _CountServed:
@@ -86,6 +105,26 @@ class BiglmReplica:
         self.server = build_app(local, given=given, health=self.cluster_health)
         self.server.add_middleware(_CountServed, on_served=lambda: self.board.add.remote(self.id))
         self.scheduler = self.server.state.scheduler
+        threading.Thread(target=self._follow_phase, name="biglm-phase", daemon=True).start()
+
+    def _follow_phase(self) -> None:
+        """The launcher's shutdown, as `serving.cli.BiglmServer` does it in one process: "draining" refuses new
+        requests (503) while those in flight finish; "cancel" ends the rest (503)."""
+        from ..serving.protocol import APIError
+
+        cancelled = False
+        while True:
+            try:
+                phase = ray.get(self.board.poll.remote(self.id, self.scheduler.in_flight), timeout=10)
+            except Exception:  # noqa: BLE001 - no board (its launcher is gone): keep serving
+                phase = "serving"
+            if phase != "serving":
+                self.scheduler.draining = True
+            if phase == "cancel" and not cancelled:
+                cancelled = True
+                self.scheduler.abort_all(APIError(503, "the server shut down; this request did not finish in time.",
+                                                  type="server_unavailable", code="shutting_down"))
+            time.sleep(POLL_S)
 
     def __serve_build_asgi_app__(self) -> Any:
         return self.server
@@ -157,9 +196,23 @@ class Deployed:
     board: Any
 
     def delete(self) -> None:
-        """Delete the application (its replicas drain for ``--shutdown_timeout`` seconds) and its board."""
+        """Delete the application at once (Ray Serve lets its replicas finish what they hold) and its board."""
         serve.delete(self.name)
         ray.kill(self.board)
+
+    def shutdown(self, timeout: float) -> int:
+        """Drain, then delete: new requests get 503 while those in flight have ``timeout`` seconds to finish; the
+        rest are then cancelled (503). Returns how many were still in flight at the deadline."""
+        ray.get(self.board.set_phase.remote("draining"))
+        deadline = time.monotonic() + timeout
+        time.sleep(2 * POLL_S)  # every replica has read the phase
+        while (left := ray.get(self.board.busy.remote())) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        if left:
+            ray.get(self.board.set_phase.remote("cancel"))
+            time.sleep(4 * POLL_S)
+        self.delete()
+        return left
 
 
 def deploy(args: ServeArgs, *, given: Collection[str] = ()) -> Deployed:
@@ -215,7 +268,10 @@ def main(args: ServeArgs, *, given: Collection[str], prog: str = "biglm serve") 
         stop.wait()
         print(f"{prog}: shutting down (in-flight requests get {args.shutdown_timeout:g} s)", file=sys.stderr,
               flush=True)
-        deployed.delete()
+        left = deployed.shutdown(args.shutdown_timeout)
+        if left:
+            print(f"{prog}: cancelled {left} request(s) still running after {args.shutdown_timeout:g} s",
+                  file=sys.stderr)
         if cluster.started_here:
             serve.shutdown()
     finally:
