@@ -134,6 +134,20 @@ def test_shift_refuses_a_cache_without_hidden_states():
             shifted(ids[:, 8:], prefix_cache=cache)
 
 
+@pytest.mark.parametrize("extra", [dict(steps=6), dict(steps=6, block_length=4)])
+def test_decoding_a_shift_model_is_the_same_with_and_without_the_cache(extra):
+    """Decoding knows nothing of the shift: the model and its cache carry it (left-padded prompts, a length beam,
+    blocks that grow the cache)."""
+    from biglm.generation import generate_ids, left_pad
+
+    torch.manual_seed(0)
+    model = BiGLMForMaskedLM(BiGLMConfig.from_preset("tiny", initializer_range=0.2, shift_logits=True)).eval()
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]], pad_id=0)
+    runs = [generate_ids(model, ids, mask, max_new_tokens=12, strategy="confidence", lengths=[12, 9],
+                         use_cache=use_cache, **extra) for use_cache in (True, False)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].lengths, runs[1].lengths)
+
+
 # ---------------------------------------------------------------------------------------- attention annealing
 def test_lookahead_schedule():
     L, N = 32, 5
