@@ -4,7 +4,8 @@ instance (one for the module, 4 logical CPUs on whatever cores the machine has),
 What must hold: through the Ray Serve application, the official `openai` client's completion and streamed chat
 are what `biglm generate` prints for the same settings and seed; 64 concurrent requests are all answered and both
 replicas served some (their /health counts); a replica killed mid-load ends each request as a completion or a
-retryable 5xx within a time bound, never a hang, and the application is healthy again with 2 replicas; batch
+retryable 5xx within a time bound, never a hang, and the application is healthy again with 2 replicas; shutdown
+drains requests in flight and refuses new ones with 503; batch
 generation on Ray Data writes the local job's file, row by row, continuing a stopped job's output.
 """
 
@@ -136,6 +137,7 @@ def test_64_concurrent_requests_are_served_by_both_replicas(served):
 
 
 def test_a_killed_replica_ends_its_requests_cleanly_and_is_replaced(served):
+    """(A stream already started on the killed replica is cut short; these requests are not streamed.)"""
     _, body = _health(served.url)
     victim = body["replicas"][0]
 
@@ -172,6 +174,23 @@ def test_a_killed_replica_ends_its_requests_cleanly_and_is_replaced(served):
         assert time.monotonic() < deadline, (status, body)
         time.sleep(0.5)
     assert served.client.completions.create(model=NAME, prompt="Again", max_tokens=4).choices[0].finish_reason
+
+
+def test_shutdown_drains_in_flight_requests_and_refuses_new_ones(served):
+    """As the single-process server: on shutdown new requests get 503 while those in flight finish (200)."""
+    def ask(i: int, tokens: int = 200) -> int:
+        r = httpx.post(served.url + "/v1/completions", timeout=120,
+                       json={"model": NAME, "prompt": f"Long {i}:", "max_tokens": tokens, "steps": tokens})
+        return r.status_code
+
+    with ThreadPoolExecutor(5) as pool:
+        long = [pool.submit(ask, i) for i in range(4)]
+        time.sleep(0.5)
+        closing = pool.submit(served.deployed.shutdown, 60.0)
+        time.sleep(1.0)  # the replicas have read the phase; the long requests are still running
+        assert pool.submit(ask, 99, 4).result(timeout=60) == 503
+        assert [f.result(timeout=120) for f in long] == [200] * 4
+        assert closing.result(timeout=120) == 0  # none left to cancel
 
 
 ROWS = [{"id": i, "prompt": p} for i, p in enumerate(["The king", "To be, or not", "My lord,", "What, my dear lady",

@@ -197,7 +197,7 @@ class Deployed:
 
     def delete(self) -> None:
         """Delete the application at once (Ray Serve lets its replicas finish what they hold) and its board."""
-        serve.delete(self.name)
+        serve.delete(self.name)  # (an application already deleted: nothing to do)
         ray.kill(self.board)
 
     def shutdown(self, timeout: float) -> int:
