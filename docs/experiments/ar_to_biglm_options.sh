@@ -10,7 +10,7 @@
 set -euo pipefail
 D=${D:-.exp21}; R=${OUT_DIR:-runs/ar2biglm-opts}
 AR=${AR_STEPS:-400}; AD=${ADAPT_STEPS:-150}; ANNEAL=${ANNEAL_STEPS:-$((AD / 3))}
-B=${BATCH:-32}; L=${SEQ_LEN:-128}
+B=${BATCH:-32}; L=${SEQ_LEN:-128}; SEED=${SEED:-0}  # SEED: the adaptation's (masks, data order); the AR model is one
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 mkdir -p $R
 if [ ! -f $R/ar/config.json ]; then
@@ -20,12 +20,13 @@ fi
 [ -f $R/own/config.json ] || python -m biglm convert $R/ar $R/own --shift false > $R/convert-own.log 2>&1
 [ -f $R/shift/config.json ] || python -m biglm convert $R/ar $R/shift --shift true > $R/convert-shift.log 2>&1
 arm() {  # arm NAME CONVERTED ANNEAL_STEPS
-  python -m biglm pretrain --init_from $R/$2 --out_dir $R/$1 --data $D/ts_data --steps $AD --global_batch $B \
+  local run=$1-s$SEED
+  python -m biglm pretrain --init_from $R/$2 --out_dir $R/$run --data $D/ts_data --steps $AD --global_batch $B \
     --micro_batch $B --seq_len $L --warmup_steps 20 --lr 3e-4 --min_lr 3e-5 --eval_every $AD --save_every $AD \
-    --eval_windows 64 --compile no --attention_anneal_steps $3 > $R/$1.log 2>&1
-  python -m biglm export $R/$1 $R/hf/ts-$1 > /dev/null
+    --eval_windows 64 --compile no --seed $SEED --attention_anneal_steps $3 > $R/$run.log 2>&1
+  python -m biglm export $R/$run $R/hf/ts-$run > /dev/null
 }
 arm own-switch own 0 & arm shift-switch shift 0 & wait
 arm own-anneal own $ANNEAL & arm shift-anneal shift $ANNEAL & wait
 python docs/experiments/blocks_quality_eval.py --models $R/hf --data $D --out $R/eval.json > $R/eval.log 2>&1
-tail -n 2 $R/*-switch.log $R/*-anneal.log
+tail -n 2 $R/*-switch-s$SEED.log $R/*-anneal-s$SEED.log
