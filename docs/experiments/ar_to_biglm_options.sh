@@ -26,7 +26,13 @@ arm() {  # arm NAME CONVERTED ANNEAL_STEPS
     --eval_windows 64 --compile no --seed $SEED --attention_anneal_steps $3 > $R/$run.log 2>&1
   python -m biglm export $R/$run $R/hf/ts-$run > /dev/null
 }
-arm own-switch own 0 & arm shift-switch shift 0 & wait
-arm own-anneal own $ANNEAL & arm shift-anneal shift $ANNEAL & wait
+# NAME:CONVERTED:ANNEAL_STEPS, two at a time (ARMS="shift-switch:shift:0 shift-anneal:shift:150" runs a pair)
+ARMS=${ARMS:-"own-switch:own:0 shift-switch:shift:0 own-anneal:own:$ANNEAL shift-anneal:shift:$ANNEAL"}
+set -- $ARMS
+while [ $# -gt 0 ]; do
+  IFS=: read -r n c a <<< "$1"; arm $n $c $a &
+  if [ $# -gt 1 ]; then IFS=: read -r n c a <<< "$2"; arm $n $c $a & shift; fi
+  shift; wait
+done
 python docs/experiments/blocks_quality_eval.py --models $R/hf --data $D --out $R/eval.json > $R/eval.log 2>&1
-tail -n 2 $R/*-switch-s$SEED.log $R/*-anneal-s$SEED.log
+python docs/experiments/ar_options_summary.py $R

@@ -5,9 +5,10 @@ embedding). What BiGLM cannot represent (a sliding window, attention biases outs
 scaling, an activation other than SiLU) is refused in one line naming it. Continue with
 `biglm pretrain ... --init_from OUT`.
 
---shift: the BiGLM predicts a masked token at position i from position i-1, as the source predicted the next
-token (the head keeps its alignment; Dream's and DiffuLLaMA's choice); --shift false: from its own position, as a
-BiGLM trained from scratch. The model records it, so decoding, scoring and serving follow it."""
+--shift (the default): the BiGLM predicts a masked token at position i from position i-1, as the source predicted
+the next token (the head keeps its alignment; Dream's and DiffuLLaMA's choice, and the better one in issue 23's
+measurement, docs/LOG.md); --shift false: from its own position, as a BiGLM trained from scratch. The model records
+it, so decoding, scoring and serving follow it."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ class ConvertArgs:
     out: str
     """where to write the BiGLM Hugging Face directory"""
     shift: bool = SHIFT_DEFAULT
-    """predict the token at position i from position i-1's hidden state, as the autoregressive source did (the
-    default is the measured better choice: docs/LOG.md, issue 23)"""
+    """predict the token at position i from position i-1's hidden state, as the autoregressive source did (measured
+    better than predicting from its own position: docs/LOG.md, issue 23); false: from its own position"""
 
 
 def main(argv: list[str]) -> int:
