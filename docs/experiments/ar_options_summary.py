@@ -49,8 +49,9 @@ def summarise(root: Path) -> dict:
             if twin is not None:
                 for m in METRICS:
                     diffs[m].append(r[m] - twin[m])
-        effects[f"{a} - {b}"] = {m: {"mean": statistics.mean(d), "pairs": len(d),
-                                     "min": min(d), "max": max(d)} for m, d in diffs.items() if d}
+        if diffs[METRICS[0]]:  # a root without both sides of this option has no effect to show
+            effects[f"{a} - {b}"] = {m: {"mean": statistics.mean(d), "pairs": len(d),
+                                         "min": min(d), "max": max(d)} for m, d in diffs.items() if d}
     return {"ar_model": ar, "arms": rows, "effects": effects}
 
 
