@@ -382,10 +382,11 @@ class BiGLMModel(BiGLMPreTrainedModel):
                 key_valid = torch.cat((prefix_cache.key_valid, suffix_valid), dim=1)
         elif key_valid is not None and bool(key_valid.all()):
             key_valid = None  # nothing padded: keep the fast unmasked path
+        if lookahead is not None:  # a tensor read inside the rule: a compiled flex mask does not recompile per step
+            lookahead = torch.as_tensor(lookahead, device=input_ids.device)
         mask = AttentionMask(batch=B, q_len=L, k_len=L + offset, q_offset=offset,
                              prefix_len=prefix_len, key_valid=key_valid, doc_ids=doc_ids, prompt_len=prompt_len,
-                             block_len=block_len, causal=causal,
-                             lookahead=None if lookahead is None else torch.as_tensor(lookahead, device=input_ids.device))
+                             block_len=block_len, causal=causal, lookahead=lookahead)
         # build the mask once, outside the (possibly compiled) blocks, for the backend that will read it
         if self.config.attn_backend == "flex":
             mask.block_mask(input_ids.device)
