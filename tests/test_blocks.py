@@ -113,10 +113,10 @@ def test_blocks_objective_batch_carries_the_rule():
 # --- decoding ------------------------------------------------------------------------------------------------
 
 
-def _blocks_model(seed: int = 0) -> BiGLMForMaskedLM:
+def _blocks_model(seed: int = 0, **overrides) -> BiGLMForMaskedLM:
     torch.manual_seed(seed)
     config = BiGLMConfig.from_preset("tiny", initializer_range=0.2, prefix_attention="blocks",
-                                     prefix_block_lengths=[4, 8])
+                                     prefix_block_lengths=[4, 8], **overrides)
     return BiGLMForMaskedLM(config).eval()
 
 
@@ -260,13 +260,15 @@ def test_cache_and_prefix_len_together_are_a_fused_append_pass():
     torch.testing.assert_close(out["cache"].first(4).keys[1], appended.keys[1][:, :, 6:], atol=1e-5, rtol=1e-5)
 
 
-def test_engine_folds_blocks_and_equals_generate_ids():
+@pytest.mark.parametrize("shift", [False, True])
+def test_engine_folds_blocks_and_equals_generate_ids(shift):
     """The server's engine on a blocks model (append cache by default): each request's answer equals its solo
     `generate_ids`, alone and sharing calls with others, and a held block rides on the next step (the inner model
-    runs once per prompt and once per step, no separate block passes)."""
+    runs once per prompt and once per step, no separate block passes). Also for a model that predicts from the
+    previous position (``shift_logits``: the folded block's cache keeps its hidden states)."""
     from biglm.generation.engine import DecodeEngine
 
-    model = _blocks_model()
+    model = _blocks_model(shift_logits=shift)
     cfgs = [DecodingConfig(max_new_tokens=12, strategy="confidence", steps=6, block_length=4),
             DecodingConfig(max_new_tokens=10, strategy="mask-predict", steps=6, block_length=5, block_suffix="rest"),
             DecodingConfig(max_new_tokens=12, strategy="confidence", steps=6)]  # the model's default blocks (8)

@@ -198,9 +198,8 @@ class DecodeEngine:
             rows = req.run.valid.shape[0]
             block = None
             if h:
-                new, sel = out["cache"], slice(row, row + rows)
-                block = PrefixCache(keys=[k[sel, :, :h] for k in new.keys], values=[v[sel, :, :h] for v in new.values],
-                                    key_valid=new.key_valid[sel, :h], padded=not bool(new.key_valid[sel, :h].all()))
+                # this request's rows, its held block's leading positions (with their hidden states for a shift model)
+                block = out["cache"].select(torch.arange(row, row + rows, device=self.device)).first(h)
             row += rows
             req.decode.answered(part, block)
 
