@@ -233,3 +233,25 @@ def test_validation_uses_the_objectives_attention(synthetic_data, tmp_path):
     plain = _trainer(synthetic_data, tmp_path / "b")
     assert annealed.step_batches()[0][0][0].lookahead == 0  # training at step 0 is causal...
     assert annealed.validate() == plain.validate()  # ...validation is not (same seed, same weights)
+
+
+def test_seq2seq_length_path_shifts_its_token_logits_too():
+    """The CMLM model's length-logits forward gives the same token logits as its masked-LM forward under the shift."""
+    from biglm import BiGLMConfig
+    from biglm.model import BiGLMForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = BiGLMForConditionalGeneration(BiGLMConfig.from_preset("tiny", shift_logits=True)).eval()
+    ids = torch.randint(5, model.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        joint = model(ids, prefix_len=5, return_length_logits=True).logits.reshape(2, 12, -1)
+        plain = model(ids, prefix_len=5).logits
+    torch.testing.assert_close(joint, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_model_card_says_the_model_predicts_from_the_previous_position():
+    from biglm import BiGLMConfig
+    from biglm.checkpoint.model_card import _architecture
+
+    assert "previous position" in "\n".join(_architecture(BiGLMConfig.from_preset("tiny", shift_logits=True)))
+    assert "previous position" not in "\n".join(_architecture(BiGLMConfig.from_preset("tiny")))

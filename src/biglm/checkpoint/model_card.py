@@ -93,8 +93,12 @@ def _architecture(config) -> list[str]:
             f"| {config.num_hidden_layers} | {config.hidden_size} | {config.num_attention_heads} | "
             f"{config.num_key_value_heads} | {config.intermediate_size} | {config.vocab_size} | "
             f"{config.max_position_embeddings} | {n['total'] / 1e6:.2f}M | {n['non_embedding'] / 1e6:.2f}M |", "",
-            "A BiGLM encoder (RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases), "
-            f"{'tied' if config.tie_word_embeddings else 'untied'} input/output embeddings.", ""]
+            "A BiGLM encoder (RMSNorm, RoPE, SwiGLU, grouped-query attention, "
+            f"{'q/k/v biases' if getattr(config, 'attention_bias', False) else 'no biases'}), "
+            f"{'tied' if config.tie_word_embeddings else 'untied'} input/output embeddings."
+            + (" A masked token is predicted from the previous position's hidden state (`shift_logits`, kept from the "
+               "autoregressive model it was converted from); biglm's decoding and scoring apply it."
+               if getattr(config, "shift_logits", False) else ""), ""]
 
 
 def _usage(name: str) -> list[str]:

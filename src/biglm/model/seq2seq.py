@@ -153,6 +153,8 @@ class BiGLMForConditionalGeneration(BiGLMForMaskedLM):
         if attention_mask is not None:
             prefix_valid = prefix_valid & attention_mask.bool()
         length = self.length_logits(hidden, prefix_valid)
+        if self.config.shift_logits:  # the token logits as the masked-LM forward computes them (the length head pools)
+            hidden = self._shifted(hidden, None)
         flat = hidden.reshape(-1, hidden.shape[-1])
         if logits_positions is not None:
             flat = flat.index_select(0, logits_positions) if logits_positions.dtype != torch.bool \
