@@ -205,18 +205,23 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_load_arguments(p: argparse.ArgumentParser, *, seconds: float) -> None:
+    """The server, request and load options every serving benchmark takes."""
     p.add_argument("--checkpoint", required=True, help="a trained run or export (the server needs its tokenizer)")
     p.add_argument("--random-weights", action="store_true", help="serve the checkpoint's shape with fresh weights")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--seconds", type=float, default=45.0, help="timed seconds per concurrency level")
+    p.add_argument("--seconds", type=float, default=seconds, help="timed seconds per concurrency level")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--strategy", default="confidence")
     p.add_argument("--block-length", type=int, default=16)
     p.add_argument("--max-batch-rows", type=int, default=16)
     p.add_argument("--max-queue", type=int, default=64)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_load_arguments(p, seconds=45.0)
     p.add_argument("--threads", type=int, default=1, help="the server's torch/OpenMP threads")
     p.add_argument("--out", default=None, help="results file stem under benchmarks/results/")
     args = p.parse_args(argv)

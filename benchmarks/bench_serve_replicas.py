@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import PROMPTS, _free_port, level, random_copy  # noqa: E402
+from bench_serve import PROMPTS, _free_port, add_load_arguments, level, random_copy  # noqa: E402
 from common import machine, write_report  # noqa: E402
 
 
@@ -222,19 +222,10 @@ def to_markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True, help="a trained run or export (the server needs its tokenizer)")
-    p.add_argument("--random-weights", action="store_true", help="serve the checkpoint's shape with fresh weights")
+    add_load_arguments(p, seconds=30.0)
     p.add_argument("--plain", action="store_true", help="measure the single-process server first, as reference")
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--seconds", type=float, default=30.0, help="timed seconds per concurrency level")
     p.add_argument("--rows", type=int, default=256, help="prompts of the batch comparison")
     p.add_argument("--batch-size", type=int, default=16, help="biglm generate --batch_size of the Ray Data job")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--steps", type=int, default=32)
-    p.add_argument("--strategy", default="confidence")
-    p.add_argument("--block-length", type=int, default=16)
-    p.add_argument("--max-batch-rows", type=int, default=16)
-    p.add_argument("--max-queue", type=int, default=64)
     p.add_argument("--threads", type=int, default=1, help="the plain server's torch threads")
     p.add_argument("--out", default="serve-replicas-cpu", help="results file stem under benchmarks/results/")
     args = p.parse_args(argv)

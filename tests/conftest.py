@@ -105,3 +105,18 @@ def train_losses(out: Path) -> dict[int, float]:
 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
+
+
+def biglm_generate_answer(checkpoint, prompt: str, capsys, **flags) -> str:
+    """The answer `biglm generate CHECKPOINT --prompt PROMPT --FLAG VALUE...` prints for one prompt."""
+    from biglm.generation.cli import main as generate_main
+
+    argv = [str(checkpoint), "--prompt", prompt]
+    for k, v in flags.items():
+        argv += [f"--{k}", str(v)]
+    capsys.readouterr()
+    assert generate_main(argv) == 0
+    out = capsys.readouterr().out
+    header = f"### prompt 1: {prompt}\n"
+    assert out.startswith(header) and out.endswith("\n"), out
+    return out[len(header):-1]

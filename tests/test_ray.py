@@ -84,17 +84,10 @@ def _health(url: str) -> tuple[int, dict]:
     return r.status_code, r.json()
 
 
-def _biglm_generate(checkpoint: Path, prompt: str, capsys, **flags) -> str:
-    """The answer `biglm generate CHECKPOINT --prompt PROMPT --FLAG VALUE...` prints for one prompt."""
-    argv = [str(checkpoint), "--prompt", prompt, "--device", "cpu"]
-    for k, v in flags.items():
-        argv += [f"--{k}", str(v)]
-    capsys.readouterr()
-    assert generate_main(argv) == 0
-    out = capsys.readouterr().out
-    header = f"### prompt 1: {prompt}\n"
-    assert out.startswith(header) and out.endswith("\n"), out
-    return out[len(header):-1]
+def _biglm_generate(checkpoint, prompt: str, capsys, **flags) -> str:
+    from conftest import biglm_generate_answer
+
+    return biglm_generate_answer(checkpoint, prompt, capsys, device="cpu", **flags)
 
 
 def test_openai_client_through_ray_serve_equals_biglm_generate(served, model_dir, capsys):

@@ -97,18 +97,9 @@ def test_streamed_chat_equals_generate(served):
 
 
 def _biglm_generate(checkpoint, prompt: str, capsys, **flags) -> str:
-    """The answer `biglm generate CHECKPOINT --prompt PROMPT --FLAG VALUE...` prints for one prompt."""
-    from biglm.generation.cli import main as generate_main
+    from conftest import biglm_generate_answer
 
-    argv = [str(checkpoint), "--prompt", prompt]
-    for k, v in flags.items():
-        argv += [f"--{k}", str(v)]
-    capsys.readouterr()
-    assert generate_main(argv) == 0
-    out = capsys.readouterr().out
-    header = f"### prompt 1: {prompt}\n"
-    assert out.startswith(header) and out.endswith("\n"), out
-    return out[len(header):-1]
+    return biglm_generate_answer(checkpoint, prompt, capsys, **flags)
 
 
 def test_openai_client_equals_the_biglm_generate_command(served, checkpoint, capsys):
