@@ -3,6 +3,7 @@ whose append cache is exact for a model trained with it (prefix_attention="block
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -111,6 +112,34 @@ def test_blocks_objective_batch_carries_the_rule():
 
 
 # --- decoding ------------------------------------------------------------------------------------------------
+
+
+def test_one_block_suffix_windows_are_block_decodings_condition():
+    gen = lambda: make_generator(seed=1, step=3, rank=0, device="cpu")  # noqa: E731
+    objective = get_objective("biglm-blocks", prefix_blocks=(2, 4, 8))
+    base = draw_masks(256, 128, objective, generator=gen(), device="cpu")
+    mixed = draw_masks(256, 128, objective.replace(suffix_block_prob=0.5), generator=gen(), device="cpu")
+    one = mixed.split != base.split  # windows turned into "prompt + blocks + one block being written"
+    assert 64 < int(one.sum()) < 192
+    assert torch.equal(mixed.split[one], 128 - mixed.block_len[one])  # the suffix is exactly one block
+    # drawn after everything else: the other windows keep every draw, the chosen keep their block length and ratios
+    assert torch.equal(mixed.block_len, base.block_len) and torch.equal(mixed.ratios, base.ratios)
+    for name in ("masked", "prompt_len"):
+        assert torch.equal(getattr(mixed, name)[~one], getattr(base, name)[~one])
+    # the chosen windows' masks follow the new split: round(β_Y·B) >= 1 suffix masks, round(β_X·p) prefix masks
+    rows = one.nonzero().flatten()
+    for r in rows.tolist():
+        p, b = int(mixed.split[r]), int(mixed.block_len[r])
+        beta_x, beta_y = mixed.ratios[r].tolist()
+        assert int(mixed.masked[r, p:].sum()) == max(1, math.floor(beta_y * b + 0.5))
+        assert int(mixed.masked[r, :p].sum()) == math.floor(beta_x * p + 0.5)
+        assert 0 <= int(mixed.prompt_len[r]) <= p
+    again = draw_masks(256, 128, objective.replace(suffix_block_prob=0.5), generator=gen(), device="cpu")
+    assert torch.equal(again.masked, mixed.masked) and torch.equal(again.prompt_len, mixed.prompt_len)
+    with pytest.raises(ValueError, match="needs prefix_blocks|prefix_blocks"):
+        get_objective("biglm", suffix_block_prob=0.5)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        get_objective("biglm-blocks", suffix_block_prob=1.5)
 
 
 def _blocks_model(seed: int = 0, **overrides) -> BiGLMForMaskedLM:

@@ -59,6 +59,10 @@ class ObjectiveConfig:
     plain_prefix_prob: float = 0.25
     """biglm-blocks: share of windows drawn with q = p (no blocks), so the model stays a plain BiGLM on
     understanding inputs"""
+    suffix_block_prob: float = 0.0
+    """biglm-blocks: share of windows whose suffix is one block of the window's block length (p = L - B):
+    block decoding's own condition, where the block being written is the whole suffix and nothing follows it
+    (the paper's draw of p leaves at least αL suffix tokens); 0: every window draws p as the paper does"""
 
     def __post_init__(self) -> None:
         if self.diffusion:
@@ -91,6 +95,11 @@ class ObjectiveConfig:
                 raise ValueError(f"prefix_blocks={self.prefix_blocks}: every block length must be >= 1.")
             if not 0.0 <= self.plain_prefix_prob <= 1.0:
                 raise ValueError(f"plain_prefix_prob={self.plain_prefix_prob} must lie in [0, 1].")
+            if not 0.0 <= self.suffix_block_prob <= 1.0:
+                raise ValueError(f"suffix_block_prob={self.suffix_block_prob} must lie in [0, 1].")
+        elif self.suffix_block_prob:
+            raise ValueError(f"suffix_block_prob={self.suffix_block_prob} applies to biglm-blocks only (it needs "
+                             "prefix_blocks): set prefix_blocks or leave suffix_block_prob at 0.")
         if self.corruption is not None:
             if self.decompose or self.diffusion:
                 raise ValueError("corruption (80/10/10) is an option of the plain `mlm` variant only.")
@@ -230,6 +239,18 @@ class MaskPattern:
                            prompt_len=pick(self.prompt_len), block_len=pick(self.block_len))
 
 
+def _split_masks(split: torch.Tensor, beta_x: torch.Tensor, beta_y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """(B, L) bool: round(β_Y·|Y|) (at least 1) suffix and round(β_X·|X|) prefix positions of each row, uniformly
+    at random by the uniforms ``u`` (B, L), for the split ``split`` (B,)."""
+    L = u.shape[1]
+    k_y = _round(beta_y * (L - split)).clamp(min=1)
+    k_x = _round(beta_x * split)
+    in_suffix = torch.arange(L, device=u.device)[None, :] >= split[:, None]  # (B, L)
+    keys = u + 2.0 * in_suffix  # prefix keys in [0,1), suffix keys in [2,3)
+    rank_ = keys.argsort(dim=1).argsort(dim=1)  # rank within prefix for prefix, p + rank within suffix for suffix
+    return torch.where(in_suffix, rank_ - split[:, None] < k_y[:, None], rank_ < k_x[:, None])
+
+
 def draw_masks(
     rows: int,
     length: int,
@@ -241,7 +262,6 @@ def draw_masks(
 ) -> MaskPattern:
     """Draw the masks of ``rows`` windows of ``length`` tokens under ``objective`` (all on ``device``)."""
     B, L, dev = rows, length, torch.device(device)
-    pos = torch.arange(L, device=dev)[None, :]  # (1, L)
 
     def uniform(*shape: int) -> torch.Tensor:
         return torch.rand(*shape, device=dev, generator=generator)
@@ -265,19 +285,19 @@ def draw_masks(
         beta_y = y_lo + (y_hi - y_lo) * uniform(B)
         l1, l2 = objective.prefix_lambda
         beta_x = l1 - l2 * beta_y
-        k_y = _round(beta_y * (L - split)).clamp(min=1)
-        k_x = _round(beta_x * split)
-        in_suffix = pos >= split[:, None]  # (B, L)
-        keys = uniform(B, L) + 2.0 * in_suffix  # prefix keys in [0,1), suffix keys in [2,3)
-        rank_ = keys.argsort(dim=1).argsort(dim=1)  # rank within prefix for prefix, p + rank within suffix for suffix
-        masked = torch.where(in_suffix, rank_ - split[:, None] < k_y[:, None], rank_ < k_x[:, None])
+        masked = _split_masks(split, beta_x, beta_y, uniform(B, L))
         ratios = torch.stack((beta_x, beta_y), dim=1)
     prompt_len = block_len = None
     if objective.prefix_blocks:  # drawn after everything above: the paper's masks do not move
-        q = (uniform(B) * (split + 1)).long().clamp_max(split)  # q ~ U{0..p}
-        prompt_len = torch.where(uniform(B) < objective.plain_prefix_prob, split, q)
+        u_prompt, u_plain = uniform(B), uniform(B)
         sizes = torch.tensor(objective.prefix_blocks, dtype=torch.long, device=dev)
         block_len = sizes[(uniform(B) * len(sizes)).long().clamp_max(len(sizes) - 1)]
+        if objective.suffix_block_prob:  # drawn after the block lengths: without it no draw moves
+            one = uniform(B) < objective.suffix_block_prob
+            split = torch.where(one, (L - block_len).clamp(min=1), split)
+            masked = torch.where(one[:, None], _split_masks(split, beta_x, beta_y, uniform(B, L)), masked)
+        q = (u_prompt * (split + 1)).long().clamp_max(split)  # q ~ U{0..p}
+        prompt_len = torch.where(u_plain < objective.plain_prefix_prob, split, q)
     pattern = MaskPattern(masked=masked, split=split, prefix_attention=objective.prefix_attention, ratios=ratios,
                           weight=weight, prompt_len=prompt_len, block_len=block_len)
     if objective.corruption is not None:
