@@ -643,3 +643,32 @@ def test_every_registered_strategy_is_reachable_from_the_cli_and_an_unknown_one_
         STRATEGIES.pop("one-shot", None)
     with pytest.raises(ValueError, match="strategy='one-shot': choose one of mask-predict, confidence, threshold"):
         DecodingConfig(strategy="one-shot")
+
+
+def test_a_strategy_chooses_which_predictions_to_keep():
+    """`DecodingStrategy.choose` picks the kept predictions: a strategy keeping the least confident writes, at each
+    step, exactly the slots the default would have left masked (seen through `on_step`)."""
+    from biglm.generation import STRATEGIES, register
+    from biglm.generation.strategies import Confidence, rank
+
+    class LeastConfident(Confidence):
+        name = "least-confident"
+
+        def choose(self, predicted, conf, k):
+            return (rank(torch.where(predicted, conf, float("inf")), descending=False) < k[:, None]) & predicted
+
+    register(LeastConfident)
+    try:
+        ids, mask = _batch()
+        for name in ("confidence", "least-confident"):
+            steps: list = []
+            generate_ids(_model(), ids, mask, max_new_tokens=8, steps=4, strategy=name, on_step=steps.append)
+            assert len(steps) == 4
+            for s in steps:
+                assert s.committed.sum(1).tolist() == [2] * ids.shape[0]  # k = 2 per row either way
+                for r in range(ids.shape[0]):  # every kept one above (default) or below (least-confident) the rest
+                    kept, left = s.probs[r][s.committed[r]], s.probs[r][s.predicted[r] & ~s.committed[r]]
+                    if left.numel():
+                        assert (kept.min() >= left.max()) if name == "confidence" else (kept.max() <= left.min())
+    finally:
+        STRATEGIES.pop("least-confident", None)

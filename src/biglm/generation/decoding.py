@@ -664,8 +664,8 @@ def _unmask(progress: Progress, strategy: DecodingStrategy, *, valid: torch.Tens
             if k is None:  # every prediction kept
                 keep = where
                 progress.answer = cand
-            else:  # the k most confident kept, the others masked again
-                keep = (rank(conf, descending=True) < k[:, None]) & where
+            else:  # the k the strategy chooses (most confident) kept, the others masked again
+                keep = strategy.choose(where, conf, k)
                 progress.answer = torch.where(keep, cand, inputs)
             progress.probs = torch.where(keep, conf, progress.probs)
             masked = (masked if n is None else masked | where) & ~keep

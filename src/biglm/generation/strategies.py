@@ -8,7 +8,8 @@ registration order) is the only list of strategies. `DecodingConfig.strategy` ac
 
 Every strategy runs inside one loop (`decoding`): block by block, each step predicts the block's masked
 slots (plus any the strategy re-masks), samples them, and writes the predictions the strategy keeps; the
-rest stay masked. A strategy answers two counts per row, and the loop does the ranking:
+rest stay masked. A strategy answers two counts per row, and the loop does the ranking (`DecodingStrategy.choose`
+picks the kept predictions; override it to pick them another way):
 - `DecodingStrategy.remask`: how many written tokens of the block to mask again before the step, least
   confident first (Mask-Predict), or None for none;
 - `DecodingStrategy.commit`: how many of the step's predictions to keep, most confident first
@@ -88,6 +89,11 @@ class DecodingStrategy:
         """(R,) long: predictions to keep, most confident first; None: all of them. ``predicted`` (R, N) bool marks
         this step's predictions, ``conf`` (R, N) their confidences (-inf elsewhere)."""
         return None
+
+    def choose(self, predicted: torch.Tensor, conf: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """(R, N) bool: which ``k`` (R,) of this step's predictions (``predicted``, confidences ``conf``) to keep,
+        when `commit` returned counts: the most confident (ties by slot). Override to pick them another way."""
+        return (rank(conf, descending=True) < k[:, None]) & predicted
 
 
 STRATEGIES: dict[str, type[DecodingStrategy]] = {}
