@@ -7,8 +7,9 @@ Speed (``--mode speed``, the default)
   hidden size, heads, kv heads, MLP width, vocabulary and tying (random weights: they do not change
   the cost of a forward pass), same dtype and device.
 - Variants. BiGLM rows use the ``--strategy`` (default confidence: LLaDA's commit, which block
-  decoding was made for), greedy, T = N / ``--tokens-per-step`` model calls, so every variant makes
-  the same number of calls and writes the same number of tokens per call:
+  decoding was made for), greedy, T = N / k model calls for each k of ``--tokens-per-step`` (k tokens
+  committed per call; a block of B < k slots is skipped), so rows of one k make the same number of
+  calls and write the same number of tokens per call:
   * ``ar``: transformers' greedy ``generate`` with its KV cache, exactly N tokens (min = max = N).
   * ``one-block``: today's decoding: the prompt in the exact prefix cache, all N slots the suffix of
     every call.
@@ -52,6 +53,7 @@ Results go to ``benchmarks/results/<out>.json`` (with the machine, torch version
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -123,12 +125,12 @@ def build_models(args: argparse.Namespace, device: torch.device, dtype: torch.dt
     return config, biglm, llama
 
 
-def decoding(variant: str, *, n: int, block_length: int | None, args: argparse.Namespace) -> DecodingConfig:
-    """The decoding options of a BiGLM ``variant`` at N = ``n``, T = N / tokens-per-step."""
+def decoding(variant: str, *, n: int, block_length: int | None, k: int, args: argparse.Namespace) -> DecodingConfig:
+    """The decoding options of a BiGLM ``variant`` at N = ``n``, T = N / ``k`` (tokens per step)."""
     extra = dict(BIGLM_VARIANTS[variant])
     if variant != "one-block":
         extra["block_length"] = block_length
-    return DecodingConfig(max_new_tokens=n, strategy=args.strategy, steps=max(1, n // args.tokens_per_step), **extra)
+    return DecodingConfig(max_new_tokens=n, strategy=args.strategy, steps=max(1, n // k), **extra)
 
 
 # --- speed ----------------------------------------------------------------------------------------------------
@@ -155,7 +157,7 @@ def speed(args: argparse.Namespace) -> dict:
           f"{config.num_key_value_heads} mlp={config.intermediate_size} vocab={config.vocab_size} "
           f"({counts['total'] / 1e6:.2f}M params), {args.dtype} on {device}", flush=True)
     g = torch.Generator().manual_seed(0)
-    cases = []  # (batch, n, variant, block length, run, warm-up, scale, calls)
+    cases = []  # (batch, n, variant, block length, tokens per step, run, warm-up, scale, calls)
     for batch in args.batch:
         prompt = torch.randint(5, config.vocab_size, (batch, args.prompt_len), generator=g).to(device)
         attn = torch.ones_like(prompt)
@@ -170,10 +172,13 @@ def speed(args: argparse.Namespace) -> dict:
                         # a prefill, then one call per further token, each one position per row
                         return dict(steps=n, forward_calls=n, positions=prompt.shape[0] * (prompt.shape[1] + n - 1))
 
-                    cases.append((batch, n, variant, None, run, lambda run=run: run(k=min(n, 32)), 1.0, n))
+                    cases.append((batch, n, variant, None, 1, run, lambda run=run: run(k=min(n, 32)), 1.0, n))
                     continue
-                for block_length in ([None] if variant == "one-block" else args.block_length):
-                    cfg = decoding(variant, n=n, block_length=block_length, args=args)
+                for block_length, k in itertools.product([None] if variant == "one-block" else args.block_length,
+                                                         args.tokens_per_step):
+                    if block_length and k > block_length:
+                        continue  # a block of B slots cannot take more than B tokens per call
+                    cfg = decoding(variant, n=n, block_length=block_length, k=k, args=args)
                     scale, timed_cfg = 1.0, cfg
                     if variant == "one-block" and args.max_one_block_calls and cfg.steps > args.max_one_block_calls:
                         timed_cfg = cfg.override(steps=args.max_one_block_calls)
@@ -188,30 +193,31 @@ def speed(args: argparse.Namespace) -> dict:
                     def warm(c=warm_cfg, prompt=prompt):
                         return generate_ids(biglm, prompt, config=c)
 
-                    cases.append((batch, n, variant, block_length, run, warm, scale, cfg.steps))
+                    cases.append((batch, n, variant, block_length, k, run, warm, scale, cfg.steps))
     times: dict[int, list[float]] = {i: [] for i in range(len(cases))}
     work: dict[int, dict] = {}  # the last timed run's calls and positions (deterministic for a case)
-    def name(variant: str, block_length: int | None) -> str:
-        return variant + (f" B={block_length}" if block_length else "")
+    def name(variant: str, block_length: int | None, k: int) -> str:
+        return variant + (f" B={block_length}" if block_length else "") + (
+            f" T=N/{k}" if variant != "ar" and len(args.tokens_per_step) > 1 else "")
 
-    for i, (batch, n, variant, block_length, _, warm, _, _) in enumerate(cases):
+    for i, (batch, n, variant, block_length, k, _, warm, _, _) in enumerate(cases):
         t, _ = _time(warm, device)
-        print(f"  warm-up batch={batch:<3} N={n:<4} {name(variant, block_length):<18} {t:8.2f} s", flush=True)
+        print(f"  warm-up batch={batch:<3} N={n:<4} {name(variant, block_length, k):<18} {t:8.2f} s", flush=True)
     for r in range(args.repeats):
-        for i, (batch, n, variant, block_length, run, _, scale, calls) in enumerate(cases):
+        for i, (batch, n, variant, block_length, k, run, _, scale, calls) in enumerate(cases):
             t, made = _time(run, device)
             times[i].append(t * scale)
             work[i] = made
-            print(f"  round {r + 1}/{args.repeats} batch={batch:<3} N={n:<4} {name(variant, block_length):<18} "
+            print(f"  round {r + 1}/{args.repeats} batch={batch:<3} N={n:<4} {name(variant, block_length, k):<18} "
                   f"{t * scale:8.2f} s" + (f" (projected from {made['steps']} calls x {scale:g})" if scale != 1.0 else ""),
                   flush=True)
     rows = []
-    for i, (batch, n, variant, block_length, _, _, scale, calls) in enumerate(cases):
+    for i, (batch, n, variant, block_length, k, _, _, scale, calls) in enumerate(cases):
         med, best = statistics.median(times[i]), min(times[i])
         row = dict(batch=batch, new_tokens=n, variant=variant, model_calls=calls, latency_s=med, latency_min_s=best,
                    tokens_per_s=batch * n / med, times_s=times[i])
         if variant != "ar":
-            row.update(strategy=args.strategy, block_length=block_length)
+            row.update(strategy=args.strategy, block_length=block_length, tokens_per_step=k)
         if scale != 1.0:
             row["projected_from_calls"] = args.max_one_block_calls
         else:  # tokens per forward call (TPF) and positions processed per committed token, the work behind the time
@@ -237,7 +243,7 @@ def speed_markdown(report: dict) -> str:
         f"- model: {s['num_hidden_layers']} layers, hidden {s['hidden_size']}, heads {s['num_attention_heads']}/"
         f"{s['num_key_value_heads']}, MLP {s['intermediate_size']}, vocab {s['vocab_size']} "
         f"({s['params_total'] / 1e6:.2f}M params), {s['dtype']} on {s['device']}; prompt {s['prompt_len']} tokens; "
-        f"BiGLM {s['strategy']}, T = N/{s['tokens_per_step']} calls, blocks of {s['block_length']} slots; "
+        f"BiGLM {s['strategy']}, T = N/k calls for k in {s['tokens_per_step']}, blocks of {s['block_length']} slots; "
         f"median of {s['repeats']} interleaved rounds after a warm-up",
         "",
         "| batch | N | variant | steps | forward calls | TPF | positions / token | latency median (s) | min (s) "
@@ -246,7 +252,8 @@ def speed_markdown(report: dict) -> str:
     ]
     for r in report["results"]:
         note = f" (projected from {r['projected_from_calls']} calls)" if "projected_from_calls" in r else ""
-        label = r["variant"] + (f" B={r['block_length']}" if r.get("block_length") else "")
+        label = r["variant"] + (f" B={r['block_length']}" if r.get("block_length") else "") + (
+            f" T=N/{r['tokens_per_step']}" if r["variant"] != "ar" and len(s["tokens_per_step"]) > 1 else "")
         work = (f"{r['forward_calls']} | {r['tokens_per_forward']:.2f} | {r['positions_per_token']:.2f}"
                 if "forward_calls" in r else "— | — | —")
         lines.append(f"| {r['batch']} | {r['new_tokens']} | {label}{note} | {r['model_calls']} | {work} | "
@@ -397,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     p.add_argument("--strategy", default="confidence", choices=["mask-predict", "confidence"])
-    p.add_argument("--tokens-per-step", type=int, default=2, help="speed: T = N / this")
+    p.add_argument("--tokens-per-step", type=int, nargs="+", default=[2],
+                   help="speed: T = N / k calls, each k timed with every block length")
     p.add_argument("--block-length", type=int, nargs="+", default=[16, 32], help="speed: block lengths timed")
     p.add_argument("--max-one-block-calls", type=int, default=None,
                    help="time a longer one-block decode with this many calls and scale (marked projected)")

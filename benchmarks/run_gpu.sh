@@ -22,7 +22,10 @@ for s in "${sections[@]}"; do
                 --out pretrain-gpu ;;                                      # MFU >= 45% @360M, >= 1.3x ModernBERT
     generation) python benchmarks/bench_generation.py --preset biglm-136m --device cuda --dtype bfloat16 \
                   --new-tokens 128 512 --batch 1 32 --tokens-per-step 2 --block-length 8 32 --repeats 2 \
-                  --out generation-gpu ;;                                   # issue 21's protocol, eager (the AR peer's --compile path breaks on transformers 5.17 cudagraphs)
+                  --out generation-gpu &&                                   # issue 21's protocol, eager (the AR peer's --compile path breaks on transformers 5.17 cudagraphs)
+                python benchmarks/bench_generation.py --preset biglm-136m --device cuda --dtype bfloat16 \
+                  --new-tokens 128 512 --batch 1 32 --tokens-per-step 1 2 --block-length 1 2 4 8 \
+                  --variants ar block-append --repeats 3 --out generation-blocks-small-gpu ;;  # the CPU run's regimes
     *) echo "unknown section $s (tests, attention, pretrain, generation)"; exit 2 ;;
   esac
   r=$?; [ $r -ne 0 ] && { echo "=== $s failed: rc $r"; rc=$r; }
