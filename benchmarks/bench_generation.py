@@ -130,7 +130,8 @@ def decoding(variant: str, *, n: int, block_length: int | None, k: int, args: ar
     extra = dict(BIGLM_VARIANTS[variant])
     if variant != "one-block":
         extra["block_length"] = block_length
-    return DecodingConfig(max_new_tokens=n, strategy=args.strategy, steps=max(1, n // k), **extra)
+    return DecodingConfig(max_new_tokens=n, strategy=args.strategy, steps=max(1, n // k), threshold=args.threshold,
+                          **extra)
 
 
 # --- speed ----------------------------------------------------------------------------------------------------
@@ -218,6 +219,8 @@ def speed(args: argparse.Namespace) -> dict:
                    tokens_per_s=batch * n / med, times_s=times[i])
         if variant != "ar":
             row.update(strategy=args.strategy, block_length=block_length, tokens_per_step=k)
+            if args.strategy == "threshold":
+                row["threshold"] = args.threshold
         if scale != 1.0:
             row["projected_from_calls"] = args.max_one_block_calls
         else:  # tokens per forward call (TPF) and positions processed per committed token, the work behind the time
@@ -403,7 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, nargs="+", default=[128, 512])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    p.add_argument("--strategy", default="confidence", choices=["mask-predict", "confidence"])
+    p.add_argument("--strategy", default="confidence", choices=["mask-predict", "confidence", "threshold"],
+                   help="speed: threshold commits every prediction above --threshold and at least k per call, so on "
+                        "a trained --checkpoint it can make fewer than T = N/k calls (the forward calls column)")
+    p.add_argument("--threshold", type=float, default=0.9, help="speed: tau of --strategy threshold")
     p.add_argument("--tokens-per-step", type=int, nargs="+", default=[2],
                    help="speed: T = N / k calls, each k timed with every block length")
     p.add_argument("--block-length", type=int, nargs="+", default=[16, 32], help="speed: block lengths timed")

@@ -10,7 +10,11 @@ share of the complete sentences written) with its lean settings replaced by:
   sampled independently in one pass and depend most on each other. A strategy plug-in: one `DecodingStrategy`
   subclass overriding `choose` and one `register` call (`biglm.generation.strategies`), nothing in the library.
 
-    python docs/experiments/small_blocks_eval.py MODELS_DIR DATA_ROOT OUT.json
+    python docs/experiments/small_blocks_eval.py MODELS_DIR DATA_ROOT OUT.json [small|threshold]
+
+``threshold`` (instead of the default ``small``): does a longer-trained model commit more than two tokens per call at
+the quality of T = N/2? Blocks of 8: confidence at T = N/2 (the reference), the threshold rule at tau = 0.9 / 0.7 / 0.5
+with at least two tokens per call (steps = N/2) and at tau = 0.9 with at least one, and one token per call.
 
 MODELS_DIR holds `grammar-*` exports or run directories, DATA_ROOT the prepared grammar `data` folder's parent.
 """
@@ -56,14 +60,22 @@ SETTINGS = {
     **{f"threshold {t}, blocks of 2": dict(strategy="threshold", threshold=t, block_length=2) for t in (0.9, 0.7, 0.5)},
 }
 
+THRESHOLD = {
+    "confidence, blocks of 8, T=N/2": dict(strategy="confidence", steps=32, block_length=8),
+    **{f"threshold {t}, blocks of 8, >= 2 per call": dict(strategy="threshold", threshold=t, steps=32, block_length=8)
+       for t in (0.9, 0.7, 0.5)},
+    "threshold 0.9, blocks of 8, >= 1 per call": dict(strategy="threshold", threshold=0.9, block_length=8),
+    "confidence, blocks of 1, T=N": dict(strategy="confidence", steps=64, block_length=1),
+}
+
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5) or sys.argv[4:] not in ([], ["small"], ["threshold"]):
         sys.exit(__doc__)
-    models, data, out = sys.argv[1:]
+    models, data, out = sys.argv[1:4]
     register(Spread)
     evaluate = runpy.run_path(str(Path(__file__).with_name("blocks_quality_eval.py")), run_name="blocks_quality_eval")
     evaluate["LEAN"].clear()
-    evaluate["LEAN"].update(SETTINGS)
+    evaluate["LEAN"].update(THRESHOLD if sys.argv[4:] == ["threshold"] else SETTINGS)
     sys.argv = ["blocks_quality_eval.py", "--models", models, "--data", data, "--only", "grammar", "--settings", "lean",
                 "--out", out]
     evaluate["main"]()
