@@ -10,11 +10,14 @@ share of the complete sentences written) with its lean settings replaced by:
   sampled independently in one pass and depend most on each other. A strategy plug-in: one `DecodingStrategy`
   subclass overriding `choose` and one `register` call (`biglm.generation.strategies`), nothing in the library.
 
-    python docs/experiments/small_blocks_eval.py MODELS_DIR DATA_ROOT OUT.json [small|threshold]
+    python docs/experiments/small_blocks_eval.py MODELS_DIR DATA_ROOT OUT.json [small|threshold|per-prompt]
 
 ``threshold`` (instead of the default ``small``): does a longer-trained model commit more than two tokens per call at
 the quality of T = N/2? Blocks of 8: confidence at T = N/2 (the reference), the threshold rule at tau = 0.9 / 0.7 / 0.5
-with at least two tokens per call (steps = N/2) and at tau = 0.9 with at least one, and one token per call.
+with at least two tokens per call (steps = N/2) and at tau = 0.9 with at least one, and one token per call. The 48
+prompts decode as one batch, whose rows run in lockstep: a block ends early only when it ends early in every row.
+``per-prompt``: the threshold rule (tau = 0.9 / 0.7 / 0.5, at least two per call, blocks of 8) one prompt at a time,
+so the calls counted are each prompt's own (batch 1).
 
 MODELS_DIR holds `grammar-*` exports or run directories, DATA_ROOT the prepared grammar `data` folder's parent.
 """
@@ -68,10 +71,46 @@ THRESHOLD = {
     "confidence, blocks of 1, T=N": dict(strategy="confidence", steps=64, block_length=1),
 }
 
+def per_prompt(models: Path, data: Path, out: Path) -> None:
+    """The threshold rule one prompt at a time: each prompt's own calls and the grammatical share."""
+    import json
+    import statistics
+
+    from biglm.checkpoint import load_model
+    from biglm.generation import generate_ids
+
+    torch.set_num_threads(1)
+    evaluate = runpy.run_path(str(Path(__file__).with_name("blocks_quality_eval.py")), run_name="blocks_quality_eval")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from synthetic_grammar import check
+
+    results = {}
+    for model_dir in sorted(p for p in models.iterdir() if p.name.startswith("grammar")):
+        model, tok = load_model(model_dir)
+        model.float().eval()
+        prompts = evaluate["prompts"](data / "data", n=48, prompt_len=24, new=64)
+        results[model_dir.name] = row = {}
+        for tau in (0.9, 0.7, 0.5):
+            calls, good, total = [], 0, 0
+            for prompt in prompts:
+                answer = generate_ids(model, prompt[None], max_new_tokens=64, strategy="threshold", threshold=tau,
+                                      steps=32, block_length=8)
+                calls.append(answer.steps)
+                c = check(tok.decode(prompt.tolist(), skip_special_tokens=True),
+                          tok.decode(answer.token_lists()[0], skip_special_tokens=True))
+                good, total = good + c["grammatical"], total + c["sentences"]
+            row[f"threshold {tau}, blocks of 8, >= 2 per call, one prompt at a time"] = dict(
+                mean_calls=statistics.mean(calls), min_calls=min(calls), grammatical=good / max(1, total))
+            print(model_dir.name, tau, row, flush=True)
+    out.write_text(json.dumps(results, indent=1))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) not in (4, 5) or sys.argv[4:] not in ([], ["small"], ["threshold"]):
+    if len(sys.argv) not in (4, 5) or sys.argv[4:] not in ([], ["small"], ["threshold"], ["per-prompt"]):
         sys.exit(__doc__)
     models, data, out = sys.argv[1:4]
+    if sys.argv[4:] == ["per-prompt"]:
+        sys.exit(per_prompt(Path(models), Path(data), Path(out)))
     register(Spread)
     evaluate = runpy.run_path(str(Path(__file__).with_name("blocks_quality_eval.py")), run_name="blocks_quality_eval")
     evaluate["LEAN"].clear()
