@@ -10,14 +10,15 @@ share of the complete sentences written) with its lean settings replaced by:
   sampled independently in one pass and depend most on each other. A strategy plug-in: one `DecodingStrategy`
   subclass overriding `choose` and one `register` call (`biglm.generation.strategies`), nothing in the library.
 
-    python docs/experiments/small_blocks_eval.py MODELS_DIR DATA_ROOT OUT.json [small|threshold|per-prompt]
+    python docs/experiments/small_blocks_eval.py MODELS_DIR DATA_ROOT OUT.json [small|threshold|per-prompt|trace]
 
 ``threshold`` (instead of the default ``small``): does a longer-trained model commit more than two tokens per call at
 the quality of T = N/2? Blocks of 8: confidence at T = N/2 (the reference), the threshold rule at tau = 0.9 / 0.7 / 0.5
 with at least two tokens per call (steps = N/2) and at tau = 0.9 with at least one, and one token per call. The 48
 prompts decode as one batch, whose rows run in lockstep: a block ends early only when it ends early in every row.
 ``per-prompt``: the threshold rule (tau = 0.9 / 0.7 / 0.5, at least two per call, blocks of 8) one prompt at a time,
-so the calls counted are each prompt's own (batch 1).
+so the calls counted are each prompt's own (batch 1). ``trace``: the first held-out prompt's first 16 tokens at blocks
+of 8, two per call; every step's predictions with their confidences (written to OUT.json and printed).
 
 MODELS_DIR holds `grammar-*` exports or run directories, DATA_ROOT the prepared grammar `data` folder's parent.
 """
@@ -105,12 +106,45 @@ def per_prompt(models: Path, data: Path, out: Path) -> None:
     out.write_text(json.dumps(results, indent=1))
 
 
+def trace(models: Path, data: Path, out: Path) -> None:
+    """Each step's predictions and confidences for one prompt (what the threshold rule sees)."""
+    import json
+
+    from biglm.checkpoint import load_model
+    from biglm.generation import generate_ids
+
+    torch.set_num_threads(1)
+    evaluate = runpy.run_path(str(Path(__file__).with_name("blocks_quality_eval.py")), run_name="blocks_quality_eval")
+    results = {}
+    for model_dir in sorted(p for p in models.iterdir() if p.name.startswith("grammar")):
+        model, tok = load_model(model_dir)
+        model.float().eval()
+        prompt = evaluate["prompts"](data / "data", n=1, prompt_len=24, new=64)
+        steps: list = []
+        generate_ids(model, prompt, max_new_tokens=16, strategy="confidence", steps=8, block_length=8,
+                     on_step=steps.append)
+        mask = tok.convert_tokens_to_ids(tok.mask_token)
+        rows = []
+        for s in steps:  # the step's prediction at each slot it predicted (the argmax, kept or not) and its confidence
+            cand = s.output_ids[0].clone()
+            rows.append([(tok.decode([int(t)]) if int(t) != mask else "?", round(float(p), 2), bool(k))
+                         for t, p, k in zip(cand[s.predicted[0]], s.probs[0][s.predicted[0]], s.committed[0][s.predicted[0]])])
+        results[model_dir.name] = dict(prompt=tok.decode(prompt[0].tolist()), steps=rows)
+        print(model_dir.name, results[model_dir.name]["prompt"])
+        for r in rows:
+            print("  ", " ".join(f"{t}:{p}{'*' if k else ''}" for t, p, k in r))
+    out.write_text(json.dumps(results, indent=1))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) not in (4, 5) or sys.argv[4:] not in ([], ["small"], ["threshold"], ["per-prompt"]):
+    modes = ([], ["small"], ["threshold"], ["per-prompt"], ["trace"])
+    if len(sys.argv) not in (4, 5) or sys.argv[4:] not in modes:
         sys.exit(__doc__)
     models, data, out = sys.argv[1:4]
     if sys.argv[4:] == ["per-prompt"]:
         sys.exit(per_prompt(Path(models), Path(data), Path(out)))
+    if sys.argv[4:] == ["trace"]:
+        sys.exit(trace(Path(models), Path(data), Path(out)))
     register(Spread)
     evaluate = runpy.run_path(str(Path(__file__).with_name("blocks_quality_eval.py")), run_name="blocks_quality_eval")
     evaluate["LEAN"].clear()
