@@ -5,12 +5,12 @@ Three measurements, each the minimum over ``--repeats`` rounds after a warm-up, 
 - ``rows``: one vocabulary-sized matrix product (hidden x vocab, as the LM head) for 1, 2, 4, 8, 16 rows, cycling over
   four such matrices so that, as in a forward pass, the weights do not stay in cache: the cost of a call is mostly
   streaming the weights, and it grows little with the rows a call runs.
-- ``biglm``: `generate_ids` at batch 1 (append cache, confidence, T = N / ``--tokens-per-step``) for each
+- ``biglm``: `generate_ids` at batch 1 (append cache: the cost a `biglm-blocks` model pays; confidence, T = N / ``--tokens-per-step``) for each
   ``--block-length``; its time split into the model's forward calls (timed inside `BiGLMForMaskedLM.forward`) and
   the rest (the decoding loop: sampling, ranking, commits, cache bookkeeping), per call.
 - ``positions``: one BiGLM forward over a cached 128-token prefix for 1, 4 and 16 suffix positions (logits at all of
   them), its time per call and the part in matrix products (`torch.profiler`, ``aten::mm``).
-- ``ar``: a `LlamaForCausalLM` of the same shape (random weights, tied as the BiGLM), greedy `generate` of exactly
+- ``ar``: a `LlamaForCausalLM` of the same shape (random weights, tied as the BiGLM; `bench_generation.build_models`), greedy `generate` of exactly
   N tokens with its KV cache, split the same way (model forward vs `generate`'s own work), per token.
 
     python benchmarks/bench_call_cost.py --threads 1 --out call-cost-cpu
@@ -28,10 +28,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from biglm import BiGLMConfig, BiGLMForMaskedLM
+from transformers import LlamaForCausalLM
+
+from biglm import BiGLMForMaskedLM
 from biglm.generation import DecodingConfig, generate_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_generation import build_models  # noqa: E402
 from common import machine, markdown_header, write_report  # noqa: E402
 
 
@@ -127,20 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=None, help="results file stem under benchmarks/results/")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    shape = dict(vocab_size=args.vocab_size, hidden_size=args.hidden, intermediate_size=args.intermediate,
-                 num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                 max_position_embeddings=args.prompt_len + args.new_tokens)
-    config = BiGLMConfig.from_preset("tiny", attn_backend="sdpa", prefix_attention="blocks",
-                                     prefix_block_lengths=sorted(args.block_length), **shape)
-    torch.manual_seed(0)
-    biglm = BiGLMForMaskedLM(config).eval()
-    torch.manual_seed(0)
-    llama = LlamaForCausalLM._from_config(
-        LlamaConfig(**shape, rope_theta=config.rope_theta, rms_norm_eps=config.rms_norm_eps,
-                    tie_word_embeddings=config.tie_word_embeddings, pad_token_id=0, bos_token_id=1, eos_token_id=2),
-        attn_implementation="sdpa").eval()
+    # the models of bench_generation.py's speed runs: same shape, same seeds, the Llama built from the BiGLM's config
+    shape = argparse.Namespace(checkpoint=None, preset="tiny", layers=args.layers, hidden=args.hidden,
+                               intermediate=args.intermediate, heads=args.heads, kv_heads=args.kv_heads,
+                               vocab_size=args.vocab_size, prompt_len=args.prompt_len, new_tokens=[args.new_tokens],
+                               compile=False)
+    _, biglm, llama = build_models(shape, torch.device("cpu"), torch.float32)
     prompt = torch.randint(5, args.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(0))
     n = args.new_tokens
     rows = []

@@ -137,6 +137,12 @@ def decoding(variant: str, *, n: int, block_length: int | None, k: int, args: ar
 # --- speed ----------------------------------------------------------------------------------------------------
 
 
+def case_label(variant: str, block_length: int | None, k: int, *, several_k: bool) -> str:
+    """A row's name: the variant, its block length, and its T = N/k when a run times several k."""
+    return variant + (f" B={block_length}" if block_length else "") + (
+        f" T=N/{k}" if variant != "ar" and several_k else "")
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -198,8 +204,7 @@ def speed(args: argparse.Namespace) -> dict:
     times: dict[int, list[float]] = {i: [] for i in range(len(cases))}
     work: dict[int, dict] = {}  # the last timed run's calls and positions (deterministic for a case)
     def name(variant: str, block_length: int | None, k: int) -> str:
-        return variant + (f" B={block_length}" if block_length else "") + (
-            f" T=N/{k}" if variant != "ar" and len(args.tokens_per_step) > 1 else "")
+        return case_label(variant, block_length, k, several_k=len(args.tokens_per_step) > 1)
 
     for i, (batch, n, variant, block_length, k, _, warm, _, _) in enumerate(cases):
         t, _ = _time(warm, device)
@@ -255,8 +260,8 @@ def speed_markdown(report: dict) -> str:
     ]
     for r in report["results"]:
         note = f" (projected from {r['projected_from_calls']} calls)" if "projected_from_calls" in r else ""
-        label = r["variant"] + (f" B={r['block_length']}" if r.get("block_length") else "") + (
-            f" T=N/{r['tokens_per_step']}" if r["variant"] != "ar" and len(s["tokens_per_step"]) > 1 else "")
+        label = case_label(r["variant"], r.get("block_length"), r.get("tokens_per_step", 1),
+                           several_k=len(s["tokens_per_step"]) > 1)
         work = (f"{r['forward_calls']} | {r['tokens_per_forward']:.2f} | {r['positions_per_token']:.2f}"
                 if "forward_calls" in r else "— | — | —")
         lines.append(f"| {r['batch']} | {r['new_tokens']} | {label}{note} | {r['model_calls']} | {work} | "

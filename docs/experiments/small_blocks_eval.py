@@ -72,37 +72,46 @@ THRESHOLD = {
     "confidence, blocks of 1, T=N": dict(strategy="confidence", steps=64, block_length=1),
 }
 
+
+def _evaluator() -> dict:
+    """`blocks_quality_eval.py`'s namespace (its prompts, grammar check, settings and main)."""
+    return runpy.run_path(str(Path(__file__).with_name("blocks_quality_eval.py")), run_name="blocks_quality_eval")
+
+
+def _grammar_models(models: Path):
+    """(name, model in fp32 eval mode, tokenizer) of every `grammar-*` model under ``models``, one thread."""
+    from biglm.checkpoint import load_model
+
+    torch.set_num_threads(1)
+    for model_dir in sorted(p for p in models.iterdir() if p.name.startswith("grammar")):
+        model, tok = load_model(model_dir)
+        yield model_dir.name, model.float().eval(), tok
+
+
 def per_prompt(models: Path, data: Path, out: Path) -> None:
     """The threshold rule one prompt at a time: each prompt's own calls and the grammatical share."""
     import json
     import statistics
 
-    from biglm.checkpoint import load_model
     from biglm.generation import generate_ids
 
-    torch.set_num_threads(1)
-    evaluate = runpy.run_path(str(Path(__file__).with_name("blocks_quality_eval.py")), run_name="blocks_quality_eval")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from synthetic_grammar import check
-
+    evaluate = _evaluator()
     results = {}
-    for model_dir in sorted(p for p in models.iterdir() if p.name.startswith("grammar")):
-        model, tok = load_model(model_dir)
-        model.float().eval()
+    for name, model, tok in _grammar_models(models):
         prompts = evaluate["prompts"](data / "data", n=48, prompt_len=24, new=64)
-        results[model_dir.name] = row = {}
+        results[name] = row = {}
         for tau in (0.9, 0.7, 0.5):
             calls, good, total = [], 0, 0
             for prompt in prompts:
                 answer = generate_ids(model, prompt[None], max_new_tokens=64, strategy="threshold", threshold=tau,
                                       steps=32, block_length=8)
                 calls.append(answer.steps)
-                c = check(tok.decode(prompt.tolist(), skip_special_tokens=True),
-                          tok.decode(answer.token_lists()[0], skip_special_tokens=True))
+                c = evaluate["check"](tok.decode(prompt.tolist(), skip_special_tokens=True),
+                                      tok.decode(answer.token_lists()[0], skip_special_tokens=True))
                 good, total = good + c["grammatical"], total + c["sentences"]
             row[f"threshold {tau}, blocks of 8, >= 2 per call, one prompt at a time"] = dict(
                 mean_calls=statistics.mean(calls), min_calls=min(calls), grammatical=good / max(1, total))
-            print(model_dir.name, tau, row, flush=True)
+            print(name, tau, row, flush=True)
     out.write_text(json.dumps(results, indent=1))
 
 
@@ -110,27 +119,23 @@ def trace(models: Path, data: Path, out: Path) -> None:
     """Each step's predictions and confidences for one prompt (what the threshold rule sees)."""
     import json
 
-    from biglm.checkpoint import load_model
     from biglm.generation import generate_ids
 
-    torch.set_num_threads(1)
-    evaluate = runpy.run_path(str(Path(__file__).with_name("blocks_quality_eval.py")), run_name="blocks_quality_eval")
+    evaluate = _evaluator()
     results = {}
-    for model_dir in sorted(p for p in models.iterdir() if p.name.startswith("grammar")):
-        model, tok = load_model(model_dir)
-        model.float().eval()
+    for name, model, tok in _grammar_models(models):
         prompt = evaluate["prompts"](data / "data", n=1, prompt_len=24, new=64)
         steps: list = []
         generate_ids(model, prompt, max_new_tokens=16, strategy="confidence", steps=8, block_length=8,
                      on_step=steps.append)
         mask = tok.convert_tokens_to_ids(tok.mask_token)
         rows = []
-        for s in steps:  # the step's prediction at each slot it predicted (the argmax, kept or not) and its confidence
-            cand = s.output_ids[0].clone()
+        for s in steps:  # each slot the step predicted: its token if kept ("?" if not), its confidence, kept or not
+            where = s.predicted[0]
             rows.append([(tok.decode([int(t)]) if int(t) != mask else "?", round(float(p), 2), bool(k))
-                         for t, p, k in zip(cand[s.predicted[0]], s.probs[0][s.predicted[0]], s.committed[0][s.predicted[0]])])
-        results[model_dir.name] = dict(prompt=tok.decode(prompt[0].tolist()), steps=rows)
-        print(model_dir.name, results[model_dir.name]["prompt"])
+                         for t, p, k in zip(s.output_ids[0][where], s.probs[0][where], s.committed[0][where])])
+        results[name] = dict(prompt=tok.decode(prompt[0].tolist()), steps=rows)
+        print(name, results[name]["prompt"])
         for r in rows:
             print("  ", " ".join(f"{t}:{p}{'*' if k else ''}" for t, p, k in r))
     out.write_text(json.dumps(results, indent=1))
@@ -146,7 +151,7 @@ if __name__ == "__main__":
     if sys.argv[4:] == ["trace"]:
         sys.exit(trace(Path(models), Path(data), Path(out)))
     register(Spread)
-    evaluate = runpy.run_path(str(Path(__file__).with_name("blocks_quality_eval.py")), run_name="blocks_quality_eval")
+    evaluate = _evaluator()
     evaluate["LEAN"].clear()
     evaluate["LEAN"].update(THRESHOLD if sys.argv[4:] == ["threshold"] else SETTINGS)
     sys.argv = ["blocks_quality_eval.py", "--models", models, "--data", data, "--only", "grammar", "--settings", "lean",

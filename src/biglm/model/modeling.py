@@ -407,7 +407,7 @@ class BiGLMModel(BiGLMPreTrainedModel):
         if return_cache:
             valid = attention_mask.bool() if attention_mask is not None else torch.ones(B, L, dtype=torch.bool, device=input_ids.device)
             padded = attention_mask is not None and not bool(valid.all())  # one check per prompt, not per step
-            hidden = out.last_hidden_state if getattr(self.config, "shift_logits", False) else None
+            hidden = out.last_hidden_state if self.config.shift_logits else None
             out["cache"] = PrefixCache(keys=keys, values=values, key_valid=valid, padded=padded, hidden=hidden)
         return out
 
