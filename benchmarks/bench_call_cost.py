@@ -35,7 +35,7 @@ from biglm.generation import DecodingConfig, generate_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_generation import build_models  # noqa: E402
-from common import machine, markdown_header, write_report  # noqa: E402
+from common import machine, markdown_header, positive_int, write_report  # noqa: E402
 
 
 class ForwardTimer:
@@ -122,10 +122,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--tokens-per-step", type=int, default=2)
-    p.add_argument("--block-length", type=int, nargs="+", default=[2, 8])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--new-tokens", type=positive_int, default=128)
+    p.add_argument("--tokens-per-step", type=positive_int, default=2)
+    p.add_argument("--block-length", type=positive_int, nargs="+", default=[2, 8])
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None, help="results file stem under benchmarks/results/")
     args = p.parse_args(argv)
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with torch.inference_mode():
         for b in args.block_length:
-            cfg = DecodingConfig(max_new_tokens=n, strategy="confidence", steps=n // args.tokens_per_step,
+            cfg = DecodingConfig(max_new_tokens=n, strategy="confidence", steps=max(1, n // args.tokens_per_step),
                                  block_length=b, block_cache="append")
             calls = generate_ids(biglm, prompt, config=cfg).forward_calls
             total, model = best_split(lambda cfg=cfg: generate_ids(biglm, prompt, config=cfg), BiGLMForMaskedLM,

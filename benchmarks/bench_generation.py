@@ -66,7 +66,7 @@ from biglm.generation import DecodingConfig, generate_ids
 from biglm.model import count_parameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown_header, write_report  # noqa: E402
+from common import machine, markdown_header, positive_int, write_report  # noqa: E402
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BIGLM_VARIANTS = {  # name -> DecodingConfig fields on top of the strategy and T
@@ -408,19 +408,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
     p.add_argument("--compile", action="store_true", help="AR baseline: static KV cache + torch.compile (GPU)")
     p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--new-tokens", type=int, nargs="+", default=[128, 512])
+    p.add_argument("--new-tokens", type=positive_int, nargs="+", default=[128, 512])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     p.add_argument("--strategy", default="confidence", choices=["mask-predict", "confidence", "threshold"],
                    help="speed: threshold commits every prediction above --threshold and at least k per call, so on "
                         "a trained --checkpoint it can make fewer than T = N/k calls (the forward calls column)")
     p.add_argument("--threshold", type=float, default=0.9, help="speed: tau of --strategy threshold")
-    p.add_argument("--tokens-per-step", type=int, nargs="+", default=[2],
+    p.add_argument("--tokens-per-step", type=positive_int, nargs="+", default=[2],
                    help="speed: T = N / k calls, each k timed with every block length")
-    p.add_argument("--block-length", type=int, nargs="+", default=[16, 32], help="speed: block lengths timed")
+    p.add_argument("--block-length", type=positive_int, nargs="+", default=[16, 32], help="speed: block lengths timed")
     p.add_argument("--max-one-block-calls", type=int, default=None,
                    help="time a longer one-block decode with this many calls and scale (marked projected)")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=positive_int, default=2)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--prompts", type=int, default=32, help="quality: held-out prompts")
     p.add_argument("--val-shard", default=None, help="quality: a val-*.bin shard (default: CHECKPOINT/data/val-*.bin)")
@@ -435,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     if known.quick:  # the subset's values become defaults, so explicit flags still win
         p.set_defaults(**QUICK)
     args = p.parse_args(argv)
+    if not 0.0 <= args.threshold <= 1.0:
+        p.error(f"--threshold {args.threshold} must lie in [0, 1]")
     if args.mode == "quality" and not args.checkpoint:
         p.error("--mode quality needs --checkpoint (a trained run: a random model cannot show quality)")
     if args.threads:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -13,6 +14,17 @@ from typing import Callable
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (a count of tokens, calls, slots or rounds), else a one-line usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
 
 
 def machine(device: torch.device | None = None) -> dict:

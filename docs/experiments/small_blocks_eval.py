@@ -146,6 +146,10 @@ if __name__ == "__main__":
     if len(sys.argv) not in (4, 5) or sys.argv[4:] not in modes:
         sys.exit(__doc__)
     models, data, out = sys.argv[1:4]
+    for folder in (models, f"{data}/data"):
+        if not Path(folder).is_dir():
+            sys.exit(f"small_blocks_eval.py: {folder} is not a directory (MODELS_DIR holds grammar-* models; DATA_ROOT/data "
+                     "the prepared grammar data)")
     if sys.argv[4:] == ["per-prompt"]:
         sys.exit(per_prompt(Path(models), Path(data), Path(out)))
     if sys.argv[4:] == ["trace"]:
