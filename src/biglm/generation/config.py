@@ -90,6 +90,15 @@ class DecodingConfig:
     early_stop: bool = False
     """mask-predict only: end a row once an iteration changes none of its tokens (fewer than T calls;
     off = the published algorithm)"""
+    draft_length: int = 0
+    """speculative decoding (`generation.speculative`): every model call checks this many drafted tokens against
+    the model's own one-token-per-call prediction and commits the run that agrees plus one more. The answer is the one
+    of confidence decoding at blocks of 1, one token per call, in fewer calls; it needs strategy=confidence and
+    leaves steps and block_length unset (0 = off)"""
+    draft_accept: float = 1.0
+    """speculative decoding, greedy only: a drafted token is kept when its probability is at least this fraction of
+    the most likely token's. 1 keeps only the token greedy decoding writes (the exact answer); lower keeps more
+    tokens per call, and the answer may differ"""
 
     def __post_init__(self) -> None:
         hints = _hints()
@@ -114,10 +123,34 @@ class DecodingConfig:
                 raise ValueError(f"block_length={self.block_length} must be >= 1 (or unset for one block).")
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold={self.threshold} must lie in [0, 1].")
+        if self.draft_length < 0:
+            raise ValueError(f"draft_length={self.draft_length} must be >= 0 (0 = no speculative decoding).")
+        if not 0.0 < self.draft_accept <= 1.0:
+            raise ValueError(f"draft_accept={self.draft_accept} must lie in (0, 1] (1 = exact).")
+        if self.draft_length:
+            self._check_speculative()
+        elif self.draft_accept != 1.0:
+            raise ValueError("draft_accept applies to speculative decoding only: set draft_length >= 1 too.")
         if self.early_stop and not strategy.remasks:
             remaskers = ", ".join(name for name, cls in STRATEGIES.items() if cls.remasks)
             raise ValueError(f"early_stop applies to {remaskers} only; strategy={self.strategy!r} never re-masks a "
                              "token, so there is nothing to stop: set early_stop=False.")
+
+    def _check_speculative(self) -> None:
+        """Speculative decoding reproduces confidence decoding at blocks of 1, one token per call: refuse what it
+        would otherwise ignore."""
+        why = "draft_length (speculative decoding) writes the answer of confidence decoding at blocks of 1, one token per call"
+        if self.strategy != "confidence":
+            raise ValueError(f"{why}: set strategy='confidence' (got {self.strategy!r}), or draft_length=0.")
+        for name, value, ok in (("steps", self.steps, None), ("block_length", self.block_length, 1),
+                                ("block_suffix", self.block_suffix, "block"), ("block_cache", self.block_cache, "append"),
+                                ("length_beam", self.length_beam, 1), ("use_cache", self.use_cache, True)):
+            if value is not None and value != ok:
+                raise ValueError(f"{why}, with the append cache: {name}={value!r} does not apply; leave it "
+                                 f"{'unset' if ok is None else repr(ok)}, or set draft_length=0.")
+        if self.draft_accept < 1.0 and self.temperature > 0.0:
+            raise ValueError("draft_accept < 1 is for greedy decoding; sampling (temperature > 0) accepts a draft with "
+                             "its probability, which keeps the sampled answer's distribution: set draft_accept=1.")
 
     def override(self, **changes: Any) -> DecodingConfig:
         """A copy with ``changes`` applied and validated again; an unknown name is refused, naming the valid ones."""
@@ -160,6 +193,12 @@ def for_model(config: DecodingConfig, model_config: Any) -> DecodingConfig:
     and the exact (re-encoding) cache; asking it for the append cache warns that this is an approximation."""
     blocks_model = getattr(model_config, "prefix_attention", "bidirectional") == "blocks"
     changes: dict[str, Any] = {}
+    if config.draft_length:
+        if not blocks_model:
+            warnings.warn("speculative decoding (draft_length) checks each draft under the append cache at blocks of 1: "
+                          "on a model trained with a bidirectional prefix that is an approximation (earlier answer "
+                          "tokens never see later ones); a biglm-blocks model was trained for it", stacklevel=3)
+        return dataclasses.replace(config, block_length=1, block_cache="append")
     if blocks_model:
         if config.block_cache is None:
             changes["block_cache"] = "append"

@@ -466,6 +466,14 @@ def generate_ids(
     if prompt_ids.ndim != 2 or prompt_ids.shape[0] == 0:
         raise ValueError(f"prompt_ids must be a non-empty (batch, length) tensor, got shape {tuple(prompt_ids.shape)}.")
     check_prompt_ids(model.config, prompt_ids)
+    if cfg.draft_length:
+        if lengths is not None or uses_length_head(model, cfg):
+            raise ValueError("speculative decoding (draft_length) writes up to max_new_tokens left to right and stops at "
+                             "EOS: it takes no candidate lengths (set length_head=False, pass no lengths).")
+        from .speculative import speculative_generate
+
+        return speculative_generate(model, prompt_ids, prompt_mask, config=cfg, generator=generator,
+                                    suppress_ids=suppress_ids, on_step=on_step)
     decode = Decode(model, prompt_ids, prompt_mask, config=cfg, lengths=lengths, generator=generator,
                     suppress_ids=suppress_ids, on_step=on_step, fold_blocks=fold_blocks)
     with _unchecked(model):
@@ -509,6 +517,9 @@ class Decode:
         B, P = prompt_ids.shape
         model_cfg = model.config
         device = prompt_ids.device
+        if config.draft_length:
+            raise ValueError("speculative decoding (draft_length) runs through generate_ids / generate, one batch at a "
+                             "time; this decode (a server's engine) does not run it: set draft_length=0.")
         if prompt_mask is None:
             prompt_mask = torch.ones_like(prompt_ids)
         use_head = uses_length_head(model, config)

@@ -18,6 +18,9 @@ Notable features
   and the FlexAttention block mask are each built lazily, only if a backend asks for them.
 - Queries may be a tail of the keys (``q_offset``): that is how the exact prefix cache runs only
   the suffix positions against cached prefix keys.
+- An explicit rule (``rule``, (B, Lq, Lk) bool) replaces the prefix rule for a call whose queries form no
+  prefix/suffix split: speculative decoding's drafted tokens, each seen only by what follows it in its own
+  branch (`generation.speculative`). Key padding still applies on top.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ class AttentionMask:
         lookahead: a query at position i also never sees a key beyond i + lookahead (ANDed into the rule): 0 is
             causal, None (or >= Lk - 1) no limit. Training's attention annealing (`TrainConfig.attention_anneal_steps`)
             grows it from 0 to the window over the first steps. An int or a 0-dim long tensor.
+        rule: (B, Lq, Lk) bool, which keys each query may see, given outright (instead of ``prefix_len`` and the
+            switches above); ``key_valid`` still applies.
     """
 
     batch: int
@@ -62,6 +67,7 @@ class AttentionMask:
     block_len: torch.Tensor | None = None
     causal: bool = False
     lookahead: torch.Tensor | int | None = None
+    rule: torch.Tensor | None = None
     _dense: torch.Tensor | None = field(default=None, repr=False)
     _block: object | None = field(default=None, repr=False)
 
@@ -69,12 +75,14 @@ class AttentionMask:
     def is_full(self) -> bool:
         """True when every query may see every key (no prefix rule, no padding, no documents)."""
         return (self.prefix_len is None and self.key_valid is None and self.doc_ids is None and not self.causal
-                and self.lookahead is None)
+                and self.lookahead is None and self.rule is None)
 
     def allowed(self, b: torch.Tensor, q_idx: torch.Tensor, k_idx: torch.Tensor) -> torch.Tensor:
         """The mask rule on broadcastable index tensors; used both densely and as a FlexAttention mask_mod."""
         q_pos = q_idx + self.q_offset
         ok = torch.ones_like(q_pos + k_idx, dtype=torch.bool)
+        if self.rule is not None:
+            ok = self.rule[b, q_idx, k_idx]
         if self.prefix_len is not None:
             p = self.prefix_len[b]
             if self.prompt_len is None:
@@ -98,6 +106,13 @@ class AttentionMask:
         """(B, 1, Lq, Lk) boolean mask, True = attend; None when attention is full."""
         if self.is_full:
             return None
+        if self._dense is None and self.rule is not None and self.doc_ids is None:  # given outright: no index grids
+            keys = self.rule
+            if self.key_valid is not None:  # a padded query still sees itself (as in `allowed`)
+                q_pos = torch.arange(self.q_offset, self.q_offset + self.q_len, device=device)
+                own = q_pos[:, None] == torch.arange(self.k_len, device=device)[None, :]
+                keys = keys & (self.key_valid[:, None, :] | own)
+            self._dense = keys[:, None]
         if self._dense is None:
             b = torch.arange(self.batch, device=device)[:, None, None]
             q = torch.arange(self.q_len, device=device)[None, :, None]

@@ -333,6 +333,7 @@ class BiGLMModel(BiGLMPreTrainedModel):
         block_len: torch.Tensor | int | None = None,
         causal: bool = False,
         lookahead: torch.Tensor | int | None = None,
+        attention_rule: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutput:
         """Encode a batch.
@@ -359,6 +360,9 @@ class BiGLMModel(BiGLMPreTrainedModel):
             lookahead: training's attention annealing: a query at position i also never sees keys beyond
                 i + lookahead (0: causal; None: no limit). The pre-training program grows it over the first
                 ``attention_anneal_steps``; decoding and evaluation never pass it.
+            attention_rule: (B, L, offset + L) bool, which keys (the cache's, then this call's) each query may see,
+                given outright instead of a prefix split: speculative decoding's drafted branches
+                (`generation.speculative`). Padding (``attention_mask``, the cache's) still applies on top.
         """
         B, L = input_ids.shape
         offset = 0 if prefix_cache is None else prefix_cache.length
@@ -366,6 +370,13 @@ class BiGLMModel(BiGLMPreTrainedModel):
         prefix_len, prompt_len, block_len = as_rows(prefix_len), as_rows(prompt_len), as_rows(block_len)
         if (prompt_len is None) != (block_len is None):
             raise ValueError("prompt_len and block_len come together (the biglm-blocks rule): pass both or neither.")
+        if attention_rule is not None:
+            if prefix_len is not None or prompt_len is not None or doc_ids is not None or causal or lookahead is not None:
+                raise ValueError("attention_rule gives every query's keys outright: pass it without prefix_len, "
+                                 "prompt_len/block_len, doc_ids, causal or lookahead.")
+            if attention_rule.shape != (B, L, L + offset) or attention_rule.dtype != torch.bool:
+                raise ValueError(f"attention_rule must be a bool tensor of shape (batch, length, cache + length) = "
+                                 f"({B}, {L}, {L + offset}), got {attention_rule.dtype} {tuple(attention_rule.shape)}.")
         if self.validate_inputs:
             self._check_inputs(input_ids, prefix_len, offset)
             if prompt_len is not None:
@@ -386,7 +397,7 @@ class BiGLMModel(BiGLMPreTrainedModel):
             lookahead = torch.as_tensor(lookahead, device=input_ids.device)
         mask = AttentionMask(batch=B, q_len=L, k_len=L + offset, q_offset=offset,
                              prefix_len=prefix_len, key_valid=key_valid, doc_ids=doc_ids, prompt_len=prompt_len,
-                             block_len=block_len, causal=causal, lookahead=lookahead)
+                             block_len=block_len, causal=causal, lookahead=lookahead, rule=attention_rule)
         # build the mask once, outside the (possibly compiled) blocks, for the backend that will read it
         if self.config.attn_backend == "flex":
             mask.block_mask(input_ids.device)
