@@ -11,15 +11,15 @@ One call, for ``draft_length`` m and W = m + 1, per row (``tree_rule`` builds wh
 - ``pending``: the last committed token c and the m drafts d_1..d_m for the slots after it, each a block of one (token
   i sees the cache and tokens 0..i: the keys/values one-token-per-call decoding computes for them, if they are kept);
 - W groups; group j (j = 0..m) sees the cache and pending tokens 0..j, i.e. the answer as it is if d_1..d_j are right:
-  * its first row, a mask at the slot after d_j, sees only that and itself: exactly the mask of one-token-per-call
-    decoding, so its prediction p_j is what that decoding would write there (the check);
-  * its other m rows, masks at the following slots, see the check's mask and each other (a block of masks): their
-    predictions are the next call's drafts, should the answer stop at d_j.
+  * its check, a mask at the slot after d_j that sees only that and itself: exactly the mask of one-token-per-call
+    decoding, so its prediction p_j is what that decoding would write there;
+  * a block of W masks from that slot on, seeing each other (a suffix block, as in training): the predictions of its
+    masks after the first are the next call's drafts, should the answer stop at d_j.
 Then d_1..d_a are kept while each agrees with the check before it (greedy: d_j = argmax p_{j-1}; ``draft_accept`` < 1:
 p_{j-1}(d_j) >= draft_accept * max p_{j-1}; sampling: with probability p_{j-1}(d_j), as in speculative sampling), the
 check p_a writes one more token (on a rejection when sampling: from p_a without the rejected draft, which keeps
 the one-token-per-call distribution), group a's masks give the next drafts, and pending tokens 0..a join the cache. A
-call writes a + 1 tokens and runs W + W² positions. The first call has no pending tokens and one group.
+call writes a + 1 tokens and runs W + W(W + 1) positions (logits at W² of them). The first call has no pending tokens and one group.
 
 Greedy with ``draft_accept=1`` the answer equals confidence decoding at blocks of 1, one token per call (tested token
 for token, batches of different prompt lengths included). Rows of a batch keep different numbers of drafts: a call
@@ -42,28 +42,38 @@ from .sampling import filter_logits
 def tree_rule(*, pending: int, width: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """(L, L) bool: which of a speculative call's own rows each row may see (module docstring); every row also sees
     the whole cache. Rows: ``pending`` tokens (0 on the first call, else ``width``), then max(pending, 1) groups of
-    ``width`` masks."""
-    groups = max(pending, 1)
-    L = pending + groups * width
+    1 + ``width`` rows: the check, then a block of ``width`` masks (the first at the check's slot)."""
+    groups, size = max(pending, 1), width + 1
+    L = pending + groups * size
     rule = torch.zeros(L, L, dtype=torch.bool, device=device)
     k = torch.arange(pending, device=device)
     rule[:pending, :pending] = k[None, :] <= k[:, None]  # pending tokens: blocks of one
     for j in range(groups):
-        start = pending + j * width
+        start = pending + j * size
         if pending:
-            rule[start:start + width, :j + 1] = True  # the answer as it is if d_1..d_j are right
+            rule[start:start + size, :j + 1] = True  # the answer as it is if d_1..d_j are right
         rule[start, start] = True  # the check: its own slot only
-        rule[start + 1:start + width, start:start + width] = True  # the drafts: a block of masks
+        rule[start + 1:start + size, start + 1:start + size] = True  # the drafts: a block of masks
     return rule
 
 
 def tree_offsets(*, pending: int, width: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """(L,) long: each row's position relative to the first unwritten slot (pending token i: i - 1; group j's rows:
-    j, j + 1, ..., j + width - 1)."""
+    """(L,) long: each row's position relative to the first unwritten slot (pending token i: i - 1; group j: its
+    check j, then its block j, j + 1, ..., j + width - 1)."""
     groups = max(pending, 1)
     own = torch.arange(pending, device=device) - 1
-    grid = torch.arange(groups, device=device)[:, None] + torch.arange(width, device=device)[None, :]
+    block = torch.arange(groups, device=device)[:, None] + torch.arange(width, device=device)[None, :]
+    grid = torch.cat((torch.arange(groups, device=device)[:, None], block), 1)
     return torch.cat((own, grid.reshape(-1)))
+
+
+def tree_predictions(*, pending: int, width: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(G * width,) long: the rows whose logits a call reads, group by group: the check, then the block's masks after
+    the check's slot (the drafts; the block's first mask only gives them context)."""
+    groups, size = max(pending, 1), width + 1
+    starts = pending + torch.arange(groups, device=device)[:, None] * size
+    within = torch.cat((torch.zeros(1, dtype=torch.long, device=device), torch.arange(2, size, device=device)))
+    return (starts + within[None, :]).reshape(-1)
 
 
 @torch.inference_mode()
@@ -100,8 +110,8 @@ def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
     active = torch.ones(B, dtype=torch.bool, device=device)
     rows = torch.arange(B, device=device)
     slots = torch.arange(W, device=device)[None, :]
-    layouts = {n: (tree_rule(pending=n, width=W, device=device), tree_offsets(pending=n, width=W, device=device))
-               for n in (0, W)}  # the first call's and every later one's
+    layouts = {n: (tree_rule(pending=n, width=W, device=device), tree_offsets(pending=n, width=W, device=device),
+                   tree_predictions(pending=n, width=W, device=device)) for n in (0, W)}  # first call, later ones
     calls = forward_calls = positions = 0
     with _unchecked(model):
         if P:
@@ -114,13 +124,12 @@ def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
         pending = prompt_ids[:, :0]  # (B, 0) on the first call, then (B, W): the last token and m drafts
         while bool(active.any()):
             n = pending.shape[1]
-            tail, offsets = layouts[n]
+            tail, offsets, read = layouts[n]
             L, G = tail.shape[0], max(n, 1)
             rule = torch.cat((tail.new_ones(L, cache.length), tail), 1).expand(B, L, cache.length + L)
-            ids = torch.cat((pending, pending.new_full((B, G * W), mask_id)), 1)
+            ids = torch.cat((pending, pending.new_full((B, L - n), mask_id)), 1)
             out = model(ids, prefix_cache=cache, position_ids=P + written[:, None] + offsets, attention_rule=rule,
-                        logits_positions=(rows[:, None] * L + torch.arange(n, L, device=device)).reshape(-1),
-                        return_cache=n > 0)
+                        logits_positions=(rows[:, None] * L + read).reshape(-1), return_cache=n > 0)
             calls, forward_calls, positions = calls + 1, forward_calls + 1, positions + B * L
             logits = out.logits.float().view(B, G, W, -1).index_fill_(-1, banned, float("-inf"))
             checks = logits[:, :, 0]  # (B, G, V): p_j, what one-token-per-call decoding writes after d_1..d_j

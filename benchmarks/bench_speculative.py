@@ -1,0 +1,173 @@
+"""Speculative decoding against block decoding and an autoregressive model, speed and quality side by side, on a
+trained `biglm-blocks` checkpoint and its held-out prompts (issue 21: batch 1, >= 2x the AR model at the quality of
+T = N/2).
+
+A random model never agrees with its own drafts, so this benchmark needs trained weights and real prompts: the first
+``--prompt-len`` tokens of the first ``--prompts`` held-out documents long enough for prompt + N (``--val-shard``,
+default CHECKPOINT/data/val-*.bin).
+
+Settings, each writing exactly N tokens per prompt (EOS suppressed for every BiGLM setting, so no answer stops early
+and every setting does the work of N tokens, as the AR model does with ``min_new_tokens = N``):
+- ``ar``: a `LlamaForCausalLM` of the checkpoint's shape (random weights: they do not change a forward's cost),
+  transformers' greedy ``generate`` with its KV cache (`bench_generation.build_models`);
+- ``blocks of B, T=N/2``: confidence decoding, blocks of ``--block-length`` with the append cache, two tokens per
+  call (the issue's reference quality);
+- ``blocks of 1, T=N``: one token per call (what speculative decoding reproduces exactly);
+- ``speculative m=k``: ``draft_length`` k for each of ``--draft-lengths``, with each ``--draft-accept`` (1 = exact).
+Timing: one warm-up round, then ``--repeats`` rounds; each round runs every setting once over all prompts (batch 1:
+one prompt at a time; larger ``--batch``: prompts in groups of that size), so a shared machine's load hits every
+setting alike; the median round is the headline, ratios against the AR model of the same rounds.
+Quality (the timed answers): model calls per answer, tokens per call, positions processed per committed token,
+agreement with the blocks-of-1 answer, and with ``--grammar`` the grammatical share of the complete sentences
+(`synthetic_grammar.check`).
+
+    python benchmarks/bench_speculative.py --checkpoint RUN --grammar --threads 1 --out speculative-grammar-cpu
+
+Results go to ``benchmarks/results/<out>.json`` and ``.md`` with the machine, torch version and git commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from biglm.checkpoint import load_model
+from biglm.generation import DecodingConfig, generate_ids
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_generation import _prompts, build_models  # noqa: E402
+from common import machine, markdown_header, positive_int, write_report  # noqa: E402
+
+
+def settings(args: argparse.Namespace, n: int) -> dict[str, dict]:
+    """Label -> `DecodingConfig` fields of every BiGLM setting timed."""
+    out = {f"blocks of {args.block_length}, T=N/2": dict(strategy="confidence", steps=n // 2,
+                                                         block_length=args.block_length),
+           "blocks of 1, T=N": dict(strategy="confidence", block_length=1)}
+    for accept in args.draft_accept:
+        for m in args.draft_lengths:
+            out[f"speculative m={m}" + ("" if accept == 1.0 else f", accept {accept:g}")] = dict(
+                strategy="confidence", draft_length=m, draft_accept=accept)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="a trained biglm-blocks run or export")
+    p.add_argument("--val-shard", default=None, help="held-out prompts (default: CHECKPOINT/data/val-*.bin)")
+    p.add_argument("--prompt-len", type=positive_int, default=64)
+    p.add_argument("--new-tokens", type=positive_int, default=128, help="N, the tokens each answer writes")
+    p.add_argument("--prompts", type=positive_int, default=16)
+    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--block-length", type=positive_int, default=8, help="the reference setting's blocks")
+    p.add_argument("--draft-lengths", type=positive_int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--draft-accept", type=float, nargs="+", default=[1.0, 0.5])
+    p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--threads", type=positive_int, default=None)
+    p.add_argument("--grammar", action="store_true", help="the checkpoint learned benchmarks/synthetic_grammar.py")
+    p.add_argument("--out", default=None, help="results file stem under benchmarks/results/")
+    args = p.parse_args(argv)
+    for a in args.draft_accept:
+        if not 0.0 < a <= 1.0:
+            p.error(f"--draft-accept {a}: must lie in (0, 1]")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    where = machine()  # the load before this run's own work
+    if not Path(args.checkpoint).exists():
+        p.error(f"--checkpoint {args.checkpoint}: no such run or export")
+    model, tokenizer = load_model(args.checkpoint)
+    if model.config.prefix_attention != "blocks":
+        p.error(f"--checkpoint {args.checkpoint}: a paper (bidirectional) model; speculative decoding is exact for a "
+                "biglm-blocks model (biglm pretrain --objective biglm-blocks, or the adaptation recipe)")
+    n = args.new_tokens
+    shape = argparse.Namespace(checkpoint=args.checkpoint, prompt_len=args.prompt_len, new_tokens=[n], compile=False)
+    _, _, llama = build_models(shape, torch.device("cpu"), torch.float32)
+    model = model.float().eval()
+    if model.config.attn_backend == "flex":  # FlexAttention on a CPU runs uncompiled: sdpa is the CPU path
+        model.set_attn_backend("sdpa")
+    model.config.max_position_embeddings = max(model.config.max_position_embeddings, args.prompt_len + n)
+    prompts, _ = _prompts(argparse.Namespace(val_shard=args.val_shard, checkpoint=args.checkpoint, new_tokens=[n],
+                                             prompt_len=args.prompt_len, prompts=args.prompts))
+    groups = list(prompts.split(args.batch))
+    eos = model.config.eos_token_id
+    grid = settings(args, n)
+
+    def run_ar() -> dict:
+        for g in groups:
+            with torch.inference_mode():
+                out = llama.generate(g, attention_mask=torch.ones_like(g), max_new_tokens=n, min_new_tokens=n,
+                                     do_sample=False)
+            assert out.shape[1] == g.shape[1] + n
+        return dict(calls=n * len(groups), positions=prompts.shape[0] * (args.prompt_len + n - 1), answers=None)
+
+    def run_biglm(fields: dict) -> dict:
+        calls = positions = 0
+        answers = []
+        for g in groups:
+            out = generate_ids(model, g, config=DecodingConfig(max_new_tokens=n, **fields), suppress_ids=[eos])
+            calls, positions = calls + out.steps, positions + out.positions
+            answers += out.token_lists()
+        return dict(calls=calls, positions=positions, answers=answers)
+
+    runs = {"ar": run_ar, **{label: (lambda f=f: run_biglm(f)) for label, f in grid.items()}}
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    made: dict[str, dict] = {}
+    for r in range(args.repeats + 1):  # round 0 warms up
+        for label, fn in runs.items():
+            t0 = time.perf_counter()
+            made[label] = fn()
+            t = time.perf_counter() - t0
+            if r:
+                times[label].append(t)
+            print(f"  {'warm-up' if not r else f'round {r}/{args.repeats}'} {label:<32} {t:7.2f} s", flush=True)
+    ref = made["blocks of 1, T=N"]["answers"]
+    ar = statistics.median(times["ar"])
+    rows = []
+    for label in runs:
+        med = statistics.median(times[label])
+        w = made[label]
+        calls = w["calls"] / len(groups)  # one call of a group serves each of its answers
+        row = dict(setting=label, seconds_median=med, seconds=times[label], speedup_vs_ar=ar / med,
+                   calls_per_answer=calls, tokens_per_call=n / calls, positions_per_token=w["positions"] / (prompts.shape[0] * n))
+        if label != "ar":
+            row.update(grid[label])
+            row["agreement_with_one_per_call"] = sum(a == b for x, y in zip(w["answers"], ref) for a, b in zip(x, y)) / (
+                len(ref) * n)
+            if args.grammar:
+                from synthetic_grammar import check
+
+                counts = [check(tokenizer.decode(q.tolist(), skip_special_tokens=True),
+                                tokenizer.decode(a, skip_special_tokens=True)) for q, a in zip(prompts, w["answers"])]
+                row["grammatical"] = sum(c["grammatical"] for c in counts) / max(1, sum(c["sentences"] for c in counts))
+        rows.append(row)
+    report = dict(mode="speculative", settings=dict(
+        checkpoint=args.checkpoint, prompts=prompts.shape[0], prompt_len=args.prompt_len, new_tokens=n,
+        batch=args.batch, repeats=args.repeats, block_length=args.block_length, shape=dict(
+            layers=model.config.num_hidden_layers, hidden=model.config.hidden_size, vocab=model.config.vocab_size)),
+        machine=where, command="python benchmarks/bench_speculative.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        results=rows)
+    lines = [*markdown_header("Speculative decoding vs block decoding vs AR, trained weights", report), "",
+             f"- {prompts.shape[0]} held-out prompts of {args.prompt_len} tokens, N = {n}, batch {args.batch}; "
+             f"{model.config.num_hidden_layers} layers x {model.config.hidden_size}, vocab {model.config.vocab_size}; "
+             f"median of {args.repeats} interleaved rounds after a warm-up", "",
+             "| setting | calls / answer | tokens / call | positions / token | agreement with 1 per call "
+             "| grammatical | time (s) | vs AR |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        gram = f"{100 * r['grammatical']:.1f}%" if "grammatical" in r else "-"
+        agree = f"{100 * r['agreement_with_one_per_call']:.1f}%" if "agreement_with_one_per_call" in r else "-"
+        lines.append(f"| {r['setting']} | {r['calls_per_answer']:.1f} | {r['tokens_per_call']:.2f} | "
+                     f"{r['positions_per_token']:.2f} | {agree} | {gram} | {r['seconds_median']:.2f} | "
+                     f"{r['speedup_vs_ar']:.2f}x |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        write_report(args.out, report, text)
+
+
+if __name__ == "__main__":
+    main()

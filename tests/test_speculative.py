@@ -1,0 +1,177 @@
+"""Speculative decoding (`generation.speculative`): confidence decoding at blocks of 1, one token per call, written
+in fewer calls with drafts checked under that condition in the same pass."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from biglm import BiGLMConfig, BiGLMForMaskedLM
+from biglm.generation import Decode, DecodingConfig, generate_ids, left_pad
+from biglm.generation.speculative import _accept, _one_more, tree_offsets, tree_predictions, tree_rule
+
+
+def _blocks_model(seed: int = 0, **overrides) -> BiGLMForMaskedLM:
+    torch.manual_seed(seed)
+    config = BiGLMConfig.from_preset("tiny", initializer_range=0.2, prefix_attention="blocks",
+                                     prefix_block_lengths=[1, 4, 8], **overrides)
+    return BiGLMForMaskedLM(config).eval()
+
+
+def _batch(model: BiGLMForMaskedLM, lengths=(7, 3, 11)) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(5, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    return left_pad(prompts, pad_id=model.config.pad_token_id)
+
+
+def test_tree_rule_equals_hand_written():
+    T, F = True, False
+    # m = 1 (W = 2): pending c, d1; group j = its check kj, then a block of two masks bj0 (at kj's slot), bj1
+    expected = torch.tensor([
+        # c  d1 k0 b00 b01 k1 b10 b11
+        [T, F, F, F, F, F, F, F],  # c: itself
+        [T, T, F, F, F, F, F, F],  # d1: c and itself
+        [T, F, T, F, F, F, F, F],  # check 0 (slot after c): c, itself
+        [T, F, F, T, T, F, F, F],  # block 0: c and the block
+        [T, F, F, T, T, F, F, F],
+        [T, T, F, F, F, T, F, F],  # check 1 (slot after d1): c, d1, itself
+        [T, T, F, F, F, F, T, T],  # block 1: c, d1 and the block
+        [T, T, F, F, F, F, T, T],
+    ])
+    assert torch.equal(tree_rule(pending=2, width=2), expected)
+    assert tree_offsets(pending=2, width=2).tolist() == [-1, 0, 0, 0, 1, 1, 1, 2]
+    assert tree_predictions(pending=2, width=2).tolist() == [2, 4, 5, 7]  # checks and the drafts after them
+    # the first call: no pending tokens, one group after the prompt
+    assert torch.equal(tree_rule(pending=0, width=2), torch.tensor([[T, F, F], [F, T, T], [F, T, T]]))
+    assert tree_offsets(pending=0, width=2).tolist() == [0, 0, 1]
+
+
+def test_one_call_checks_each_draft_under_the_one_token_condition():
+    """A speculative call's check after d_1..d_j equals the one-token-per-call forward on prompt + c + d_1..d_j +
+    one mask; its drafts equal that forward with a block of masks; the pending tokens' keys/values equal a from-scratch
+    forward under the biglm-blocks rule at blocks of 1."""
+    model = _blocks_model()
+    mask_id, V = model.config.mask_token_id, model.config.vocab_size
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(5, V, (1, 6), generator=g)
+    pending = torch.randint(5, V, (1, 3), generator=g)  # c (answer slot 0), d_1, d_2
+    W, P = 3, prompt.shape[1]
+    with torch.inference_mode():
+        cache = model.encode_prefix(prompt)
+        rule = tree_rule(pending=W, width=W)
+        L = rule.shape[0]
+        full_rule = torch.cat((torch.ones(L, P, dtype=torch.bool), rule), 1)[None]
+        ids = torch.cat((pending, torch.full((1, L - W), mask_id)), 1)
+        out = model(ids, prefix_cache=cache, position_ids=P + 1 + tree_offsets(pending=W, width=W)[None],
+                    attention_rule=full_rule, return_cache=True)
+        for j in range(W):
+            answer = torch.cat((prompt, pending[:, :j + 1], torch.full((1, W), mask_id)), 1)
+            split = P + j + 1
+            one = model(answer[:, :split + 1], prefix_len=split, prompt_len=P, block_len=1).logits[0, -1]
+            block = model(answer, prefix_len=split, prompt_len=P, block_len=1).logits[0, split:]
+            group = out.logits[0, W + j * (W + 1): W + (j + 1) * (W + 1)]
+            torch.testing.assert_close(group[0], one, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(group[1:], block, atol=1e-5, rtol=1e-5)
+        scratch = model.model(torch.cat((prompt, pending), 1), prefix_len=P + W, prompt_len=P, block_len=1,
+                              return_cache=True)["cache"]
+        for mine, ref in zip(out["cache"].keys + out["cache"].values, scratch.keys + scratch.values):
+            torch.testing.assert_close(mine[:, :, :W], ref[:, :, P:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_greedy_speculative_equals_one_token_per_call(m):
+    """Token for token, a left-padded batch of different prompt lengths, in fewer calls than tokens."""
+    model = _blocks_model()
+    ids, mask = _batch(model)
+    kw = dict(max_new_tokens=24, strategy="confidence", suppress_ids=[7])
+    ref = generate_ids(model, ids, mask, block_length=1, **kw)
+    out = generate_ids(model, ids, mask, draft_length=m, **kw)
+    assert ref.steps == 24 and out.token_lists() == ref.token_lists()
+    assert out.steps <= 24 and out.forward_calls == out.steps + 1  # + the prompt's pass
+    L = (m + 1) + (m + 1) * (m + 2)
+    assert out.positions == ids.numel() + ids.shape[0] * ((m + 2) + (out.steps - 1) * L)
+
+
+def test_every_draft_kept_writes_m_plus_one_tokens_per_call():
+    """With draft_accept near 0 every draft is kept: the first call writes one token, every later one m + 1 (EOS
+    suppressed, so no row stops early)."""
+    model = _blocks_model()
+    ids, mask = _batch(model)
+    for m, N in ((2, 24), (3, 10)):
+        out = generate_ids(model, ids, mask, max_new_tokens=N, strategy="confidence", draft_length=m,
+                           draft_accept=1e-30, suppress_ids=[model.config.eos_token_id])
+        assert out.steps == 1 + math.ceil((N - 1) / (m + 1))
+        assert all(len(t) == N for t in out.token_lists())
+
+
+def test_speculative_sampling_keeps_the_checks_distribution():
+    """Keep a one-token draft with its probability, else draw from the check without it: the token written is
+    distributed as the check (p = [0.5, 0.3, 0.2], draft 0: 0.5, 0.5 * 0.6, 0.5 * 0.4)."""
+    n = 40000
+    p = torch.tensor([0.5, 0.3, 0.2])
+    checks = p.log().expand(n, 1, 3).clone()
+    drafts = torch.zeros(n, 1, dtype=torch.long)
+    cfg = DecodingConfig(strategy="confidence", draft_length=1, temperature=1.0)
+    g = torch.Generator().manual_seed(0)
+    kept, rejected = _accept(checks, drafts, cfg, g)
+    assert abs(kept.float().mean().item() - 0.5) < 0.01
+    last = torch.where(kept[:, None].bool(), checks[:, 0], checks[:, 0])  # the check after the kept drafts
+    bonus = _one_more(last, cfg, g, kept=kept, rejected=rejected, m=1)
+    assert not bool((bonus[kept == 0] == 0).any())  # a rejected draft is never written in its place
+    written = torch.where(kept == 1, drafts[:, 0], bonus)
+    freq = torch.bincount(written, minlength=3).float() / n
+    torch.testing.assert_close(freq, p, atol=0.01, rtol=0)
+
+
+def test_sampling_is_seeded():
+    model = _blocks_model()
+    ids, mask = _batch(model)
+    kw = dict(max_new_tokens=16, strategy="confidence", draft_length=2, temperature=1.0)
+    a, b = generate_ids(model, ids, mask, seed=3, **kw), generate_ids(model, ids, mask, seed=3, **kw)
+    c = generate_ids(model, ids, mask, seed=4, **kw)
+    assert a.token_lists() == b.token_lists() != c.token_lists()
+
+
+def test_bad_speculative_settings_are_refused():
+    for kw, match in ((dict(draft_length=2), "strategy='confidence'"),
+                      (dict(strategy="confidence", draft_length=2, steps=8), "steps=8"),
+                      (dict(strategy="confidence", draft_length=2, block_length=8), "block_length=8"),
+                      (dict(strategy="confidence", draft_length=2, block_cache="exact"), "block_cache='exact'"),
+                      (dict(strategy="confidence", draft_length=2, length_beam=2), "length_beam=2"),
+                      (dict(strategy="confidence", draft_length=-1), "draft_length=-1"),
+                      (dict(strategy="confidence", draft_accept=0.5), "draft_length >= 1"),
+                      (dict(strategy="confidence", draft_length=2, draft_accept=0.0), r"\(0, 1\]"),
+                      (dict(strategy="confidence", draft_length=2, draft_accept=0.5, temperature=1.0), "greedy")):
+        with pytest.raises(ValueError, match=match):
+            DecodingConfig(**kw)
+    model = _blocks_model()
+    ids, mask = _batch(model)
+    cfg = DecodingConfig(strategy="confidence", draft_length=2)
+    with pytest.raises(ValueError, match="candidate lengths"):
+        generate_ids(model, ids, mask, config=cfg, lengths=[4])
+    with pytest.raises(ValueError, match="server"):
+        Decode(model, ids, mask, config=cfg)
+    shifted = _blocks_model(shift_logits=True)
+    with pytest.raises(ValueError, match="shift_logits"):
+        generate_ids(shifted, ids, mask, config=cfg)
+    torch.manual_seed(0)
+    paper = BiGLMForMaskedLM(BiGLMConfig.from_preset("tiny")).eval()
+    with pytest.warns(UserWarning, match="approximation"):
+        generate_ids(paper, ids, mask, config=cfg.override(max_new_tokens=4))
+
+
+def test_attention_rule_is_refused_with_a_prefix_split_or_a_wrong_shape():
+    model = _blocks_model()
+    ids = torch.randint(5, 50, (1, 4))
+    rule = torch.ones(1, 4, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match="without prefix_len"):
+        model(ids, prefix_len=2, attention_rule=rule)
+    with pytest.raises(ValueError, match=r"\(1, 4, 4\)"):
+        model(ids, attention_rule=rule[:, :3])
+    # a rule that is the biglm-blocks mask gives that mask's logits
+    blocks = model(ids, prefix_len=3, prompt_len=1, block_len=1).logits
+    T, F = True, False
+    hand = torch.tensor([[[T, F, F, F], [T, T, F, F], [T, T, T, F], [T, T, T, T]]])
+    torch.testing.assert_close(model(ids, attention_rule=hand).logits, blocks, atol=1e-5, rtol=1e-5)
