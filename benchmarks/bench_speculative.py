@@ -3,8 +3,8 @@ trained `biglm-blocks` checkpoint and its held-out prompts (issue 21: batch 1, >
 T = N/2).
 
 A random model never agrees with its own drafts, so this benchmark needs trained weights and real prompts: the first
-``--prompt-len`` tokens of the first ``--prompts`` held-out documents long enough for prompt + N (``--val-shard``,
-default CHECKPOINT/data/val-*.bin).
+``--prompt-len`` tokens of the first ``--prompts`` held-out documents that long (``--val-shard``, default
+CHECKPOINT/data/val-*.bin); the answers run on past the document.
 
 Settings, each writing exactly N tokens per prompt (EOS suppressed for every BiGLM setting, so no answer stops early
 and every setting does the work of N tokens, as the AR model does with ``min_new_tokens = N``):
@@ -40,7 +40,7 @@ from biglm.checkpoint import load_model
 from biglm.generation import DecodingConfig, generate_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generation import _prompts, build_models  # noqa: E402
+from bench_generation import build_models  # noqa: E402
 from common import machine, markdown_header, positive_int, write_report  # noqa: E402
 
 
@@ -54,6 +54,29 @@ def settings(args: argparse.Namespace, n: int) -> dict[str, dict]:
             out[f"speculative m={m}" + ("" if accept == 1.0 else f", accept {accept:g}")] = dict(
                 strategy="confidence", draft_length=m, draft_accept=accept)
     return out
+
+
+def held_out_prompts(args: argparse.Namespace) -> torch.Tensor:
+    """(prompts, P): the first ``--prompt-len`` tokens of the first ``--prompts`` held-out documents that long (the
+    answers continue past the document's end: only the prompt is read)."""
+    from biglm.data.shards import ShardReader
+
+    shards = [Path(args.val_shard)] if args.val_shard else sorted((Path(args.checkpoint) / "data").glob("val-*.bin"))
+    if not shards or not shards[0].is_file():
+        raise SystemExit(f"bench_speculative.py: no held-out shard ({args.val_shard or args.checkpoint + '/data/val-*.bin'}): "
+                         "pass --val-shard DATA/val-00000.bin")
+    shard = ShardReader(shards[0], expected_vocab_size=None)
+    rows = []
+    for i in range(len(shard)):
+        doc = shard.doc(i)
+        if len(doc) >= args.prompt_len:
+            rows.append(doc[:args.prompt_len].astype("int64").tolist())
+        if len(rows) == args.prompts:
+            break
+    if len(rows) < args.prompts:
+        raise SystemExit(f"bench_speculative.py: only {len(rows)} documents of {shards[0]} hold --prompt-len "
+                         f"{args.prompt_len} tokens; ask for fewer --prompts or a shorter --prompt-len")
+    return torch.tensor(rows, dtype=torch.long)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,8 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     if model.config.attn_backend == "flex":  # FlexAttention on a CPU runs uncompiled: sdpa is the CPU path
         model.set_attn_backend("sdpa")
     model.config.max_position_embeddings = max(model.config.max_position_embeddings, args.prompt_len + n)
-    prompts, _ = _prompts(argparse.Namespace(val_shard=args.val_shard, checkpoint=args.checkpoint, new_tokens=[n],
-                                             prompt_len=args.prompt_len, prompts=args.prompts))
+    prompts = held_out_prompts(args)
     groups = list(prompts.split(args.batch))
     eos = model.config.eos_token_id
     grid = settings(args, n)

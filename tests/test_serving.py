@@ -162,6 +162,8 @@ def _error(r) -> dict:
     ({"prompt": "hi", "strategy": "beam"}, 400, "strategy"),
     ({"prompt": "hi", "threshold": 2}, 400, "threshold"),
     ({"prompt": "hi", "block_length": 0}, 400, "block_length"),
+    ({"prompt": "hi", "strategy": "confidence", "draft_length": 2}, 400, "draft_length"),  # not in the engine
+    ({"prompt": "hi", "draft_accept": 0.5}, 400, "draft_accept"),
     ({"prompt": "hi", "logprobs": 2}, 400, "logprobs"),  # unsupported: refused, not ignored
     ({"max_tokens": 4}, 400, "prompt"),
     ({"prompt": "hi", "n": 0}, 400, "n"),

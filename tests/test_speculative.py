@@ -175,3 +175,40 @@ def test_attention_rule_is_refused_with_a_prefix_split_or_a_wrong_shape():
     T, F = True, False
     hand = torch.tensor([[[T, F, F, F], [T, T, F, F], [T, T, T, F], [T, T, T, T]]])
     torch.testing.assert_close(model(ids, attention_rule=hand).logits, blocks, atol=1e-5, rtol=1e-5)
+
+
+def test_engine_refuses_and_batch_files_run_speculative_rows_alone():
+    """The server's engine merges requests into shared calls, which speculative decoding does not: refused at submit.
+    A batch file's sampled speculative rows run one at a time, each with its own seed: the answer it gets alone."""
+    from biglm.generation import DecodeEngine
+    from biglm.generation.batch import BatchAnswerer, BatchRow
+
+    model = _blocks_model()
+    cfg = DecodingConfig(strategy="confidence", draft_length=2, max_new_tokens=8)
+    with pytest.raises(ValueError, match="engine"):
+        DecodeEngine(model).submit("a", [5, 6, 7], cfg)
+
+    class Tok:
+        def __len__(self):
+            return model.config.vocab_size
+
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    answerer = BatchAnswerer(model, Tok())
+    sampled = [cfg.override(temperature=1.0, seed=s) for s in (1, 2)]
+    rows = [BatchRow(line=i, id=str(i), prompt_ids=[5 + i, 6, 7], config=c) for i, c in enumerate(sampled)]
+    got = answerer(rows)
+    for row, out in zip(rows, got):
+        alone = generate_ids(model, torch.tensor([row.prompt_ids]), config=row.config, suppress_ids=answerer.suppress)
+        assert out["text"] == " ".join(map(str, alone.token_lists()[0]))
+
+
+def test_serve_refuses_draft_length_at_start():
+    from biglm.serving.cli import ServeArgs, server_defaults
+
+    model = _blocks_model()
+    args = ServeArgs(checkpoint="unused", decoding=DecodingConfig(strategy="confidence", draft_length=2))
+    with pytest.raises(ValueError, match="--decoding.draft_length"):
+        server_defaults(model.config, args, given=["strategy", "draft_length"])
+    assert server_defaults(model.config, args, given=["strategy"]).draft_length == 0

@@ -29,6 +29,8 @@ Notable features
 - ``on_step`` receives a `StepInfo` after every model call, so a CLI can show the answer unmask.
 - Options arrive as one validated `config.DecodingConfig`; `generate_ids` takes no loose option
   keywords except as overrides that build that object once at its entry.
+- Speculative decoding (``draft_length``: the answer of confidence decoding at blocks of 1, one token per call, in
+  fewer calls) is a loop of its own (`speculative`); `generate_ids` hands such a config to it.
 """
 
 from __future__ import annotations
@@ -482,6 +484,11 @@ def generate_ids(
     return decode.output()
 
 
+SPECULATIVE_ALONE = ("speculative decoding (draft_length) runs in generate_ids / generate / biglm generate, one batch "
+                     "per call: the server's engine, which merges requests into shared model calls, does not run it; "
+                     "set draft_length=0.")
+
+
 def require_mask_token(model_config: Any) -> None:
     """Refuse a model without a mask token: iterative unmasking starts from an all-mask answer."""
     if getattr(model_config, "mask_token_id", None) is None:
@@ -518,8 +525,7 @@ class Decode:
         model_cfg = model.config
         device = prompt_ids.device
         if config.draft_length:
-            raise ValueError("speculative decoding (draft_length) runs through generate_ids / generate, one batch at a "
-                             "time; this decode (a server's engine) does not run it: set draft_length=0.")
+            raise ValueError(SPECULATIVE_ALONE)
         if prompt_mask is None:
             prompt_mask = torch.ones_like(prompt_ids)
         use_head = uses_length_head(model, config)

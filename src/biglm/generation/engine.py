@@ -35,7 +35,8 @@ import torch
 from ..model.modeling import PrefixCache
 from .api import cut_at_stop
 from .config import DecodingConfig
-from .decoding import Decode, DecodeRun, _unchecked, check_prompt_ids, require_mask_token, uses_length_head
+from .decoding import (SPECULATIVE_ALONE, Decode, DecodeRun, _unchecked, check_prompt_ids, require_mask_token,
+                       uses_length_head)
 
 
 @dataclass
@@ -128,6 +129,8 @@ class DecodeEngine:
                              f"{self.max_batch_rows}: lower length_beam.")
         if config.stop and self.tokenizer is None:
             raise ValueError("stop strings need the tokenizer: build DecodeEngine(model, tokenizer=...).")
+        if config.draft_length:
+            raise ValueError(SPECULATIVE_ALONE)
         uses_length_head(self.model, config)  # length_head=True on a model without one fails here
         self._waiting[request_id] = _Request(request_id, ids, config)
 

@@ -203,11 +203,10 @@ def _accept(checks: torch.Tensor, drafts: torch.Tensor, cfg: DecodingConfig, gen
     """How many leading drafts each row keeps, (B,) long, and the draft after them, (B,) long (the one rejected,
     when any). ``checks`` (B, m, V): the logits of the check before each draft; ``drafts`` (B, m)."""
     B, m = drafts.shape
-    if cfg.temperature == 0.0:
-        best = checks.max(-1).values  # logits: p(d) / max p = exp(l_d - l_max)
-        ok = checks.gather(-1, drafts[..., None]).squeeze(-1) >= best + math.log(cfg.draft_accept)
-        if cfg.draft_accept == 1.0:
-            ok = checks.argmax(-1) == drafts  # exactly the token one-token-per-call decoding writes
+    if cfg.temperature == 0.0 and cfg.draft_accept == 1.0:
+        ok = checks.argmax(-1) == drafts  # exactly the token one-token-per-call decoding writes
+    elif cfg.temperature == 0.0:  # p(d) >= accept * max p, i.e. l_d >= l_max + log(accept) in logits
+        ok = checks.gather(-1, drafts[..., None]).squeeze(-1) >= checks.max(-1).values + math.log(cfg.draft_accept)
     else:
         tempered = filter_logits(checks / cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p).softmax(-1)
         p = tempered.gather(-1, drafts[..., None]).squeeze(-1)

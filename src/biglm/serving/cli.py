@@ -182,6 +182,9 @@ def server_defaults(config: Any, args: ServeArgs, *, given: Collection[str] | No
         plain = DecodingConfig()
         given = [name for name in FIELDS if getattr(args.decoding, name) != getattr(plain, name)]
     defaults = model_decoding(config, {name: getattr(args.decoding, name) for name in given})
+    if defaults.draft_length:
+        raise ValueError("--decoding.draft_length: speculative decoding runs in `biglm generate` and the Python API, "
+                         "not in the server, whose engine merges requests into shared model calls; leave it out")
     window = config.max_position_embeddings
     if defaults.max_new_tokens >= window:
         raise ValueError(f"--decoding.max_new_tokens {defaults.max_new_tokens} leaves no room for a prompt in "

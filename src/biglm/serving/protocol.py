@@ -106,6 +106,10 @@ def decoding_config(request: _RequestBase, *, base: DecodingConfig, max_steps: i
         if param is not None and names[param] != param:
             message = message.replace(names[param], param)
         raise APIError(400, message, param=param, code="invalid_value") from None
+    if config.draft_length:  # (draft_accept alone is refused by DecodingConfig: it needs draft_length)
+        raise APIError(400, "draft_length: speculative decoding runs in `biglm generate` and the Python API, not in this "
+                            "server, whose engine merges requests into shared model calls; leave it out.",
+                       param="draft_length", code="invalid_value")
     steps = config.steps
     if steps is not None and steps > max_steps:
         raise APIError(400, f"steps={steps} is more model calls than this server allows ({max_steps}, the model's "
