@@ -95,3 +95,22 @@ def test_run_lock_refuses_a_second_holder_and_is_reentrant_in_one_process(tmp_pa
     with RunLock(tmp_path, echo=notes.append):  # the holder is gone: its record stays, the lock is free
         pass
     assert len(notes) == 1 and "taking over" in notes[0] and "pid 4242 on node3" in notes[0]
+
+
+def test_a_flex_model_loads_on_a_cpu_with_sdpa_and_the_same_logits(checkpoint, tmp_path):
+    """A GPU run's FlexAttention model, loaded on a CPU, runs sdpa (FlexAttention's CPU path is uncompiled and slow):
+    same logits under the BiGLM mask."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from biglm.checkpoint import load_model
+    from conftest import save_random_model
+
+    out = save_random_model(tmp_path / "flex", AutoTokenizer.from_pretrained(checkpoint), attn_backend="flex")
+    model, tok = load_model(out)
+    assert model.config.attn_backend == "sdpa"
+    flex, _ = load_model(out)
+    flex.config.attn_backend = "flex"
+    ids = torch.randint(5, len(tok), (2, 10))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids, prefix_len=4).logits, flex(ids, prefix_len=4).logits, atol=1e-5, rtol=1e-5)

@@ -55,7 +55,8 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     written by `biglm export` or `save_pretrained`), a training run / checkpoint directory written by
     `biglm pretrain` (the latest checkpoint of a run is used), or a `biglm finetune` run (its best epoch,
     ``RUN/best``). A directory saved as ``BiGLMForConditionalGeneration`` (a CMLM seq2seq fine-tune) loads
-    as that class, so decoding uses its length head.
+    as that class, so decoding uses its length head. A model trained with FlexAttention (a GPU run) loads on a CPU
+    with sdpa: the same attention, without FlexAttention's uncompiled CPU path.
     """
     from transformers import AutoTokenizer
 
@@ -74,6 +75,10 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
         if dtype is not None:
             model = model.to(dtype)
     model.model.validate_inputs = True
+    if torch.device(device).type == "cpu" and model.config.attn_backend == "flex":
+        # a GPU run's FlexAttention runs uncompiled on a CPU (forward only, 5-7x slower per decoding call than sdpa
+        # on a 4x192 model, docs/LOG.md); sdpa applies the same mask (tested for every backend)
+        model.set_attn_backend("sdpa")
     return model.to(device).eval(), tokenizer
 
 
