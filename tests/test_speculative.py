@@ -212,3 +212,16 @@ def test_serve_refuses_draft_length_at_start():
     with pytest.raises(ValueError, match="--decoding.draft_length"):
         server_defaults(model.config, args, given=["strategy", "draft_length"])
     assert server_defaults(model.config, args, given=["strategy"]).draft_length == 0
+
+
+def test_on_step_reports_each_call_and_the_cli_shows_it():
+    """Every call reports the slots it wrote (together: the whole answer, each once), as the CLI's --show_steps reads."""
+    model = _blocks_model()
+    ids, mask = _batch(model)
+    steps = []
+    out = generate_ids(model, ids, mask, max_new_tokens=12, strategy="confidence", draft_length=2,
+                       draft_accept=1e-30, suppress_ids=[model.config.eos_token_id], on_step=steps.append)
+    assert len(steps) == out.steps and all(s.strategy == "confidence" for s in steps)
+    written = torch.stack([s.committed for s in steps]).long()
+    assert torch.equal(written.sum(0), torch.ones_like(written[0]))  # each slot written by exactly one call
+    assert torch.equal(steps[-1].output_ids, out.tokens)

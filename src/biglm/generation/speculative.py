@@ -165,7 +165,7 @@ def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
             if on_step:
                 at = torch.arange(N, device=device)[None, :]
                 wrote = (at >= (written - count)[:, None]) & (at < written[:, None])  # this call's slots
-                on_step(StepInfo(strategy=f"{cfg.strategy}, speculative ({m} drafts)", step=calls, total_steps=N,
+                on_step(StepInfo(strategy=cfg.strategy, step=calls, total_steps=N,
                                  block=0, input_ids=before, output_ids=answer[:, :N].clone(), predicted=wrote,
                                  committed=wrote, probs=torch.where(wrote, logprobs[:, :N].exp(), 0.0),
                                  num_masked=(before == mask_id).sum(1), valid=torch.ones_like(wrote),
