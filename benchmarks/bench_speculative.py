@@ -40,7 +40,7 @@ from biglm.checkpoint import load_model
 from biglm.generation import DecodingConfig, generate_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generation import build_models  # noqa: E402
+from bench_generation import _DTYPES, _sync, build_models  # noqa: E402
 from common import machine, markdown_header, positive_int, write_report  # noqa: E402
 
 
@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--draft-lengths", type=positive_int, nargs="+", default=[1, 2, 3])
     p.add_argument("--draft-accept", type=float, nargs="+", default=[1.0, 0.5])
     p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
     p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--grammar", action="store_true", help="the checkpoint learned benchmarks/synthetic_grammar.py")
     p.add_argument("--out", default=None, help="results file stem under benchmarks/results/")
@@ -100,21 +102,19 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--draft-accept {a}: must lie in (0, 1]")
     if args.threads:
         torch.set_num_threads(args.threads)
-    where = machine()  # the load before this run's own work
+    where = machine(torch.device(args.device))  # the load before this run's own work
     if not Path(args.checkpoint).exists():
         p.error(f"--checkpoint {args.checkpoint}: no such run or export")
-    model, tokenizer = load_model(args.checkpoint)
+    device, dtype = torch.device(args.device), _DTYPES[args.dtype]
+    model, tokenizer = load_model(args.checkpoint, device=device, dtype=dtype)  # on a CPU: sdpa attention
     if model.config.prefix_attention != "blocks":
         p.error(f"--checkpoint {args.checkpoint}: a paper (bidirectional) model; speculative decoding is exact for a "
                 "biglm-blocks model (biglm pretrain --objective biglm-blocks, or the adaptation recipe)")
     n = args.new_tokens
     shape = argparse.Namespace(checkpoint=args.checkpoint, prompt_len=args.prompt_len, new_tokens=[n], compile=False)
-    _, _, llama = build_models(shape, torch.device("cpu"), torch.float32)
-    model = model.float().eval()
-    if model.config.attn_backend == "flex":  # FlexAttention on a CPU runs uncompiled: sdpa is the CPU path
-        model.set_attn_backend("sdpa")
+    _, _, llama = build_models(shape, device, dtype)
     model.config.max_position_embeddings = max(model.config.max_position_embeddings, args.prompt_len + n)
-    prompts = held_out_prompts(args)
+    prompts = held_out_prompts(args).to(device)
     groups = list(prompts.split(args.batch))
     eos = model.config.eos_token_id
     grid = settings(args, n)
@@ -141,8 +141,10 @@ def main(argv: list[str] | None = None) -> None:
     made: dict[str, dict] = {}
     for r in range(args.repeats + 1):  # round 0 warms up
         for label, fn in runs.items():
+            _sync(device)
             t0 = time.perf_counter()
             made[label] = fn()
+            _sync(device)
             t = time.perf_counter() - t0
             if r:
                 times[label].append(t)
@@ -169,13 +171,15 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
     report = dict(mode="speculative", settings=dict(
         checkpoint=args.checkpoint, prompts=prompts.shape[0], prompt_len=args.prompt_len, new_tokens=n,
-        batch=args.batch, repeats=args.repeats, block_length=args.block_length, shape=dict(
+        batch=args.batch, repeats=args.repeats, block_length=args.block_length, device=str(device), dtype=args.dtype,
+        shape=dict(
             layers=model.config.num_hidden_layers, hidden=model.config.hidden_size, vocab=model.config.vocab_size)),
         machine=where, command="python benchmarks/bench_speculative.py " + " ".join(sys.argv[1:] if argv is None else argv),
         results=rows)
     lines = [*markdown_header("Speculative decoding vs block decoding vs AR, trained weights", report), "",
              f"- {prompts.shape[0]} held-out prompts of {args.prompt_len} tokens, N = {n}, batch {args.batch}; "
-             f"{model.config.num_hidden_layers} layers x {model.config.hidden_size}, vocab {model.config.vocab_size}; "
+             f"{model.config.num_hidden_layers} layers x {model.config.hidden_size}, vocab {model.config.vocab_size}, "
+             f"{args.dtype} on {device}; "
              f"median of {args.repeats} interleaved rounds after a warm-up", "",
              "| setting | calls / answer | tokens / call | positions / token | agreement with 1 per call "
              "| grammatical | time (s) | vs AR |", "|---|---:|---:|---:|---:|---:|---:|---:|"]

@@ -2,7 +2,7 @@
 # Every GPU-only check in one place, for a session that has a GPU (the `device` tool runs it in the repository
 # root; results land in benchmarks/results/*-gpu.* and are copied to $OUT if set). Sections, so each fits one
 # 10-minute device call; no argument runs them all (~20 minutes on one H100):
-#   bash benchmarks/run_gpu.sh tests attention      # then: pretrain, then: generation
+#   bash benchmarks/run_gpu.sh tests attention      # then: pretrain, then: generation, then: speculative
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # the device machine has no network: use its own CUDA torch, import biglm from the tree; packages it lacks
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src:$PWD/benchmarks:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 python -c "import transformers, tokenizers, safetensors, yaml" || { echo "missing packages: carry wheels"; exit 3; }
 python -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
-sections=("$@"); [ ${#sections[@]} -eq 0 ] && sections=(tests attention pretrain generation)
+sections=("$@"); [ ${#sections[@]} -eq 0 ] && sections=(tests attention pretrain generation speculative)
 rc=0
 for s in "${sections[@]}"; do
   echo "=== $s"
@@ -26,7 +26,17 @@ for s in "${sections[@]}"; do
                 python benchmarks/bench_generation.py --preset biglm-136m --device cuda --dtype bfloat16 \
                   --new-tokens 128 512 --batch 1 32 --tokens-per-step 1 2 --block-length 1 2 4 8 \
                   --variants ar block-append --repeats 3 --out generation-blocks-small-gpu ;;  # the CPU run's regimes
-    *) echo "unknown section $s (tests, attention, pretrain, generation)"; exit 2 ;;
+    speculative) G=${SPEC_DIR:-runs/speculative-gpu}; STEPS=${SPEC_STEPS:-800}  # issue 21 at batch 1: needs trained weights
+                 python benchmarks/synthetic_grammar.py $G/src/grammar.txt --docs 20000 &&
+                 python -m biglm tokenizer train --input $G/src/grammar.txt --out $G/tok --vocab_size 512 &&
+                 python -m biglm data prepare $G/src --tokenizer $G/tok --out $G/data --val_docs 400 --workers 1 &&
+                 python -m biglm pretrain --data $G/data --tokenizer $G/tok --out_dir $G/run --objective biglm-blocks \
+                   --steps $STEPS --global_batch 64 --micro_batch 64 --seq_len 128 --warmup_steps 40 \
+                   --eval_every $STEPS --save_every $STEPS &&     # the grammar model of docs/LOG.md, ~2 min
+                 python benchmarks/bench_speculative.py --checkpoint $G/run --val-shard $G/data/val-00000.bin \
+                   --prompt-len 24 --new-tokens 128 --prompts 16 --grammar --device ${SPEC_DEVICE:-cuda} \
+                   --dtype ${SPEC_DTYPE:-bfloat16} --out ${SPEC_OUT:-speculative-grammar-gpu} ;;
+    *) echo "unknown section $s (tests, attention, pretrain, generation, speculative)"; exit 2 ;;
   esac
   r=$?; [ $r -ne 0 ] && { echo "=== $s failed: rc $r"; rc=$r; }
   if [ -n "${OUT:-}" ]; then cp benchmarks/results/*-gpu.* "$OUT"/ 2>/dev/null; fi

@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--docs", type=int, default=20000)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n\n".join(documents(args.docs, seed=args.seed)) + "\n")
     print(f"wrote {args.docs} documents to {args.out}")
     return 0
