@@ -19,7 +19,8 @@ Then d_1..d_a are kept while each agrees with the check before it (greedy: d_j =
 p_{j-1}(d_j) >= draft_accept * max p_{j-1}; sampling: with probability p_{j-1}(d_j), as in speculative sampling), the
 check p_a writes one more token (on a rejection when sampling: from p_a without the rejected draft, which keeps
 the one-token-per-call distribution), group a's masks give the next drafts, and pending tokens 0..a join the cache. A
-call writes a + 1 tokens and runs W + W(W + 1) positions (logits at W² of them). The first call has no pending tokens and one group.
+call writes a + 1 tokens and runs W + W(W + 1) positions (logits at W² of them). The first call has no pending tokens
+and one group.
 
 Greedy with ``draft_accept=1`` the answer equals confidence decoding at blocks of 1, one token per call (tested token
 for token, batches of different prompt lengths included). Rows of a batch keep different numbers of drafts: a call
@@ -138,14 +139,15 @@ def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
                 drafts = pending[:, 1:]  # (B, m): d_1..d_m
                 kept, rejected = _accept(checks[:, :m], drafts, cfg, generator)
             else:
-                drafts = pending
                 kept, rejected = torch.zeros(B, dtype=torch.long, device=device), None
             bonus = _one_more(checks[rows, kept], cfg, generator, kept=kept, rejected=rejected, m=m)
-            # this call's tokens: d_1..d_a, then the bonus at slot a (slots past a are not taken)
-            new = torch.cat((drafts, bonus[:, None]), 1).scatter(1, kept[:, None], bonus[:, None])
-            new_logp = torch.cat((logp[:, :n - 1].gather(-1, drafts[..., None]).squeeze(-1) if n else logp[:, :0, 0],
-                                  logp[rows, kept, bonus][:, None]), 1).scatter(1, kept[:, None],
-                                                                               logp[rows, kept, bonus][:, None])
+            bonus_logp = logp[rows, kept, bonus][:, None]
+            if n:  # this call's tokens: d_1..d_a, then the bonus at slot a (slots past a are not taken)
+                new = torch.cat((drafts, bonus[:, None]), 1).scatter(1, kept[:, None], bonus[:, None])
+                new_logp = torch.cat((logp[:, :m].gather(-1, drafts[..., None]).squeeze(-1), bonus_logp), 1)
+                new_logp = new_logp.scatter(1, kept[:, None], bonus_logp)
+            else:
+                new, new_logp = bonus[:, None], bonus_logp
             take = (slots[:, :new.shape[1]] <= kept[:, None]) & active[:, None]
             cols = (written[:, None] + slots[:, :new.shape[1]]).clamp(max=N + W - 1)  # a finished row writes nothing
             before = answer[:, :N].clone() if on_step else None
