@@ -204,8 +204,12 @@ def test_engine_refuses_and_batch_files_run_speculative_rows_alone():
         assert out["text"] == " ".join(map(str, alone.token_lists()[0]))
 
 
-def test_serve_refuses_draft_length_at_start():
-    from biglm.serving.cli import ServeArgs, server_defaults
+def test_serve_refuses_draft_length_at_start(checkpoint, capsys):
+    from biglm.serving.cli import ServeArgs, main, server_defaults
+
+    assert main([str(checkpoint), "--decoding.strategy", "confidence", "--decoding.draft_length", "2"]) == 2
+    err = capsys.readouterr().err  # an option error, said as one (the model itself loads)
+    assert "--decoding.draft_length" in err and "cannot load" not in err
 
     model = _blocks_model()
     args = ServeArgs(checkpoint="unused", decoding=DecodingConfig(strategy="confidence", draft_length=2))

@@ -240,6 +240,13 @@ def main(argv: list[str]) -> int:
     given = list(given_options(ServeArgs, argv).get("decoding") or {})
     if args.replicas is not None:
         return _main_replicas(args, argv, given)
+    try:  # the options against the model's config first: an option error is not a model that cannot load
+        check_model_options(args, given=given)
+    except ValueError as e:
+        print(f"biglm serve: {e}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, OSError):
+        pass  # reported below, by the load itself
     try:
         app = build_app(args, given=given)
     except (FileNotFoundError, OSError, ValueError) as e:
