@@ -88,9 +88,7 @@ QUICK = dict(preset="tiny", layers=4, hidden=192, intermediate=512, heads=6, kv_
 
 
 def build_models(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
-    """A BiGLM (``--checkpoint`` or ``--preset``) and a LlamaForCausalLM of identical shape."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    """A BiGLM (``--checkpoint`` or ``--preset``) and a LlamaForCausalLM of identical shape (`llama_peer`)."""
     window = args.prompt_len + max(args.new_tokens)
     if args.checkpoint:
         from biglm.checkpoint import load_model
@@ -110,6 +108,15 @@ def build_models(args: argparse.Namespace, device: torch.device, dtype: torch.dt
         torch.manual_seed(0)
         biglm = BiGLMForMaskedLM(config)
     biglm = biglm.to(device=device, dtype=dtype).eval()
+    return config, biglm, llama_peer(config, device, dtype, compile=args.compile)
+
+
+def llama_peer(config: BiGLMConfig, device: torch.device, dtype: torch.dtype, *, compile: bool = False,
+               ) -> LlamaForCausalLM:
+    """The autoregressive peer: a `LlamaForCausalLM` of ``config``'s shape (random weights: they do not change a
+    forward's cost) with sdpa attention; ``compile``: a static KV cache and torch.compile (GPU)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     llama_config = LlamaConfig(
         vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
         num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
@@ -119,10 +126,10 @@ def build_models(args: argparse.Namespace, device: torch.device, dtype: torch.dt
     )
     torch.manual_seed(0)
     llama = LlamaForCausalLM._from_config(llama_config, attn_implementation="sdpa").to(device=device, dtype=dtype).eval()
-    if args.compile:
+    if compile:
         llama.generation_config.cache_implementation = "static"
         llama.forward = torch.compile(llama.forward, mode="reduce-overhead", fullgraph=True)
-    return config, biglm, llama
+    return llama
 
 
 def decoding(variant: str, *, n: int, block_length: int | None, k: int, args: argparse.Namespace) -> DecodingConfig:

@@ -14,9 +14,10 @@ and every setting does the work of N tokens, as the AR model does with ``min_new
   call (the issue's reference quality);
 - ``blocks of 1, T=N``: one token per call (what speculative decoding reproduces exactly);
 - ``speculative m=k``: ``draft_length`` k for each of ``--draft-lengths``, with each ``--draft-accept`` (1 = exact).
-Timing: one warm-up round, then ``--repeats`` rounds; each round runs every setting once over all prompts (batch 1:
-one prompt at a time; larger ``--batch``: prompts in groups of that size), so a shared machine's load hits every
-setting alike; the median round is the headline, ratios against the AR model of the same rounds.
+Timing: one warm-up round, then ``--repeats`` rounds over all prompts (batch 1: one prompt at a time; larger
+``--batch``: prompts in groups of that size). Within a round every setting answers a group before the next group
+starts, so a shared machine's drifting speed hits every setting alike; a setting's round time sums its groups. The
+median round is the headline, and the ratio against the AR model is the median of the rounds' own ratios.
 Quality (the timed answers): model calls per answer, tokens per call, positions processed per committed token,
 agreement with the blocks-of-1 answer, and with ``--grammar`` the grammatical share of the complete sentences
 (`synthetic_grammar.check`).
@@ -40,7 +41,7 @@ from biglm.checkpoint import load_model
 from biglm.generation import DecodingConfig, generate_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generation import _DTYPES, _sync, build_models  # noqa: E402
+from bench_generation import _DTYPES, _sync, llama_peer  # noqa: E402
 from common import machine, markdown_header, positive_int, write_report  # noqa: E402
 
 
@@ -111,52 +112,54 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--checkpoint {args.checkpoint}: a paper (bidirectional) model; speculative decoding is exact for a "
                 "biglm-blocks model (biglm pretrain --objective biglm-blocks, or the adaptation recipe)")
     n = args.new_tokens
-    shape = argparse.Namespace(checkpoint=args.checkpoint, prompt_len=args.prompt_len, new_tokens=[n], compile=False)
-    _, _, llama = build_models(shape, device, dtype)
-    model.config.max_position_embeddings = max(model.config.max_position_embeddings, args.prompt_len + n)
+    if args.prompt_len + n > model.config.max_position_embeddings:
+        p.error(f"--prompt-len {args.prompt_len} + --new-tokens {n} exceed the model's max_position_embeddings="
+                f"{model.config.max_position_embeddings}: a trained model writes only inside the window it learned")
+    llama = llama_peer(model.config, device, dtype)
     prompts = held_out_prompts(args).to(device)
     groups = list(prompts.split(args.batch))
     eos = model.config.eos_token_id
     grid = settings(args, n)
 
-    def run_ar() -> dict:
-        for g in groups:
-            with torch.inference_mode():
-                out = llama.generate(g, attention_mask=torch.ones_like(g), max_new_tokens=n, min_new_tokens=n,
-                                     do_sample=False)
-            assert out.shape[1] == g.shape[1] + n
-        return dict(calls=n * len(groups), positions=prompts.shape[0] * (args.prompt_len + n - 1), answers=None)
+    def run_ar(g: torch.Tensor) -> dict:
+        with torch.inference_mode():
+            out = llama.generate(g, attention_mask=torch.ones_like(g), max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False)
+        assert out.shape[1] == g.shape[1] + n
+        return dict(calls=n, positions=g.shape[0] * (args.prompt_len + n - 1), answers=[])
 
-    def run_biglm(fields: dict) -> dict:
-        calls = positions = 0
-        answers = []
-        for g in groups:
-            out = generate_ids(model, g, config=DecodingConfig(max_new_tokens=n, **fields), suppress_ids=[eos])
-            calls, positions = calls + out.steps, positions + out.positions
-            answers += out.token_lists()
-        return dict(calls=calls, positions=positions, answers=answers)
+    def run_biglm(g: torch.Tensor, fields: dict) -> dict:
+        out = generate_ids(model, g, config=DecodingConfig(max_new_tokens=n, **fields), suppress_ids=[eos])
+        return dict(calls=out.steps, positions=out.positions, answers=out.token_lists())
 
-    runs = {"ar": run_ar, **{label: (lambda f=f: run_biglm(f)) for label, f in grid.items()}}
+    runs = {"ar": run_ar, **{label: (lambda g, f=f: run_biglm(g, f)) for label, f in grid.items()}}
     times: dict[str, list[float]] = {k: [] for k in runs}
     made: dict[str, dict] = {}
     for r in range(args.repeats + 1):  # round 0 warms up
-        for label, fn in runs.items():
-            _sync(device)
-            t0 = time.perf_counter()
-            made[label] = fn()
-            _sync(device)
-            t = time.perf_counter() - t0
+        spent = dict.fromkeys(runs, 0.0)
+        made = {label: dict(calls=0, positions=0, answers=[]) for label in runs}
+        for g in groups:  # every setting on this group before the next: a drifting machine hits all alike
+            for label, fn in runs.items():
+                _sync(device)
+                t0 = time.perf_counter()
+                w = fn(g)
+                _sync(device)
+                spent[label] += time.perf_counter() - t0
+                for key in ("calls", "positions", "answers"):
+                    made[label][key] += w[key]
+        for label, t in spent.items():
             if r:
                 times[label].append(t)
             print(f"  {'warm-up' if not r else f'round {r}/{args.repeats}'} {label:<32} {t:7.2f} s", flush=True)
     ref = made["blocks of 1, T=N"]["answers"]
-    ar = statistics.median(times["ar"])
     rows = []
     for label in runs:
         med = statistics.median(times[label])
         w = made[label]
         calls = w["calls"] / len(groups)  # one call of a group serves each of its answers
-        row = dict(setting=label, seconds_median=med, seconds=times[label], speedup_vs_ar=ar / med,
+        ratios = [a / t for a, t in zip(times["ar"], times[label])]  # each round against its own AR time
+        row = dict(setting=label, seconds_median=med, seconds=times[label], speedup_vs_ar=statistics.median(ratios),
+                   speedup_vs_ar_rounds=ratios,
                    calls_per_answer=calls, tokens_per_call=n / calls, positions_per_token=w["positions"] / (prompts.shape[0] * n))
         if label != "ar":
             row.update(grid[label])
@@ -180,15 +183,16 @@ def main(argv: list[str] | None = None) -> None:
              f"- {prompts.shape[0]} held-out prompts of {args.prompt_len} tokens, N = {n}, batch {args.batch}; "
              f"{model.config.num_hidden_layers} layers x {model.config.hidden_size}, vocab {model.config.vocab_size}, "
              f"{args.dtype} on {device}; "
-             f"median of {args.repeats} interleaved rounds after a warm-up", "",
+             f"{args.repeats} rounds after a warm-up, each setting on a group of prompts before the next group; time: "
+             "the median round; vs AR: the median of the rounds' own ratios (their range beside it)", "",
              "| setting | calls / answer | tokens / call | positions / token | agreement with 1 per call "
-             "| grammatical | time (s) | vs AR |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| grammatical | time (s) | vs AR | rounds |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         gram = f"{100 * r['grammatical']:.1f}%" if "grammatical" in r else "-"
         agree = f"{100 * r['agreement_with_one_per_call']:.1f}%" if "agreement_with_one_per_call" in r else "-"
         lines.append(f"| {r['setting']} | {r['calls_per_answer']:.1f} | {r['tokens_per_call']:.2f} | "
                      f"{r['positions_per_token']:.2f} | {agree} | {gram} | {r['seconds_median']:.2f} | "
-                     f"{r['speedup_vs_ar']:.2f}x |")
+                     f"{r['speedup_vs_ar']:.2f}x | {min(r['speedup_vs_ar_rounds']):.2f}-{max(r['speedup_vs_ar_rounds']):.2f}x |")
     text = "\n".join(lines)
     print(text)
     if args.out:

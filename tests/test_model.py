@@ -122,17 +122,20 @@ def test_components_match_llama():
     ours, theirs = BiGLMMLP(cfg), ml.LlamaMLP(lcfg)
     theirs.load_state_dict(ours.state_dict())  # same parameter names
     torch.testing.assert_close(ours(x), theirs(x))
-    # RoPE
+    # RoPE: our tables are (B, 1, L, D) with the sin's first half negated (`apply_rope` rolls instead of
+    # rotate_half); the cos and |sin| are Llama's, and the rotated q, k are Llama's bit for bit
     pos = torch.arange(3, 14).expand(2, 11)
     cos, sin = BiGLMRotaryEmbedding(cfg)(pos, torch.float32)
     lcos, lsin = ml.LlamaRotaryEmbedding(lcfg)(x, pos)
-    torch.testing.assert_close(cos, lcos)
-    torch.testing.assert_close(sin, lsin)
+    half = cfg.head_dim // 2
+    torch.testing.assert_close(cos[:, 0], lcos)
+    torch.testing.assert_close(sin[:, 0, :, half:], lsin[..., half:])
+    torch.testing.assert_close(sin[:, 0, :, :half], -lsin[..., :half])
     q = torch.randn(2, cfg.num_attention_heads, 11, cfg.head_dim)
     k = torch.randn(2, cfg.num_key_value_heads, 11, cfg.head_dim)
     lq, lk = ml.apply_rotary_pos_emb(q, k, lcos, lsin)
-    torch.testing.assert_close(apply_rope(q, cos, sin), lq)
-    torch.testing.assert_close(apply_rope(k, cos, sin), lk)
+    torch.testing.assert_close(apply_rope(q, cos, sin), lq, atol=0, rtol=0)
+    torch.testing.assert_close(apply_rope(k, cos, sin), lk, atol=0, rtol=0)
 
 
 def test_sparse_prediction_matches_dense(tiny_config):

@@ -36,7 +36,8 @@ from .config import BiGLMConfig
 
 
 class BiGLMRMSNorm(nn.Module):
-    """RMSNorm computed in fp32 (same numerics as Llama's)."""
+    """RMSNorm computed in fp32 (same numerics as Llama's; fp32 inputs take PyTorch's one-call `rms_norm`, bitwise the
+    same as the formula below, which lower-precision inputs keep so their rounding stays Llama's)."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-5) -> None:
         super().__init__()
@@ -44,6 +45,8 @@ class BiGLMRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one call: a decoding step's overhead
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -51,7 +54,11 @@ class BiGLMRMSNorm(nn.Module):
 
 
 class BiGLMRotaryEmbedding(nn.Module):
-    """RoPE tables for given positions (Llama's half-rotation convention)."""
+    """RoPE tables for given positions (Llama's half-rotation convention).
+
+    Returns ``cos`` and a *signed* ``sin`` (its first half negated), each (B, 1, L, D), so `apply_rope` rotates with a
+    roll instead of Llama's split-negate-concatenate: the same numbers, fewer calls per layer (a batch-1 decoding
+    call is mostly per-call overhead on a CPU)."""
 
     def __init__(self, config: BiGLMConfig) -> None:
         super().__init__()
@@ -61,21 +68,16 @@ class BiGLMRotaryEmbedding(nn.Module):
 
     @torch.no_grad()
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # position_ids (B, L) -> cos, sin (B, L, D)
-        freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+        # position_ids (B, L) -> cos, signed sin (B, 1, L, D)
+        freqs = position_ids[:, None, :, None].float() * self.inv_freq.to(position_ids.device)
+        sin = freqs.sin()
+        return torch.cat((freqs, freqs), dim=-1).cos().to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, H, L, D); cos, sin (B, L, D)."""
-    cos, sin = cos[:, None], sin[:, None]
-    return x * cos + _rotate_half(x) * sin
+    """x (B, H, L, D); cos and signed sin (B, 1, L, D) from `BiGLMRotaryEmbedding`. Llama's ``x * cos +
+    rotate_half(x) * sin``: rolling x by D/2 and multiplying by the signed sin is rotate_half(x) * sin exactly."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class BiGLMMLP(nn.Module):
@@ -227,9 +229,12 @@ class BiGLMBlock(nn.Module):
                 past: tuple[torch.Tensor, torch.Tensor] | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         attn, kv = self.self_attn(self.input_layernorm(x), rope, mask, past)
-        x = x + self.dropout(attn)
-        x = x + self.dropout(self.mlp(self.post_attention_layernorm(x)))
-        return x, kv
+        mlp_in = self.post_attention_layernorm
+        if self.training:  # dropout is the identity in eval: skip its calls (a decoding step is mostly overhead)
+            x = x + self.dropout(attn)
+            return x + self.dropout(self.mlp(mlp_in(x))), kv
+        x = x + attn
+        return x + self.mlp(mlp_in(x)), kv
 
 
 class BiGLMPreTrainedModel(PreTrainedModel):
@@ -405,7 +410,9 @@ class BiGLMModel(BiGLMPreTrainedModel):
             mask.dense(input_ids.device)
         if position_ids is None:
             position_ids = torch.arange(offset, offset + L, device=input_ids.device).expand(B, L)
-        x = self.dropout(self.embed_tokens(input_ids))
+        x = self.embed_tokens(input_ids)
+        if self.training:
+            x = self.dropout(x)
         rope = self.rotary_emb(position_ids, x.dtype)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
