@@ -35,7 +35,13 @@ for s in "${sections[@]}"; do
                    --eval_every $STEPS --save_every $STEPS &&     # the grammar model of docs/LOG.md, ~2 min
                  python benchmarks/bench_speculative.py --checkpoint $G/run --val-shard $G/data/val-00000.bin \
                    --prompt-len 24 --new-tokens 128 --prompts 16 --grammar --device ${SPEC_DEVICE:-cuda} \
-                   --dtype ${SPEC_DTYPE:-bfloat16} --out ${SPEC_OUT:-speculative-grammar-gpu} ;;
+                   --dtype ${SPEC_DTYPE:-bfloat16} --out ${SPEC_OUT:-speculative-grammar-gpu} &&
+                 python -m biglm pretrain blocks-adapt --init_from $G/run --data $G/data --out_dir $G/w640 \
+                   --steps $((STEPS * 3 / 8)) --seq_len 640 --global_batch 16 --micro_batch 16 \
+                   --model.max_position_embeddings 640 --save_every $STEPS &&    # 640-token windows, for N = 512
+                 python benchmarks/bench_speculative.py --checkpoint $G/w640 --val-shard $G/data/val-00000.bin \
+                   --prompt-len 24 --new-tokens 512 --prompts 8 --draft-lengths 3 --grammar --device ${SPEC_DEVICE:-cuda} \
+                   --dtype ${SPEC_DTYPE:-bfloat16} --out ${SPEC_OUT:-speculative-grammar-gpu}-n512 ;;
     *) echo "unknown section $s (tests, attention, pretrain, generation, speculative)"; exit 2 ;;
   esac
   r=$?; [ $r -ne 0 ] && { echo "=== $s failed: rc $r"; rc=$r; }
