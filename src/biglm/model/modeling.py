@@ -229,12 +229,10 @@ class BiGLMBlock(nn.Module):
                 past: tuple[torch.Tensor, torch.Tensor] | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         attn, kv = self.self_attn(self.input_layernorm(x), rope, mask, past)
-        mlp_in = self.post_attention_layernorm
-        if self.training:  # dropout is the identity in eval: skip its calls (a decoding step is mostly overhead)
-            x = x + self.dropout(attn)
-            return x + self.dropout(self.mlp(mlp_in(x))), kv
-        x = x + attn
-        return x + self.mlp(mlp_in(x)), kv
+        # dropout is the identity in eval: its calls are skipped (a batch-1 decoding step is mostly per-call overhead)
+        x = x + (self.dropout(attn) if self.training else attn)
+        out = self.mlp(self.post_attention_layernorm(x))
+        return x + (self.dropout(out) if self.training else out), kv
 
 
 class BiGLMPreTrainedModel(PreTrainedModel):
