@@ -47,6 +47,12 @@ BlockSuffix = Literal["block", "rest"]
 BlockCache = Literal["exact", "append"]
 
 
+# why speculative decoding is refused by the engine and the server (their calls merge requests), said once
+SPECULATIVE_ALONE = ("speculative decoding (draft_length) runs in generate_ids / generate / biglm generate, one batch "
+                     "per call: the server's engine, which merges requests into shared model calls, does not run it; "
+                     "set draft_length=0.")
+
+
 @dataclass(frozen=True)
 class DecodingConfig:
     """How `generate` writes an answer by iterative unmasking: an all-mask answer of N slots, unmasked over T

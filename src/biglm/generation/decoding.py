@@ -43,7 +43,8 @@ from typing import Any
 import torch
 
 from ..model.modeling import PrefixCache
-from .config import DEFAULT_MASK_PREDICT_STEPS, STRATEGIES, DecodingConfig, for_model  # noqa: F401  (re-exported)
+from .config import (DEFAULT_MASK_PREDICT_STEPS, SPECULATIVE_ALONE, STRATEGIES,  # noqa: F401  (re-exported)
+                     DecodingConfig, for_model)
 from .sampling import sample
 from .strategies import DecodingStrategy, StepState, get_strategy, rank
 
@@ -482,11 +483,6 @@ def generate_ids(
         while decode.run.pending is not None:
             decode.step()
     return decode.output()
-
-
-SPECULATIVE_ALONE = ("speculative decoding (draft_length) runs in generate_ids / generate / biglm generate, one batch "
-                     "per call: the server's engine, which merges requests into shared model calls, does not run it; "
-                     "set draft_length=0.")
 
 
 def require_mask_token(model_config: Any) -> None:

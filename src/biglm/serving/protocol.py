@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from ..generation.config import FIELDS, DecodingConfig
+from ..generation.config import FIELDS, SPECULATIVE_ALONE, DecodingConfig
 
 # request field -> DecodingConfig field; OpenAI's names first, then biglm's own
 OPENAI_FIELDS: dict[str, str] = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p",
@@ -107,9 +107,7 @@ def decoding_config(request: _RequestBase, *, base: DecodingConfig, max_steps: i
             message = message.replace(names[param], param)
         raise APIError(400, message, param=param, code="invalid_value") from None
     if config.draft_length:  # (draft_accept alone is refused by DecodingConfig: it needs draft_length)
-        raise APIError(400, "draft_length: speculative decoding runs in `biglm generate` and the Python API, not in this "
-                            "server, whose engine merges requests into shared model calls; leave it out.",
-                       param="draft_length", code="invalid_value")
+        raise APIError(400, f"draft_length: {SPECULATIVE_ALONE}", param="draft_length", code="invalid_value")
     steps = config.steps
     if steps is not None and steps > max_steps:
         raise APIError(400, f"steps={steps} is more model calls than this server allows ({max_steps}, the model's "
