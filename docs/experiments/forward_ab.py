@@ -30,8 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def base_model_class(rev: str) -> type:
     """``BiGLMForMaskedLM`` as ``modeling.py`` defined it at ``rev``."""
-    text = subprocess.run(["git", "show", f"{rev}:src/biglm/model/modeling.py"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout
+    shown = subprocess.run(["git", "show", f"{rev}:src/biglm/model/modeling.py"], cwd=ROOT, capture_output=True, text=True)
+    if shown.returncode:
+        sys.exit(f"forward_ab.py: --base {rev}: no src/biglm/model/modeling.py at that revision ({shown.stderr.strip()})")
+    text = shown.stdout
     for rel, absolute in (("from ..objective", "from biglm.objective"), ("from .attention", "from biglm.model.attention"),
                           ("from .config", "from biglm.model.config")):
         text = text.replace(rel, absolute)
