@@ -3,6 +3,7 @@
 # root; results land in benchmarks/results/*-gpu.* and are copied to $OUT if set). Sections, so each fits one
 # 10-minute device call; no argument runs them all (~20 minutes on one H100):
 #   bash benchmarks/run_gpu.sh tests attention      # then: pretrain, then: generation, then: speculative
+# (speculative-carried is not in the default list: it benchmarks exports carried to the device, see docs/LOG.md)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # the device machine has no network: use its own CUDA torch, import biglm from the tree; packages it lacks
@@ -26,6 +27,12 @@ for s in "${sections[@]}"; do
                 python benchmarks/bench_generation.py --preset biglm-136m --device cuda --dtype bfloat16 \
                   --new-tokens 128 512 --batch 1 32 --tokens-per-step 1 2 --block-length 1 2 4 8 \
                   --variants ar block-append --repeats 3 --out generation-blocks-small-gpu ;;  # the CPU run's regimes
+    speculative-carried)  # issue 21 on models trained elsewhere (carried exports, 640-token windows): SPEC_MODELS="DIR..."
+                 for m in ${SPEC_MODELS:?name the carried exports: SPEC_MODELS=\"DIR ...\"}; do   # and SPEC_VAL=a val shard
+                   for n in 128 512; do p=$([ $n = 128 ] && echo 16 || echo 5)
+                     python benchmarks/bench_speculative.py --checkpoint $m --val-shard ${SPEC_VAL:?SPEC_VAL=val shard} \
+                       --prompt-len 24 --new-tokens $n --prompts $p --repeats 2 --draft-lengths 3 --grammar --device ${SPEC_DEVICE:-cuda} \
+                       --dtype float32 --out speculative-grammar-$(basename $m)-n$n-p$p-gpu || break 2; done; done ;;
     speculative) G=${SPEC_DIR:-runs/speculative-gpu}; STEPS=${SPEC_STEPS:-800}  # issue 21 at batch 1: needs trained weights
                  python benchmarks/synthetic_grammar.py $G/src/grammar.txt --docs 20000 &&
                  python -m biglm tokenizer train --input $G/src/grammar.txt --out $G/tok --vocab_size 512 &&
@@ -42,7 +49,7 @@ for s in "${sections[@]}"; do
                  python benchmarks/bench_speculative.py --checkpoint $G/w640 --val-shard $G/data/val-00000.bin \
                    --prompt-len 24 --new-tokens 512 --prompts 8 --draft-lengths 3 --grammar --device ${SPEC_DEVICE:-cuda} \
                    --dtype ${SPEC_DTYPE:-bfloat16} --out ${SPEC_OUT:-speculative-grammar-gpu}-n512 ;;
-    *) echo "unknown section $s (tests, attention, pretrain, generation, speculative)"; exit 2 ;;
+    *) echo "unknown section $s (tests, attention, pretrain, generation, speculative, speculative-carried)"; exit 2 ;;
   esac
   r=$?; [ $r -ne 0 ] && { echo "=== $s failed: rc $r"; rc=$r; }
   if [ -n "${OUT:-}" ]; then cp benchmarks/results/*-gpu.* "$OUT"/ 2>/dev/null; fi
