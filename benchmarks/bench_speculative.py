@@ -134,10 +134,9 @@ def main(argv: list[str] | None = None) -> None:
 
     runs = {"ar": run_ar, **{label: (lambda g, f=f: run_biglm(g, f)) for label, f in grid.items()}}
     times: dict[str, list[float]] = {k: [] for k in runs}
-    made: dict[str, dict] = {}
     for r in range(args.repeats + 1):  # round 0 warms up
         spent = dict.fromkeys(runs, 0.0)
-        made = {label: dict(calls=0, positions=0, answers=[]) for label in runs}
+        made: dict[str, dict] = {label: dict(calls=0, positions=0, answers=[]) for label in runs}
         for g in groups:  # every setting on this group before the next: a drifting machine hits all alike
             for label, fn in runs.items():
                 _sync(device)

@@ -11,6 +11,11 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src:$PWD/benchmarks:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 python -c "import transformers, tokenizers, safetensors, yaml" || { echo "missing packages: carry wheels"; exit 3; }
 python -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
+spec_bench() {  # MODEL N PROMPTS OUT [OPTION...]: bench_speculative.py on 24-token grammar prompts (issue 21)
+  local m=$1 n=$2 p=$3 out=$4; shift 4
+  python benchmarks/bench_speculative.py --checkpoint "$m" --prompt-len 24 --new-tokens "$n" --prompts "$p" --grammar \
+    --device "${SPEC_DEVICE:-cuda}" --out "$out" "$@"
+}
 sections=("$@"); [ ${#sections[@]} -eq 0 ] && sections=(tests attention pretrain generation speculative)
 rc=0
 for s in "${sections[@]}"; do
@@ -30,9 +35,9 @@ for s in "${sections[@]}"; do
     speculative-carried)  # issue 21 on models trained elsewhere (carried exports, 640-token windows): SPEC_MODELS="DIR..."
                  for m in ${SPEC_MODELS:?name the carried exports: SPEC_MODELS=\"DIR ...\"}; do   # and SPEC_VAL=a val shard
                    for n in 128 512; do p=$([ $n = 128 ] && echo 16 || echo 5)
-                     python benchmarks/bench_speculative.py --checkpoint $m --val-shard ${SPEC_VAL:?SPEC_VAL=val shard} \
-                       --prompt-len 24 --new-tokens $n --prompts $p --repeats 2 --draft-lengths 3 --grammar --device ${SPEC_DEVICE:-cuda} \
-                       --dtype float32 --out speculative-grammar-$(basename $m)-n$n-p$p-gpu || break 2; done; done ;;
+                     spec_bench $m $n $p speculative-grammar-$(basename $m)-n$n-p$p-gpu \
+                       --val-shard ${SPEC_VAL:?SPEC_VAL=val shard} --repeats 2 --draft-lengths 3 --dtype float32 || break 2
+                   done; done ;;
     speculative) G=${SPEC_DIR:-runs/speculative-gpu}; STEPS=${SPEC_STEPS:-800}  # issue 21 at batch 1: needs trained weights
                  python benchmarks/synthetic_grammar.py $G/src/grammar.txt --docs 20000 &&
                  python -m biglm tokenizer train --input $G/src/grammar.txt --out $G/tok --vocab_size 512 &&
@@ -40,15 +45,13 @@ for s in "${sections[@]}"; do
                  python -m biglm pretrain --data $G/data --tokenizer $G/tok --out_dir $G/run --objective biglm-blocks \
                    --steps $STEPS --global_batch 64 --micro_batch 64 --seq_len 128 --warmup_steps 40 \
                    --eval_every $STEPS --save_every $STEPS &&     # the grammar model of docs/LOG.md, ~2 min
-                 python benchmarks/bench_speculative.py --checkpoint $G/run --val-shard $G/data/val-00000.bin \
-                   --prompt-len 24 --new-tokens 128 --prompts 16 --grammar --device ${SPEC_DEVICE:-cuda} \
-                   --dtype ${SPEC_DTYPE:-bfloat16} --out ${SPEC_OUT:-speculative-grammar-gpu} &&
+                 spec_bench $G/run 128 16 ${SPEC_OUT:-speculative-grammar-gpu} --val-shard $G/data/val-00000.bin \
+                   --dtype ${SPEC_DTYPE:-bfloat16} &&
                  python -m biglm pretrain blocks-adapt --init_from $G/run --data $G/data --out_dir $G/w640 \
                    --steps $((STEPS * 3 / 8)) --seq_len 640 --global_batch 16 --micro_batch 16 \
                    --model.max_position_embeddings 640 --save_every $STEPS &&    # 640-token windows, for N = 512
-                 python benchmarks/bench_speculative.py --checkpoint $G/w640 --val-shard $G/data/val-00000.bin \
-                   --prompt-len 24 --new-tokens 512 --prompts 8 --draft-lengths 3 --grammar --device ${SPEC_DEVICE:-cuda} \
-                   --dtype ${SPEC_DTYPE:-bfloat16} --out ${SPEC_OUT:-speculative-grammar-gpu}-n512 ;;
+                 spec_bench $G/w640 512 8 ${SPEC_OUT:-speculative-grammar-gpu}-n512 --val-shard $G/data/val-00000.bin \
+                   --draft-lengths 3 --dtype ${SPEC_DTYPE:-bfloat16} ;;
     *) echo "unknown section $s (tests, attention, pretrain, generation, speculative, speculative-carried)"; exit 2 ;;
   esac
   r=$?; [ $r -ne 0 ] && { echo "=== $s failed: rc $r"; rc=$r; }

@@ -24,8 +24,9 @@ and one group.
 
 Greedy with ``draft_accept=1`` the answer equals confidence decoding at blocks of 1, one token per call (tested token
 for token, batches of different prompt lengths included), in float32. In bfloat16 a call of 24 positions rounds
-differently from a call of 3, so a near-tie can flip and the two answers part from there (docs/LOG.md, 2026-11-26). Rows of a batch keep different numbers of drafts: a call
-appends the widest row's pending tokens to the cache and marks the others' extra ones as padding keys.
+differently from a call of 3, so a near-tie can flip and the two answers part from there (docs/LOG.md, 2026-11-26).
+Rows of a batch keep different numbers of drafts: a call appends the widest row's pending tokens to the cache and
+marks the others' extra ones as padding keys.
 """
 
 from __future__ import annotations
