@@ -292,3 +292,34 @@ def test_instruct_options_are_used_or_refused_before_training(flan, tmp_path, ca
                            echo=lambda s: None).evaluate()
         assert task.metric == "bleu4" and {"bleu4", "rougeL", "exact_match"} <= set(scores), (mode, scores)
         assert "meteor" not in scores
+
+
+@pytest.mark.parametrize("flags, given, needs", [
+    (["--task.length_loss_weight", "0.5"], "--task.length_loss_weight 0.5", "--task.length_mode head"),
+    (["--task.meteor", "false"], "--task.meteor false", "--task.metrics qg"),
+    (["--task.bleu_lowercase", "true"], "--task.bleu_lowercase true", "--task.metrics qg"),
+])
+def test_options_the_settings_leave_unused_are_refused_in_one_line(flan, tmp_path, capsys, flags, given, needs):
+    """The flan recipe (eos mode, metrics rouge) trains no length head and scores no BLEU or METEOR: an option for
+    those is refused before any work, naming the option and the setting that would use it."""
+    out = tmp_path / "refused"
+    assert biglm_main(["finetune", "flan", "--model", str(flan / "model"), *flags, "--out_dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert given in err and needs in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_options_are_used_where_their_setting_uses_them(flan, monkeypatch):
+    """What each length mode and metric trains and scores with: the length head's weight in head mode (unset: 0.1),
+    none in eos mode; BLEU's casing and METEOR under qg (unset: METEOR on, BLEU cased)."""
+    from biglm.scoring import metrics as genmetrics
+
+    assert InstructTask(_settings(flan)).settings.length_loss_weight == 0.0
+    assert InstructTask(_settings(flan, length_loss_weight=0)).settings.length_loss_weight == 0.0  # what eos does
+    assert InstructTask(_settings(flan, length_mode="head")).settings.length_loss_weight == 0.1
+    assert InstructTask(_settings(flan, length_mode="head", length_loss_weight=0.5)).settings.length_loss_weight == 0.5
+    monkeypatch.setattr(genmetrics, "load_wordnet", lambda: None)
+    qg = InstructTask(_settings(flan, metrics="qg")).settings
+    assert (qg.meteor, qg.bleu_lowercase) == (True, False)
+    qg = InstructTask(_settings(flan, metrics="qg", meteor=False, bleu_lowercase=True)).settings
+    assert (qg.meteor, qg.bleu_lowercase) == (False, True)

@@ -27,7 +27,9 @@ Notable features
   (best epoch by ROUGE-L) or ``qg``'s BLEU-4, METEOR (unless ``meteor: false``; WordNet checked when the task
   is built) and ROUGE-L (best epoch by BLEU-4).
 - Options the chosen length mode would ignore are refused when the task is built, before any model work:
-  ``length_beam`` in eos mode (one trained length is decoded).
+  ``length_beam`` and ``length_loss_weight`` in eos mode (one trained length is decoded, no length head trained),
+  and ``meteor``/``bleu_lowercase`` under ``metrics: rouge`` (no BLEU or METEOR is scored; checked by the seq2seq
+  task these settings extend).
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ class InstructSettings(Seq2SeqSettings):
     length_mode: Literal["eos", "head"] = "eos"
     """eos: responses padded with EOS to max_target_length, EOS slots trained, fixed-length decoding cut at the
     first EOS; head: the CMLM length head"""
+    length_loss_weight: float | None = None
+    """head only: weight of the length head's cross-entropy beside the token loss (unset: 0.1, fairseq's CMLM); eos
+    mode trains no length head, so it takes none"""
     length_beam: int | None = None
     """head only: candidate lengths decoded per source at validation, the length head's top-ℓ (unset: 3); eos decodes
     the one trained length (max_target_length slots cut at the first EOS), so it takes no length beam"""
@@ -152,8 +157,14 @@ class InstructTask(Seq2SeqTask):
                                   "length head's top lengths); eos mode decodes max_target_length slots cut at the "
                                   "first EOS: drop --task.length_beam or pass --task.length_mode head")
             s.length_beam = 1  # what eos decoding does (and saves with the model)
-        elif s.length_beam is None:
-            s.length_beam = 3
+            if s.length_loss_weight not in (None, 0):
+                raise ConfigError(f"task {name}: --task.length_loss_weight {s.length_loss_weight} needs --task.length_mode "
+                                  "head (it weighs the length head's loss); eos mode trains no length head: drop "
+                                  "--task.length_loss_weight or pass --task.length_mode head")
+            s.length_loss_weight = 0.0  # what eos mode trains with
+        else:
+            s.length_beam = 3 if s.length_beam is None else s.length_beam
+            s.length_loss_weight = 0.1 if s.length_loss_weight is None else s.length_loss_weight
         if s.mixture:
             self._mixture = load_mixture_spec(s.mixture)  # a bad spec fails before any model work
         super().__init__(s, name=name)  # (checks the metrics: qg with METEOR needs WordNet, checked here)

@@ -26,7 +26,8 @@ Notable features
   with the exact masks of the uninterrupted one (tested).
 - Metrics from their libraries (`biglm.scoring.metrics`): ROUGE-1/2/L (rouge-score, stemming);
   BLEU-4 (sacrebleu, 13a tokenisation, lower-cased for the lower-cased SQuAD-QG), METEOR (nltk with
-  WordNet: checked when the task is built; ``meteor: false`` leaves it out) and ROUGE-L for questions.
+  WordNet: checked when the task is built; ``meteor: false`` leaves it out) and ROUGE-L for questions;
+  ``meteor`` and ``bleu_lowercase`` are qg's, refused with ``metrics: rouge`` (they would be unused).
   ``length_accuracy`` is the share of sources whose top-1 predicted length equals the target's.
 - Export: the seq2seq model (``AutoModelForSeq2SeqLM`` after ``import biglm``), the tokenizer and
   ``biglm_task.json`` with the templates and decoding settings (also in ``config.task_specific_params``).
@@ -93,10 +94,10 @@ class Seq2SeqSettings:
     """Mask-Predict iterations T at validation"""
     metrics: Literal["rouge", "qg"] = "rouge"
     """rouge: ROUGE-1/2/L, best epoch by ROUGE-L; qg: BLEU-4, METEOR, ROUGE-L, best epoch by BLEU-4"""
-    meteor: bool = True
-    """qg: also METEOR (needs WordNet, installed by scripts/quickstart.sh)"""
-    bleu_lowercase: bool = False
-    """BLEU on lower-cased text (SQuAD-QG's text is lower-cased already)"""
+    meteor: bool | None = None
+    """qg only: also METEOR (unset: true; needs WordNet, installed by scripts/quickstart.sh)"""
+    bleu_lowercase: bool | None = None
+    """qg only: BLEU on lower-cased text (unset: false; SQuAD-QG's text is lower-cased already)"""
     max_train_examples: int | None = None
     """use only the first N training rows (a quick CPU run)"""
     max_eval_examples: int | None = None
@@ -204,6 +205,15 @@ class Seq2SeqTask:
         for key in ("max_train_examples", "max_eval_examples"):
             if getattr(s, key) is not None and getattr(s, key) < 1:
                 raise ConfigError(f"--task.{key} must be at least 1 (or unset), got {getattr(s, key)}")
+        if s.metrics == "rouge":  # BLEU and METEOR are qg's: an option for them would be accepted and unused
+            for key in ("meteor", "bleu_lowercase"):
+                if getattr(s, key) is not None:
+                    raise ConfigError(f"task {name}: --task.{key} {str(getattr(s, key)).lower()} applies to "
+                                      f"--task.metrics qg (BLEU-4, METEOR); --task.metrics rouge scores ROUGE only: drop "
+                                      f"--task.{key} or pass --task.metrics qg")
+        else:
+            s.meteor = True if s.meteor is None else s.meteor
+            s.bleu_lowercase = bool(s.bleu_lowercase)
         if s.metrics == "qg" and s.meteor:
             from ...scoring.metrics import load_wordnet
 
