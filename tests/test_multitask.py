@@ -14,12 +14,11 @@ import pytest
 
 pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra")
 
-from biglm.generation import DecodingConfig  # noqa: E402
 from biglm.integrations.lm_eval import run_multitask  # noqa: E402
 from biglm.scoring.metrics import bleu2, distinct_n  # noqa: E402
 from biglm.scoring.multitask import (  # noqa: E402
     SUPERGLUE_TASKS, GensetSpec, discover_superglue, genset_prompt, load_genset, multitask_table, parse_genset,
-    select_instances)
+    run_genset, select_instances)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -57,7 +56,7 @@ def run(checkpoint, data, tmp_path_factory) -> SimpleNamespace:
     sets = [GensetSpec(name="wikiauto", path=str(WIKIAUTO), source="source", target="references"),
             GensetSpec(name="para", path=str(data.para), source="q", target="p", prompt="Rephrase: {source}")]
     summary = run_multitask(checkpoint, data_dir=data.eval, gensets=sets, genset_n=3, genset_seed=7, limit=4,
-                            decoding=DecodingConfig(max_new_tokens=8, steps=4), output_path=out)
+                            decoding={"max_new_tokens": 8, "steps": 4}, output_path=out)
     return SimpleNamespace(summary=summary, out=out)
 
 
@@ -265,3 +264,50 @@ def test_cli_refuses_multitask_options_elsewhere(checkpoint, capsys):
 
     assert main(["--suite", "paper", "--model_args", f"pretrained={checkpoint}", "--genset_decoding.steps", "4"]) == 2
     assert "--genset_decoding only applies with --suite multitask" in capsys.readouterr().err
+
+
+@pytest.fixture
+def saved_decoding_model(checkpoint, tmp_path) -> Path:
+    """The tiny model saved as a fine-tuning export records its decoding: 5 answer slots, 2 steps (not the
+    defaults' 64 and the strategy's)."""
+    model = tmp_path / "ft"
+    shutil.copytree(checkpoint, model)
+    config = json.loads((model / "config.json").read_text())
+    config["task_specific_params"] = {"seq2seq": {"max_new_tokens": 5, "steps": 2, "length_beam": 1}}
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_genset_decodes_with_the_models_saved_decoding(saved_decoding_model, tmp_path, monkeypatch, capsys):
+    """A fine-tuned model is decoded at the length and steps it was saved with (FLAN models train 192 EOS-padded
+    slots), in the Python API and from `biglm eval`; an option given explicitly still wins over the saved one."""
+    import biglm.generation
+    from biglm.checkpoint import load_model
+    from biglm.scoring.cli import main
+
+    para = tmp_path / "para.jsonl"
+    para.write_text("".join(json.dumps({"q": f"how do I fix a {o}?", "p": f"what fixes a {o}?"}) + "\n"
+                            for o in ("bike", "door", "car")))
+    spec = GensetSpec(name="para", path=str(para), source="q", target="p")
+    calls = []
+    generate = biglm.generation.generate
+    monkeypatch.setattr(biglm.generation, "generate", lambda *a, config, **k: calls.append(config) or
+                        generate(*a, config=config, **k))
+    model, tok = load_model(str(saved_decoding_model))
+    result = run_genset(model, tok, load_genset(spec, n=3, seed=0))
+    assert calls and all((c.max_new_tokens, c.steps, c.length_beam) == (5, 2, 1) for c in calls)
+    assert (result["decoding"]["max_new_tokens"], result["decoding"]["steps"]) == (5, 2)
+
+    out = tmp_path / "out"
+    assert main(["--suite", "multitask", "--suite_tasks", "Genset", "--genset", f"para:{para}:q:p", "--genset_n", "3",
+                 "--model_args", f"pretrained={saved_decoding_model}", "--genset_decoding.steps", "3",
+                 "--output_path", str(out)]) == 0
+    decoding = json.loads((out / "multitask.json").read_text())["genset"]["decoding"]
+    assert (decoding["max_new_tokens"], decoding["steps"]) == (5, 3)  # saved length, the given steps
+    assert "- Genset decoding: mask-predict, 5 answer slots, steps 3" in (out / "multitask.md").read_text()
+    capsys.readouterr()
+    assert main(["--suite", "multitask", "--suite_tasks", "Genset", "--genset", f"para:{para}:q:p",
+                 "--model_args", f"pretrained={saved_decoding_model}", "--genset_decoding.strategy", "confidence",
+                 "--genset_decoding.draft_length", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "steps=2" in err and "--genset_decoding.steps none" in err, err

@@ -14,7 +14,8 @@ missing (naming the file), and prints the paper's table at the end.
 ``--suite multitask`` is Table 5 (`biglm.scoring.multitask`, run by `biglm.integrations.lm_eval.run_multitask`):
 MMLU zero-shot and ``--mmlu_fewshot``-shot, the SuperGLUE average over every task folder found under
 ``<data_dir>/aps__super_glue/``, and Genset (``--genset_n`` seeded instances of each ``--genset`` set, default WikiAuto beside the data dir,
-generated with the ``--genset_decoding.*`` options and scored by BLEU-2 / Distinct-2). It prints
+generated with the model's saved decoding settings under the ``--genset_decoding.*`` options given, as `biglm
+generate` decodes it, and scored by BLEU-2 / Distinct-2). It prints
 Table 5's row and, with ``--output_path``, writes ``multitask.json`` and ``multitask.md`` there.
 
     biglm eval --suite heldout --heldout_data data/table1-micro --model_args pretrained=RUN --output_path RUN/eval
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ..config import given_options
 from ..generation.config import DecodingConfig
 
 # biglm eval is an entry point: it drives lm-eval through the integrations room (the runners stay importable from
@@ -92,7 +94,8 @@ class EvalArgs:
     genset_batch_size: int = 16
     """--suite multitask: prompts generated together"""
     genset_decoding: DecodingConfig = field(default_factory=DecodingConfig)
-    """--suite multitask: Genset's decoding options, --genset_decoding.FIELD (steps, max_new_tokens, strategy, ...)"""
+    """--suite multitask: Genset's decoding options, --genset_decoding.FIELD (steps, max_new_tokens, strategy, ...);
+    one not given takes the model's saved setting (a fine-tuned model's answer length and steps), as in biglm generate"""
     heldout_data: Path | None = None
     """--suite heldout: a folder written by `biglm data prepare --val_docs N` (its val split is scored)"""
     heldout_windows: int = 256
@@ -202,7 +205,7 @@ def main(argv: list[str]) -> int:
     common = dict(limit=args.limit, num_fewshot=args.num_fewshot, batch_size=args.batch_size, device=args.device,
                   output_path=args.output_path, log_samples=args.log_samples)
     if args.suite == "multitask":
-        return _main_multitask(args)
+        return _main_multitask(args, argv)
     if args.suite == "heldout":
         return _main_heldout(args)
     if args.suite is not None:
@@ -228,13 +231,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _main_multitask(args: EvalArgs) -> int:
-    """`biglm eval --suite multitask`: run Table 5's suite, print its row (and write it with --output_path)."""
+def _main_multitask(args: EvalArgs, argv: list[str]) -> int:
+    """`biglm eval --suite multitask`: run Table 5's suite, print its row (and write it with --output_path). Genset
+    decodes with the model's saved settings under the --genset_decoding flags given (a flag not given: the model's)."""
     model_args = parse_model_args(args.model_args)
+    given = given_options(EvalArgs, argv).get("genset_decoding") or {}
     try:
         summary = run_multitask(model_args.pop("pretrained"), data_dir=args.data_dir, parts=args.multitask_parts(),
                                 gensets=args.multitask_gensets(), genset_n=args.genset_n, genset_seed=args.genset_seed,
-                                genset_batch_size=args.genset_batch_size, decoding=args.genset_decoding,
+                                genset_batch_size=args.genset_batch_size, decoding={name: getattr(args.genset_decoding, name) for name in given},
                                 mmlu_fewshot=args.mmlu_fewshot, limit=args.limit, batch_size=args.batch_size,
                                 device=args.device, model_args=model_args, output_path=args.output_path)
     except (FileNotFoundError, ValueError) as e:  # no part has data; a genset file or field that is wrong

@@ -26,7 +26,8 @@ Notable features
   `select_instances` draws ``n`` (100) row indices with a seeded ``random.Random`` (the same rows
   for a seed, whatever the run); each prompt goes through the model's chat template when it has one
   (`biglm.generation.chat.render_chat`), the answer is written by `biglm.generation.generate` with
-  one `DecodingConfig`, and the outputs are scored with sacrebleu's BLEU-2 (multi-reference) and
+  one `DecodingConfig`, the model's own (`genset_decoding`: its saved decoding settings, as `biglm generate` uses
+  them, under the ``--genset_decoding`` options given), and the outputs are scored with sacrebleu's BLEU-2 (multi-reference) and
   Distinct-2 (`biglm.scoring.metrics`), per set and over the pooled Genset (the paper's column).
 - Scales as in the paper's Table 5: accuracies and BLEU-2 in percent, Distinct-2 as a fraction.
 - Bad input fails before the model loads: a genset file or field that does not exist, an empty
@@ -35,16 +36,18 @@ Notable features
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = ["PARTS", "SUPERGLUE_TASKS", "SuperGlueTask", "GensetSpec", "GensetSample", "DEFAULT_GENSET_PROMPTS",
            "discover_superglue", "parse_genset", "default_gensets", "select_instances", "render_field_template",
-           "load_genset", "genset_prompt", "genset_scores", "run_genset", "multitask_table"]
+           "load_genset", "genset_prompt", "genset_scores", "genset_decoding", "run_genset", "multitask_table"]
 
 PARTS = ("MMLU", "SuperGLUE", "Genset")
 SUPERGLUE_HUB = "aps__super_glue"
@@ -391,17 +394,28 @@ def genset_scores(outputs: list[str], references: list[list[str]]) -> dict[str, 
     return {"bleu2": bleu2(predictions=outputs, references=references), "distinct2": d2}
 
 
-def run_genset(model, tokenizer, sample: GensetSample, *, config=None, batch_size: int = 16) -> dict[str, Any]:
-    """Generate an answer for each instance of ``sample`` and score them: BLEU-2 (percent), Distinct-2 (fraction)."""
-    from ..generation import DecodingConfig, generate
+def genset_decoding(model_config: Any, given: Mapping[str, Any] | None = None):
+    """Genset's `DecodingConfig` for a model: its saved decoding settings (a FLAN model trained at 192 EOS-padded
+    slots writes 192) under the options ``given`` explicitly (``--genset_decoding.FIELD``), through
+    `model_decoding`, as `biglm generate`, `chat` and `serve` decode it; a refused value the model saved names how
+    to clear it here."""
+    from ..generation.config import model_decoding
 
-    config = config or DecodingConfig()
+    return model_decoding(model_config, given, clear="--genset_decoding.{name} none")
+
+
+def run_genset(model, tokenizer, sample: GensetSample, *, config=None, batch_size: int = 16) -> dict[str, Any]:
+    """Generate an answer for each instance of ``sample`` and score them: BLEU-2 (percent), Distinct-2 (fraction).
+    ``config``: the `DecodingConfig` (unset: `genset_decoding`, the model's own); the result records it."""
+    from ..generation import generate
+
+    config = config if config is not None else genset_decoding(model.config)
     prompts = [genset_prompt(tokenizer, sample.spec, s) for s in sample.sources]
     outputs: list[str] = []
     for start in range(0, len(prompts), batch_size):
         outputs += [a.strip() for a in generate(model, tokenizer, prompts[start:start + batch_size], config=config)]
     return {"name": sample.spec.name, "path": sample.spec.path, "rows": sample.rows, "n": len(outputs),
-            "indices": sample.indices, **genset_scores(outputs, sample.references),
+            "indices": sample.indices, "decoding": dataclasses.asdict(config), **genset_scores(outputs, sample.references),
             "instances": [{"index": i, "prompt": p, "output": o, "references": r}
                           for i, p, o, r in zip(sample.indices, prompts, outputs, sample.references)]}
 
@@ -435,6 +449,11 @@ def multitask_table(summary: dict[str, Any]) -> str:
     if "Genset" in ran:
         sets = ", ".join(f"{s['name']} ({s['n']})" for s in gs["sets"]) or "none"
         lines.append(f"- Genset: {sets}, seed {gs['seed']}; B-2 = sacrebleu BLEU-2 (%), D-2 = Distinct-2 (fraction).")
+        if gs["sets"] and gs.get("decoding"):
+            d = gs["decoding"]
+            lines.append(f"- Genset decoding: {d['strategy']}, {d['max_new_tokens']} answer slots, steps "
+                         f"{d['steps'] if d['steps'] is not None else 'the strategy default'} (the model's saved "
+                         "settings under the --genset_decoding options given).")
     not_run = [p for p in PARTS if p not in ran]
     if not_run:
         lines.append(f"- not run (not among the selected columns): {', '.join(not_run)}.")

@@ -12,13 +12,13 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ...scoring.multitask import (PARTS, GensetSpec, default_gensets, genset_scores, load_genset, multitask_table,
-                                  run_genset)
+from ...scoring.multitask import (PARTS, GensetSpec, default_gensets, genset_decoding, genset_scores, load_genset,
+                                  multitask_table, run_genset)
 from ...scoring.suite import LOCAL_SUFFIX, default_data_dir
 from .yamls import write_multitask_yamls
 
@@ -39,7 +39,7 @@ def run_multitask(
     genset_n: int = 100,
     genset_seed: int = 0,
     genset_batch_size: int = 16,
-    decoding=None,
+    decoding: Mapping[str, Any] | None = None,
     mmlu_fewshot: int = 5,
     limit: float | None = None,
     batch_size: int | str | None = None,
@@ -51,14 +51,13 @@ def run_multitask(
     the tasks covered, the instances drawn and generated), ``skipped`` and the Markdown ``table``.
 
     ``gensets`` None takes `default_gensets` (WikiAuto beside ``data_dir``); ``[]`` runs none.
-    ``decoding`` is the `DecodingConfig` of Genset; ``limit`` cuts each lm-eval task to that many
+    ``decoding``: Genset's decoding options given explicitly (field -> value); the others are the model's saved
+    settings (`genset_decoding`, as `biglm generate` decodes the model); ``limit`` cuts each lm-eval task to that many
     documents (quick checks). With ``output_path`` (a folder) ``multitask.json`` and ``multitask.md``
     are written there. Skipped parts and folders are named on stderr.
     """
-    from ...generation import DecodingConfig
     from .harness import build_lm, evaluate
 
-    decoding = decoding or DecodingConfig()
     bad = [p for p in parts if p not in PARTS]
     if bad or not parts:
         raise ValueError(f"unknown multitask part(s) {', '.join(bad) or '(none given)'}; choose from {', '.join(PARTS)}")
@@ -85,12 +84,13 @@ def run_multitask(
             raise FileNotFoundError(f"nothing of the multitask suite has data under {data}: "
                                     + "; ".join(f"{k}: {v}" for k, v in plan.skipped.items()))
         lm = build_lm(model_args=args, batch_size=batch_size, device=device)
+        config = genset_decoding(lm.model.config, decoding) if samples else None  # refused before lm-eval runs
         common = dict(include_path=tmp, limit=limit, lm=lm, include_defaults=False)
         zero = evaluate(tasks=zero_tasks, num_fewshot=0, **common) if zero_tasks else {}
         few = evaluate(tasks=[plan.mmlu_task], num_fewshot=mmlu_fewshot, **common) if plan.mmlu_task else {}
     if getattr(lm, "rank", 0) != 0:  # torchrun: rank 0 reports
         return {}
-    sets = [run_genset(lm.model, lm.tokenizer, s, config=decoding, batch_size=genset_batch_size) for s in samples]
+    sets = [run_genset(lm.model, lm.tokenizer, s, config=config, batch_size=genset_batch_size) for s in samples]
     sg_values = {t.config: _value(zero, t.task + LOCAL_SUFFIX, t.metric) for t in plan.superglue}
     ran = {k: v for k, v in sg_values.items() if v is not None}
     pooled = genset_scores([i["output"] for s in sets for i in s["instances"]],
@@ -107,7 +107,7 @@ def run_multitask(
         "superglue": {"average": sum(ran.values()) / len(ran) if ran else None, "covered": list(ran),
                       "tasks": ran, "metrics": {t.config: t.metric for t in plan.superglue}},
         "genset": {**pooled, "seed": genset_seed, "n_per_set": genset_n,
-                   "decoding": asdict(decoding), "sets": sets},
+                   "decoding": asdict(config) if config else None, "sets": sets},
         "skipped": plan.skipped,
         "scales": {"accuracy": "fraction in JSON, percent in the table", "bleu2": "percent",
                    "distinct2": "fraction (the paper's scale)"},
