@@ -232,6 +232,9 @@ def test_cli_refuses_bad_arguments(tmp_path, capsys):
     assert main([str(tmp_path), "--port", "70000"]) == 2
     assert main([str(tmp_path), "--max_batch_rows", "0"]) == 2
     assert main([str(tmp_path), "--decoding.steps", "0"]) == 2
+    capsys.readouterr()
+    assert main([str(tmp_path), "--max_prompt_chars", "0"]) == 2
+    assert "--max_prompt_chars 0 must be >= 1" in capsys.readouterr().err
 
 
 def test_serve_decodes_a_fine_tuned_model_with_its_saved_settings_as_generate_does(checkpoint, tmp_path, capsys):
@@ -277,3 +280,147 @@ def test_serve_decodes_a_fine_tuned_model_with_its_saved_settings_as_generate_do
     gen_argv = [str(tuned), "--prompt", "x", "--length_beam", "1"]
     assert cli_decoding(parse_cli(GenerateArgs, gen_argv, prog="biglm generate", positionals=("checkpoint",)),
                         gen_argv, model).length_beam == 1
+
+
+class _Tokenizer:
+    """A served model's tokenizer with hooks: ``on_call`` runs before each tokenization (a slow or failing one),
+    ``on_decode`` before each decode; ``calls`` counts tokenizations."""
+
+    def __init__(self, tok, *, on_call=None, on_decode=None) -> None:
+        self._tok, self._on_call, self._on_decode, self.calls = tok, on_call, on_decode, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self._on_call is not None:
+            self._on_call()
+        return self._tok(*args, **kwargs)
+
+    def decode(self, *args, **kwargs):
+        if self._on_decode is not None:
+            self._on_decode()
+        return self._tok.decode(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self._tok)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+def _server_with(served, tokenizer, **settings) -> BiglmServer:
+    app = create_app(model=served.model, tokenizer=tokenizer, settings=ServeSettings(model_name=NAME, **settings))
+    return BiglmServer(app, port=0).start()
+
+
+def test_a_long_prompt_is_tokenized_off_the_event_loop_and_bounded_before(served):
+    """A prompt just under ``max_prompt_chars`` whose tokenization takes 3 s (a slow tokenizer) does not hold up
+    /health; one over the bound is refused (400 naming the limit and the option) without being tokenized, in
+    completions and chat alike. The default bound is 32 characters per position of the model's window."""
+    import threading
+
+    tokenizing = threading.Event()
+
+    def slow() -> None:
+        tokenizing.set()
+        time.sleep(3.0)
+
+    tok = _Tokenizer(served.tok, on_call=slow)
+    server = _server_with(served, tok, max_prompt_chars=1000)
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        result = {}
+        long = threading.Thread(target=lambda: result.update(r=httpx.post(
+            url + "/v1/completions", json={"prompt": "a b " * 249 + "end", "max_tokens": 4}, timeout=30)))
+        long.start()
+        assert tokenizing.wait(10)
+        start = time.monotonic()
+        assert httpx.get(url + "/health", timeout=30).status_code == 200
+        assert time.monotonic() - start < 1.0  # not the 3 s the tokenizer still takes
+        long.join(30)
+        assert result["r"].status_code == 400 and _error(result["r"])["code"] == "context_length_exceeded"
+        assert "tokens and max_tokens=4" in _error(result["r"])["message"]  # tokenized, then refused for its tokens
+        calls = tok.calls
+        for path, body, param in [("/v1/completions", {"prompt": "x" * 1001}, "prompt"),
+                                  ("/v1/completions", {"prompt": ["ok", "x" * 1001]}, "prompt"),
+                                  ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 600},
+                                                                         {"role": "user", "content": "y" * 401}]},
+                                   "messages")]:
+            r = httpx.post(url + path, json={**body, "max_tokens": 4}, timeout=30)
+            assert r.status_code == 400, r.text
+            error = _error(r)
+            assert error["param"] == param and error["code"] == "context_length_exceeded"
+            assert "1001 characters" in error["message"] and "(1000: `biglm serve --max_prompt_chars`" in error["message"]
+        assert tok.calls == calls  # refused before tokenizing
+    finally:
+        server.stop()
+    window = served.model.config.max_position_embeddings
+    r = httpx.post(served.url + "/v1/completions", json={"prompt": "x" * (32 * window + 1), "max_tokens": 4})
+    assert r.status_code == 400 and f"({32 * window}: `biglm serve --max_prompt_chars`" in _error(r)["message"]
+
+
+@pytest.mark.parametrize("raw,param", [
+    (r'{"prompt": "hi \ud800 there", "max_tokens": 4}', "prompt"),
+    (r'{"prompt": ["fine", "\udfff"], "max_tokens": 4}', "prompt.1"),
+    (r'{"prompt": "hi", "stop": ["\ud800"], "max_tokens": 4}', "stop.0"),
+    (r'{"prompt": "hi", "model": "x\ud800", "max_tokens": 4}', "model"),
+    (r'{"prompt": "hi", "\ud800": 1}', "body"),
+    (r'{"messages": [{"role": "user", "content": "hi \ud800"}], "max_tokens": 4}', "messages.0.content"),
+])
+def test_lone_surrogates_are_refused_as_400(served, raw, param):
+    """JSON's escape spells a lone UTF-16 surrogate, which is not Unicode text: a 400 in OpenAI's format naming
+    where it is (it was a plain-text 500 from the tokenizer); a proper surrogate pair is one character and serves."""
+    path = "/v1/chat/completions" if "messages" in raw else "/v1/completions"
+    r = httpx.post(served.url + path, content=raw.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = _error(r)
+    assert error["code"] == "invalid_unicode" and error["param"] == param and "surrogate" in error["message"]
+    pair = httpx.post(served.url + "/v1/completions", content=rb'{"prompt": "hi \ud83d\ude00", "max_tokens": 4}',
+                      headers={"content-type": "application/json"})
+    assert pair.status_code == 200, pair.text
+
+
+def test_an_unexpected_failure_is_a_500_in_the_openai_format(served):
+    """Any exception a handler did not expect is answered as OpenAI's error JSON (500 ``server_error``), not as
+    plain text; in a stream already started it is an error event before ``[DONE]``. The server keeps serving."""
+    def fail() -> None:
+        raise RuntimeError("boom")
+
+    for hooks in ({"on_call": fail}, {"on_decode": fail}):
+        server = _server_with(served, _Tokenizer(served.tok, **hooks))
+        url = f"http://127.0.0.1:{server.port}"
+        try:
+            r = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=30)
+            assert r.status_code == 500, r.text
+            error = _error(r)
+            assert error["type"] == "server_error" and error["code"] == "internal_error"
+            assert "RuntimeError" in error["message"]
+            if "on_decode" in hooks:
+                with httpx.Client(timeout=30) as c, c.stream("POST", url + "/v1/completions", json={
+                        "prompt": "hi", "max_tokens": 8, "strategy": "confidence", "block_length": 4,
+                        "stream": True}) as s:
+                    lines = [line for line in s.iter_lines() if line.startswith("data: ")]
+                assert s.status_code == 200 and lines[-1] == "data: [DONE]"
+                assert json.loads(lines[-2][6:])["error"]["code"] == "internal_error"
+            assert httpx.get(url + "/health").status_code == 200
+        finally:
+            server.stop()
+
+
+def test_health_is_200_while_a_deployment_is_degraded(served):
+    """A deployment hook saying "degraded" (some replicas down, this one serving) is 200, so a load balancer keeps
+    the service; a hook saying nothing serves is 503."""
+    async def degraded():
+        return {"status": "degraded", "replicas_healthy": 1}
+
+    async def down():
+        return {"status": "unavailable", "replicas_healthy": 0}
+
+    for hook, status in ((degraded, 200), (down, 503)):
+        app = create_app(model=served.model, tokenizer=served.tok, settings=ServeSettings(model_name=NAME),
+                         health=hook)
+        server = BiglmServer(app, port=0).start()
+        try:
+            r = httpx.get(f"http://127.0.0.1:{server.port}/health")
+            assert r.status_code == status and r.json()["status"] == hook.__name__.replace("down", "unavailable")
+        finally:
+            server.stop()

@@ -8,7 +8,11 @@ an asyncio queue.
 Notable features
 - Checked before any work: a malformed body, an unknown field, an unknown model, a bad decoding
   value (`DecodingConfig`'s own check, once), ``max_tokens`` or prompt + ``max_tokens`` beyond the
-  model's window, an empty prompt, bad chat messages: a 4xx with OpenAI's error JSON.
+  model's window, an empty prompt, bad chat messages, a prompt longer than ``max_prompt_chars`` characters
+  (checked before it is tokenized), text that is not valid Unicode: a 4xx with OpenAI's error JSON. Any other
+  failure is a 500 in the same format (an error event in a stream already started), never plain text.
+- Prompts are rendered and tokenized in a worker thread, bounded in characters first: a huge prompt costs its
+  own request time, never the event loop's, so other requests and ``/health`` keep answering meanwhile.
 - Streaming (server-sent events, ``data: {...}`` then ``data: [DONE]``): a chunk whenever the
   stable (committed, unchangeable) part of an answer grows, i.e. per committed block or step; the
   final chunk carries the rest and the finish reason, so the chunks concatenate to exactly the
@@ -22,6 +26,8 @@ Notable features
 - Limits: the scheduler's bounded queue (429 at once), a per-request timeout (408, or an error event
   in a stream; the engine request is cancelled), a client that goes away mid-request or mid-stream
   cancels its engine requests, and shutdown refuses new requests with 503 (see `cli`).
+- ``GET /health``: 200 while this server answers requests ("ok", or "degraded" when a deployment's `HealthHook`
+  says part of it is down), 503 when it does not (draining, engine down, or a deployment with nothing serving).
 """
 
 from __future__ import annotations
@@ -66,6 +72,12 @@ from .scheduler import Aborted, Job, Scheduler
 
 log = logging.getLogger(__name__)
 
+PROMPT_CHARS_PER_TOKEN = 32
+"""The default character bound of a prompt is this many characters per position of the model's window: far more
+than any prompt that fits the window holds (a token is a few characters of text), small enough to tokenize in
+milliseconds."""
+SERVING = ("ok", "degraded")  # /health states that answer 200: requests are being served
+
 
 @dataclass(frozen=True)
 class ServeSettings:
@@ -76,6 +88,7 @@ class ServeSettings:
     max_queue: int = 256
     request_timeout: float = 600.0
     max_steps: int | None = None  # None: the model's window
+    max_prompt_chars: int | None = None  # None: PROMPT_CHARS_PER_TOKEN per position of the model's window
     defaults: DecodingConfig = field(default_factory=DecodingConfig)
 
 
@@ -185,6 +198,9 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     if kind == "json_invalid":
         return APIError(400, f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')}).",
                         code="invalid_json")
+    if kind == "invalid_unicode":
+        return APIError(400, f"{first.get('msg', 'invalid text')}", param=first.get("ctx", {}).get("param"),
+                        code="invalid_unicode")
     if kind == "extra_forbidden":
         return APIError(400, f"unknown or unsupported field {param!r}: biglm serve refuses options it would ignore "
                              "(see docs/serving.md for the accepted fields).", param=param, code="unknown_field")
@@ -197,8 +213,15 @@ def _validation_error(exc: RequestValidationError) -> APIError:
 
 
 HealthHook = Callable[[], Awaitable[dict[str, Any]]]
-"""Fields a deployment adds to ``GET /health`` (under Ray Serve: the application's state and its replicas); a
-``status`` other than "ok" among them makes /health answer it with 503."""
+"""Fields a deployment adds to ``GET /health`` (under Ray Serve: the application's state and its replicas). Their
+``status`` is the service's: "ok", "degraded" (part of it is down, the rest serves: still 200, so a load balancer
+keeps a service that answers) or anything else (nothing serves: 503)."""
+
+
+def _internal_error(exc: BaseException) -> APIError:
+    """An unexpected failure as OpenAI's 500 (the traceback goes to the log, not to the client)."""
+    return APIError(500, f"internal server error ({type(exc).__name__}); the server log has the details.",
+                    type="server_error", code="internal_error")
 
 
 def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: Any = None,
@@ -215,6 +238,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
         engine = DecodeEngine(model, max_batch_rows=settings.max_batch_rows, tokenizer=tokenizer)
     window = int(model.config.max_position_embeddings)
     max_steps = settings.max_steps or window
+    max_chars = settings.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * window
     eos_id = model.config.eos_token_id
     scheduler = Scheduler(engine, max_in_flight=settings.max_batch_rows + settings.max_queue)
 
@@ -239,6 +263,11 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _error_response(_validation_error(exc))
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # (Starlette logs the traceback after this answer is sent)
+        return _error_response(_internal_error(exc))
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
@@ -250,30 +279,43 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
             raise APIError(404, f"the model {name!r} does not exist: this server serves {settings.model_name!r} "
                                 "(GET /v1/models).", param="model", code="model_not_found")
 
-    def encode(prompts: list[str], config: DecodingConfig, *, param: str) -> list[list[int]]:
+    def check_length(chars: int, where: str, param: str) -> None:
+        if chars > max_chars:
+            default = (f"by default {PROMPT_CHARS_PER_TOKEN} per position of the model's window of {window}"
+                       if settings.max_prompt_chars is None else "as set")
+            raise APIError(400, f"{where} has {chars} characters, more than this server tokenizes ({max_chars}: "
+                                f"`biglm serve --max_prompt_chars`, {default}): shorten the prompt.", param=param,
+                           code="context_length_exceeded")
+
+    async def encode(prompts: list[str], config: DecodingConfig, *, param: str) -> list[list[int]]:
+        """Token ids of ``prompts``: their sizes checked first, then tokenized in a worker thread (a long prompt
+        takes milliseconds to seconds, which the event loop must not wait for)."""
         if config.max_new_tokens >= window:
             raise APIError(400, f"max_tokens={config.max_new_tokens} leaves no room for a prompt in the model's "
                                 f"window of {window} tokens: ask for fewer.", param="max_tokens", code="invalid_value")
-        out = []
-        for i, text in enumerate(prompts):
-            where = param if len(prompts) == 1 else f"{param}[{i}]"
+        where = [param if len(prompts) == 1 else f"{param}[{i}]" for i in range(len(prompts))]
+        for text, w in zip(prompts, where):
             if not text:
-                raise APIError(400, f"{where} is empty: give the text to continue.", param=param, code="empty_prompt")
-            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+                raise APIError(400, f"{w} is empty: give the text to continue.", param=param, code="empty_prompt")
+            check_length(len(text), w, param)
+        encoded = await asyncio.to_thread(
+            lambda: [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in prompts])
+        for ids, where in zip(encoded, where):
             if len(ids) + config.max_new_tokens > window:
                 raise APIError(400, f"{where} has {len(ids)} tokens and max_tokens={config.max_new_tokens}: together "
                                     f"{len(ids) + config.max_new_tokens}, more than the model's window of {window}; "
                                     "shorten the prompt or lower max_tokens.", param=param,
                                code="context_length_exceeded")
-            out.append(ids)
-        return out
+        return encoded
 
-    def start(prompt_ids: list[list[int]], config: DecodingConfig, n: int, prefix: str) -> tuple[str, _Run]:
-        rows = len(prompt_ids) * n
-        if rows > scheduler.max_in_flight:
-            raise APIError(400, f"{len(prompt_ids)} prompt(s) x n={n} is {rows} answers, more than this server holds "
+    def check_rows(prompts: int, n: int) -> None:
+        """Refuse a request with more answers than the server holds at once (before any of it is tokenized)."""
+        if prompts * n > scheduler.max_in_flight:
+            raise APIError(400, f"{prompts} prompt(s) x n={n} is {prompts * n} answers, more than this server holds "
                                 f"at once ({scheduler.max_in_flight}): split the request.", param="n",
                            code="invalid_value")
+
+    def start(prompt_ids: list[list[int]], config: DecodingConfig, n: int, prefix: str) -> tuple[str, _Run]:
         rid = new_id(prefix)
         jobs, streams = [], []
         for p, ids in enumerate(prompt_ids):
@@ -321,6 +363,9 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
         except asyncio.CancelledError:
             scheduler.stats["disconnects"] += 1
             raise
+        except Exception as e:  # noqa: BLE001 - the 200 is sent: the error goes in the stream, as OpenAI's
+            log.exception("a streamed answer failed")
+            yield f"data: {json.dumps(_internal_error(e).body())}\n\n"
         finally:
             run.cancel_unfinished()
         yield "data: [DONE]\n\n"
@@ -373,7 +418,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
             if state == "ok":
                 state = extra.get("status", state)
             body.update(extra, status=state)
-        return JSONResponse(body, status_code=200 if state == "ok" else 503)
+        return JSONResponse(body, status_code=200 if state in SERVING else 503)
 
     @app.get("/v1/models")
     async def models() -> ModelList:
@@ -392,7 +437,8 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
         if not prompts:
             raise APIError(400, "prompt is an empty list: give at least one prompt.", param="prompt",
                            code="empty_prompt")
-        prompt_ids = encode(prompts, config, param="prompt")
+        check_rows(len(prompts), body.n)
+        prompt_ids = await encode(prompts, config, param="prompt")
         rid, run = start(prompt_ids, config, body.n, "cmpl")
         created_at = now()
 
@@ -413,11 +459,16 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         check_model(body.model)
         config = decoding_config(body, base=settings.defaults, max_steps=max_steps)
+        check_rows(1, body.n)
+        messages = body.messages
+        if isinstance(messages, list):  # the contents alone too long: refused before the template renders them
+            check_length(sum(len(m["content"]) for m in messages if isinstance(m, dict)
+                             and isinstance(m.get("content"), str)), "messages", "messages")
         try:
-            prompt = render_chat(tokenizer, body.messages, add_generation_prompt=True)
+            prompt = await asyncio.to_thread(render_chat, tokenizer, messages, add_generation_prompt=True)
         except ValueError as e:
             raise APIError(400, str(e), param="messages", code="invalid_messages") from None
-        prompt_ids = encode([prompt], config, param="messages")
+        prompt_ids = await encode([prompt], config, param="messages")
         rid, run = start(prompt_ids, config, body.n, "chatcmpl")
         created_at = now()
 

@@ -66,6 +66,8 @@ class ServeArgs(ReplicaOptions):
     """on shutdown, seconds in-flight requests get to finish before they are cancelled"""
     max_steps: int | None = None
     """most model calls a request may ask for (unset: the model's window)"""
+    max_prompt_chars: int | None = None
+    """longest prompt in characters, checked before it is tokenized (unset: 32 per position of the model's window)"""
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     """where the model runs"""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
@@ -103,8 +105,9 @@ class ServeArgs(ReplicaOptions):
         for name in ("request_timeout", "shutdown_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be > 0 seconds")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ConfigError(f"--max_steps {self.max_steps} must be >= 1 (or unset for the model's window)")
+        for name in ("max_steps", "max_prompt_chars"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"--{name} {getattr(self, name)} must be >= 1 (or unset for the model's window)")
         if self.model_name is not None and not self.model_name.strip():
             raise ConfigError("--model_name is empty: give the id clients will send, or leave it unset")
 
@@ -221,7 +224,8 @@ def build_app(args: ServeArgs, *, given: Collection[str] | None = None, health: 
     defaults = server_defaults(model.config, args, given=given)
     name = args.model_name or path.resolve().name
     settings = ServeSettings(model_name=name, max_batch_rows=args.max_batch_rows, max_queue=args.max_queue,
-                             request_timeout=args.request_timeout, max_steps=args.max_steps, defaults=defaults)
+                             request_timeout=args.request_timeout, max_steps=args.max_steps,
+                             max_prompt_chars=args.max_prompt_chars, defaults=defaults)
     return create_app(model=model, tokenizer=tokenizer, settings=settings, health=health)
 
 

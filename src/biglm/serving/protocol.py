@@ -5,7 +5,8 @@ Why a module of its own: the HTTP layer (`app`) and the engine loop (`scheduler`
 field names. A request is parsed here (unknown fields refused, never ignored), its decoding fields
 become one `DecodingConfig` that is validated once, where it is built, and every error is an
 `APIError` carrying the OpenAI error body (``{"error": {"message", "type", "param", "code"}}``) and
-its HTTP status.
+its HTTP status. Text that is not Unicode (a lone UTF-16 surrogate, which JSON's ``\ud800`` escape can
+spell) is refused here, anywhere in the body, before any of it reaches a tokenizer or an error message.
 
 Decoding fields keep OpenAI's names where OpenAI has one (``max_tokens`` -> ``max_new_tokens``,
 ``temperature``, ``top_p``, ``stop``, ``seed``); biglm's own options (``steps``, ``strategy``,
@@ -17,11 +18,13 @@ the server and `biglm generate` accept and refuse exactly the same settings.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..generation.config import FIELDS, SPECULATIVE_ALONE, DecodingConfig
 
@@ -32,6 +35,7 @@ OPENAI_FIELDS: dict[str, str] = {"max_tokens": "max_new_tokens", "temperature": 
 # max_new_tokens is spelled max_tokens on this API)
 EXTRA_FIELDS: tuple[str, ...] = tuple(f for f in FIELDS if f not in {"use_cache", "max_new_tokens", *OPENAI_FIELDS})
 MAX_N = 16  # choices per prompt
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class APIError(Exception):
@@ -44,6 +48,26 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def lone_surrogate(value: Any, path: str = "") -> tuple[str, int] | None:
+    """(where, character index) of the first lone surrogate in a parsed JSON value (keys included), or None.
+
+    Why: JSON may escape any UTF-16 unit (``"\\ud800"``), so a body that parses can hold a "string" that is no
+    Unicode text: tokenizers, and an error message that quotes it, fail on it. A proper pair (``"\\ud83d\\ude00"``)
+    is one character once parsed, and passes."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        return None if found is None else (path or "body", found.start())
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        where = f"{path}.{key}" if path else str(key)
+        if isinstance(key, str) and _SURROGATE.search(key):
+            return path or "body", -1
+        hit = lone_surrogate(item, where)
+        if hit is not None:
+            return hit
+    return None
 
 
 class StreamOptions(BaseModel):
@@ -68,6 +92,19 @@ class _RequestBase(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # an end-user id for the caller's own logs; it changes nothing
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        hit = lone_surrogate(data)
+        if hit is not None:
+            where, index = hit
+            at = "a field name" if index < 0 else f"character {index}"
+            raise PydanticCustomError(
+                "invalid_unicode", "{param} holds a lone UTF-16 surrogate ({at}), which is not a Unicode character: "
+                "send UTF-8 text (a \\uD800-\\uDFFF escape must be half of a surrogate pair).",
+                {"param": where, "at": at})
+        return data
 
 
 # biglm's own decoding options, one request field per DecodingConfig field (so a new field is reachable at once)
