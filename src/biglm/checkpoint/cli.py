@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
     try:
         out = export_checkpoint(args.checkpoint, args.out_dir, card=args.card, license=args.license,
                                 base_model=args.base_model)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, OSError, ValueError) as e:  # a damaged checkpoint (DamagedCheckpointError) included
         print(f"[biglm] error: {e}", file=sys.stderr)
         return 2
     print(f"[biglm] exported {args.checkpoint} -> {out}")

@@ -9,8 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
-from .layout import latest_checkpoint, newest_intact_checkpoint, run_dir_of
-from .loading import load_inference_checkpoint
+from .layout import checkpoint_to_read, run_dir_of
+from .loading import read_checkpoint_model
 from .model_card import DEFAULT_LICENSE, finetune_card, pretrain_card
 
 
@@ -19,6 +19,9 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = Tru
     """Write a plain Hugging Face directory (config.json, model.safetensors, tokenizer) from a run, with a model card
     (README.md) unless ``card`` is False: ``license`` and ``base_model`` (default: the run's --init_from, or a
     fine-tuning run's --model) go into its front matter.
+
+    The checkpoint read is verified against its manifest first: a damaged newest step is passed over with a
+    warning (the card names the step exported), a damaged checkpoint asked for by name is refused.
 
     Every file gets the mode a plain ``open()`` gives (0644 under the usual umask 022), so the directory can
     be shared as it is: safetensors writes its file through a private temporary file (mode 0600).
@@ -38,12 +41,15 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = Tru
             (out / "README.md").write_text(text)
         share_files(out)
         return out
-    model, tokenizer = load_inference_checkpoint(path)
+    ckpt = checkpoint_to_read(path)  # verified (sizes and sha256) before anything is written to OUT_DIR
+    if ckpt is None:
+        raise FileNotFoundError(f"{path} holds no training checkpoint (checkpoints/step_*/meta.json) and is no "
+                                "fine-tuning run: pass a `biglm pretrain` or `biglm finetune` run directory")
+    model, tokenizer = read_checkpoint_model(ckpt)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if card:
-        ckpt = path if latest_checkpoint(path) == path else newest_intact_checkpoint(path, checksums=False)[0]
         text = pretrain_card(run_dir_of(ckpt), checkpoint=ckpt, config=model.config, name=out.name, license=license,
                              base_model=base_model)
         (out / "README.md").write_text(text)

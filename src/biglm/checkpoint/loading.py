@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,13 +9,28 @@ from pathlib import Path
 import torch
 
 from ..model import BiGLMConfig, BiGLMForConditionalGeneration, BiGLMForMaskedLM
-from .layout import META, latest_checkpoint, newest_intact_checkpoint, run_dir_of
+from .layout import META, checkpoint_dirs, checkpoint_to_read, run_dir_of
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 def load_inference_checkpoint(path: str | Path):
-    """``(model, tokenizer)`` from a run directory (its newest checkpoint) or one checkpoint directory.
+    """``(model, tokenizer)`` from a run directory (its newest intact checkpoint) or one checkpoint directory.
+
+    The checkpoint is verified against its manifest first (`checkpoint_to_read`: sizes and sha256), so damaged
+    weights are refused or passed over with a warning, never loaded. `FileNotFoundError` when ``path`` holds no
+    checkpoint, `DamagedCheckpointError` when none is intact (both one line)."""
+    ckpt = checkpoint_to_read(Path(path))
+    if ckpt is None:
+        raise FileNotFoundError(
+            f"{path} holds neither an exported model (config.json + model.safetensors) nor a training checkpoint "
+            "(checkpoints/step_*/meta.json): pass a `biglm export` directory or a `biglm pretrain` run directory."
+        )
+    return read_checkpoint_model(ckpt)
+
+
+def read_checkpoint_model(ckpt: Path):
+    """``(model, tokenizer)`` of checkpoint ``ckpt``, which the caller has verified (`checkpoint_to_read`).
 
     Reads the model part of a torch.distributed.checkpoint (sharded or not) in one process, with no
     process group: the optimizer state in the same files is skipped.
@@ -25,24 +39,16 @@ def load_inference_checkpoint(path: str | Path):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoTokenizer
 
-    path = Path(path)
-    ckpt = latest_checkpoint(path)
-    if ckpt is not None and ckpt != path:  # a run directory: the newest checkpoint whose files have their sizes
-        ckpt, skipped = newest_intact_checkpoint(path, checksums=False)
-        for bad, why in skipped:
-            print(f"[biglm] warning: checkpoint {bad} is damaged ({why}): skipped", file=sys.stderr)
-        if ckpt is None:
-            raise FileNotFoundError(f"{path} has no intact checkpoint ({'; '.join(f'{b.name}: {w}' for b, w in skipped)})")
-    if ckpt is None:
-        raise FileNotFoundError(
-            f"{path} holds neither an exported model (config.json + model.safetensors) nor a training checkpoint "
-            "(checkpoints/step_*/meta.json): pass a `biglm export` directory or a `biglm pretrain` run directory."
-        )
     run_dir = run_dir_of(ckpt)
     config = BiGLMConfig.from_pretrained(run_dir)
     model = BiGLMForMaskedLM(config)
     state = {"model": get_model_state_dict(model, options=StateDictOptions())}
-    dcp.load(state, checkpoint_id=str(ckpt))
+    try:
+        dcp.load(state, checkpoint_id=str(ckpt))
+    except Exception as e:  # intact files that do not fit the run's config.json (DCP's planner says it at length)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"checkpoint {ckpt} does not fit the model of {run_dir / 'config.json'} ({first}): "
+                         "keep a run's checkpoints beside the config.json they were written with") from None
     model.load_state_dict(state["model"])
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
     return model.eval(), tokenizer
@@ -95,12 +101,13 @@ class ModelSource:
     tokenizer_dir: Path
     """holds the tokenizer the model was trained with"""
     weights: Path
-    """what `load_model` reads: the export directory, or the run's newest intact checkpoint"""
+    """what `load_model` reads: the export directory, one checkpoint, or the run directory (whose newest intact
+    checkpoint `load_model` picks when it reads it: verifying is reading every byte, done once, there)"""
 
 
 def model_source(path: str | Path) -> ModelSource:
     """The parts of a pre-trained BiGLM at ``path``: an exported directory (config.json + model.safetensors +
-    tokenizer), a `biglm pretrain` run directory (its newest intact checkpoint) or one checkpoint directory.
+    tokenizer), a `biglm pretrain` run directory or one checkpoint directory (verified when `load_model` reads it).
     `FileNotFoundError` in one line when ``path`` is none of these (a fine-tuning run included)."""
     path = Path(path)
     if not path.is_dir():
@@ -113,11 +120,8 @@ def model_source(path: str | Path) -> ModelSource:
     if (path / META).is_file():  # one checkpoint of a run
         run = run_dir_of(path)
         return ModelSource(path=path, kind="run", config_dir=run, tokenizer_dir=run / "tokenizer", weights=path)
-    ckpt, skipped = newest_intact_checkpoint(path, checksums=False)
-    for bad, why in skipped:
-        print(f"[biglm] warning: checkpoint {bad} is damaged ({why}): skipped", file=sys.stderr)
-    if ckpt is None or not (path / "config.json").is_file():
+    if not checkpoint_dirs(path) or not (path / "config.json").is_file():
         raise FileNotFoundError(
-            f"{path} holds neither an exported model (config.json + model.safetensors) nor an intact training "
+            f"{path} holds neither an exported model (config.json + model.safetensors) nor a training "
             "checkpoint (checkpoints/step_*/meta.json): give a `biglm export` directory or a `biglm pretrain` run")
-    return ModelSource(path=path, kind="run", config_dir=path, tokenizer_dir=path / "tokenizer", weights=ckpt)
+    return ModelSource(path=path, kind="run", config_dir=path, tokenizer_dir=path / "tokenizer", weights=path)

@@ -6,11 +6,13 @@ and renamed into place only when every rank has finished, so a kill during savin
 checkpoint intact. Only the last K complete checkpoints are kept; the newest is never removed before its
 successor is complete, and the one just written is never pruned.
 
-Verification: after every rank has written its files, rank 0 records the size and sha256 of each in meta.json
-(written atomically, last, so a half-written checkpoint has none). A resume verifies the newest checkpoint
-against it, and on damage (a truncated shard, a bad copy) warns, moves it to ``checkpoints/corrupt-step_N``
-and tries the next older one; with none intact it refuses in one line. Rank 0 decides and broadcasts the
-choice, so every rank resumes from the same checkpoint.
+Verification: every rank hashes the bytes of its files as it writes them (`_HashingWriter` under
+torch.distributed.checkpoint, the same for its own ``rankNNNNN.pt``), and rank 0 gathers the sizes and sha256 into
+meta.json (written atomically, last, so a half-written checkpoint has none): no file is read back, and no rank waits
+while another re-reads what every rank wrote. A resume verifies the newest checkpoint against it, each rank hashing
+its share of the files, and on damage (a truncated shard, a bad copy) warns, moves it to
+``checkpoints/corrupt-step_N`` and tries the next older one; with none intact it refuses in one line. Every rank
+sees every rank's verdict, so all resume from the same checkpoint.
 
 `hold_run_dir` holds the run directory's lock (`biglm.checkpoint.RunLock`) for a training loop: under torchrun
 only rank 0 takes the flock and broadcasts the outcome, so a refused run ends on every rank with the same
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import io
 import json
 import os
 import shutil
@@ -35,8 +39,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from ..checkpoint.layout import (META, CheckpointError, checkpoint_dirs, checkpoint_manifest,
-                                 newest_intact_checkpoint)
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
+
+from ..checkpoint.layout import META, CheckpointError, checkpoint_dirs, file_sha256, verify_checkpoint
 from ..checkpoint.lock import RunLock
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -49,6 +54,19 @@ def _barrier() -> None:
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _from_every_rank(value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order, on every rank (picklable objects; ``[value]`` in one process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 def _from_rank0(value: Any) -> Any:
@@ -113,14 +131,13 @@ class Checkpointer:
                 tmp.mkdir(parents=True)
             _barrier()
             model_sd, optim_sd = get_state_dict(model, optimizer)
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-            torch.save(extra, tmp / f"rank{rank:05d}.pt")
-            _fsync_file(tmp / f"rank{rank:05d}.pt")
-            _barrier()
+            writer = _HashingWriter(tmp)
+            dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
+            written = {**writer.fs.written, **_save_hashed(extra, tmp / f"rank{rank:05d}.pt")}
+            # the gather is also the barrier: every rank has written (and fsynced) its files when it answers
+            gathered = _from_every_rank(written)
             if rank == 0:
-                # the manifest covers every file every rank wrote (the folder is shared; DCP needs that anyway)
-                meta = {"step": step, "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-                        "files": checkpoint_manifest(tmp)}
+                meta = {"step": step, "world_size": _world_size(), "files": _manifest(tmp, gathered)}
                 with open(tmp / (META + ".tmp"), "w") as f:
                     json.dump(meta, f, indent=1)
                     f.flush()
@@ -155,23 +172,28 @@ class Checkpointer:
         when the run has none yet. Damaged newer ones are skipped with a warning and moved aside; a `CheckpointError`
         (one line) when there are checkpoints but none is intact."""
         self.clean_partial()
+        rank, world = _rank(), _world_size()
+        # newest first, as rank 0 lists them; each rank hashes its share of a candidate's files and every rank
+        # sees every verdict, so all agree on the choice without a further broadcast
+        names = _from_rank0([d.name for d in reversed(checkpoint_dirs(self.run_dir))] if rank == 0 else None)
         choice: str | None = None
-        refusal: str | None = None
-        if _rank() == 0:
-            ckpt, skipped = newest_intact_checkpoint(self.run_dir)
-            if ckpt is None and skipped:
-                damage = "; ".join(f"{p.name}: {why}" for p, why in skipped)
-                refusal = (f"no intact checkpoint in {self.root} ({damage}): move the damaged ones out of "
-                           f"{self.root} to start this run afresh, or use another output directory")
-            else:
-                for path, why in skipped:
-                    moved = _move_aside(path)
-                    print(f"[biglm] warning: checkpoint {path} is damaged ({why}): skipped and moved to {moved}; "
-                          f"resuming from {ckpt.name if ckpt else 'the start'}", file=sys.stderr, flush=True)
-                choice = None if ckpt is None else ckpt.name
-        choice, refusal = _from_rank0((choice, refusal))
-        if refusal is not None:
-            raise CheckpointError(refusal)
+        skipped: list[tuple[Path, str]] = []
+        for name in names:
+            verdicts = _from_every_rank(verify_checkpoint(self.root / name, share=(rank, world)))
+            problem = next((v for v in verdicts if v is not None), None)
+            if problem is None:
+                choice = name
+                break
+            skipped.append((self.root / name, problem))
+        if choice is None and skipped:
+            damage = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+            raise CheckpointError(f"no intact checkpoint in {self.root} ({damage}): move the damaged ones out of "
+                                  f"{self.root} to start this run afresh, or use another output directory")
+        if rank == 0:
+            for path, why in skipped:
+                moved = _move_aside(path)
+                print(f"[biglm] warning: checkpoint {path} is damaged ({why}): skipped and moved to {moved}; "
+                      f"resuming from {choice or 'the start'}", file=sys.stderr, flush=True)
         if choice is None:
             return None
         ckpt = self.root / choice
@@ -206,6 +228,109 @@ class Checkpointer:
         return torch.load(rank_file, weights_only=False)
 
 
+class _HashingStream(io.RawIOBase):
+    """A file being written, hashed on the way out: sha256 and byte count of everything written through it. A
+    seek (none of DCP's writers seeks today) makes the digest unknown, and the file is then hashed from disk."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self.raw, self.sha, self.count, self.sequential = raw, hashlib.sha256(), 0, True
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        n = self.raw.write(view)
+        n = len(view) if n is None else n
+        self.sha.update(view[:n])
+        self.count += n
+        return n
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.sequential = False
+        return self.raw.seek(offset, whence)
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                super().close()  # flushes through `flush` while the file is still open
+            finally:
+                self.raw.close()
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local file system, recording ``{name: {"bytes", "sha256"}}`` of each file written (``written``),
+    under its final name (DCP writes ``.metadata`` through a temporary name and renames it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: dict[str, dict[str, int | str]] = {}
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with super().create_stream(path, mode) as raw:
+            stream = _HashingStream(raw)
+            yield stream
+            if stream.sequential:
+                self.written[Path(path).name] = {"bytes": stream.count, "sha256": stream.sha.hexdigest()}
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        super().rename(path, new_path)
+        if (digest := self.written.pop(Path(path).name, None)) is not None:
+            self.written[Path(new_path).name] = digest
+
+
+class _HashingWriter(FileSystemWriter):
+    """torch.distributed.checkpoint's `FileSystemWriter` (same files, same defaults) over `_HashingFileSystem`:
+    ``writer.fs.written`` holds this rank's files' digests once `dcp.save` returns."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path))
+        self.fs = _HashingFileSystem()
+
+
+def _save_hashed(obj: Any, path: Path) -> dict[str, dict[str, int | str]]:
+    """`torch.save` ``obj`` to ``path`` (fsynced) and return its ``{name: {"bytes", "sha256"}}``."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getbuffer()
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return {path.name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}
+
+
+def _manifest(folder: Path, gathered: list[dict[str, dict[str, int | str]]]) -> dict[str, dict[str, int | str]]:
+    """meta.json's manifest from every rank's digests of what it wrote. A file of the folder that no rank hashed,
+    or whose size is not the one hashed, is hashed from disk here (never expected: a safety net, not a path)."""
+    written = {name: digest for digests in gathered for name, digest in digests.items()}
+    manifest = {}
+    for f in sorted(Path(folder).iterdir()):
+        if not f.is_file() or f.name == META:
+            continue
+        size = f.stat().st_size
+        digest = written.get(f.name)
+        if digest is None or digest["bytes"] != size:
+            digest = {"bytes": size, "sha256": file_sha256(f)}
+        manifest[f.name] = digest
+    return manifest
+
+
 def _move_aside(ckpt: Path) -> Path:
     """Rename a damaged checkpoint to ``corrupt-step_N`` (``-2``, ``-3``... when taken) beside it: out of
     `checkpoint_dirs`, so neither resume, pruning nor export sees it, and kept for inspection."""
@@ -216,14 +341,6 @@ def _move_aside(ckpt: Path) -> Path:
         target = ckpt.with_name(f"corrupt-{ckpt.name}-{n}")
     os.replace(ckpt, target)
     return target
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -192,7 +192,9 @@ class TrainLoop:
         cfg = self.cfg
         self.maybe_resume()
         result = self.new_result()
-        metrics = MetricsWriter(self.out, enabled=self.info.is_main, tensorboard=cfg.tensorboard)
+        # from the step resumed at: what an earlier attempt logged after it is logged again by this one
+        metrics = MetricsWriter(self.out, enabled=self.info.is_main, tensorboard=cfg.tensorboard,
+                                start_step=self.step)
 
         def stop(signum: int) -> None:
             self._stop_signal = signum

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import signal
 from pathlib import Path
 from typing import Any, Callable
@@ -94,21 +95,26 @@ def restore_signals(old: dict) -> None:
 
 
 class MetricsWriter:
-    """JSONL metrics (one record per line: train losses, logs, validation) and optional TensorBoard."""
+    """JSONL metrics (one record per line: train losses, logs, validation) and optional TensorBoard.
 
-    def __init__(self, out: Path, *, enabled: bool, tensorboard: bool) -> None:
+    ``start_step`` is the step the run (re)starts from: what an earlier attempt logged past it (steps a crash or a
+    damaged checkpoint rolled back, which the run is about to log again) is dropped before the first new line, so
+    the log reads as one run. metrics.jsonl is rewritten atomically; TensorBoard purges the same steps."""
+
+    def __init__(self, out: Path, *, enabled: bool, tensorboard: bool, start_step: int = 0) -> None:
         self.enabled = enabled
         self.tb = None
         if not enabled:
             return
         out.mkdir(parents=True, exist_ok=True)
+        _drop_logged_after(out / "metrics.jsonl", start_step)
         self.file = open(out / "metrics.jsonl", "a")
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
                 raise ImportError("--tensorboard needs the tensorboard package: pip install 'biglm[tensorboard]'") from e
-            self.tb = SummaryWriter(str(out / "tensorboard"))
+            self.tb = SummaryWriter(str(out / "tensorboard"), purge_step=start_step + 1)
 
     def write(self, record: dict[str, Any], kind: str = "train") -> None:
         if not self.enabled:
@@ -125,6 +131,33 @@ class MetricsWriter:
             self.file.close()
             if self.tb is not None:
                 self.tb.close()
+
+
+def _drop_logged_after(path: Path, step: int) -> None:
+    """Rewrite metrics file ``path`` (atomically: a kill leaves the old file or the new) without the records of
+    steps after ``step`` and without a line a kill cut short; records without a step stay. Untouched when there
+    is nothing to drop."""
+    if not path.is_file():
+        return
+    kept, dropped = [], 0
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line) if line.endswith("\n") else None
+            except ValueError:
+                record = None
+            if not isinstance(record, dict) or isinstance(record.get("step"), (int, float)) and record["step"] > step:
+                dropped += 1
+            else:
+                kept.append(line)
+    if not dropped:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def fmt_time(s: float) -> str:
