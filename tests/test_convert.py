@@ -88,28 +88,34 @@ def test_llama_converts_with_equal_logits(tmp_path, tok_with_mask, tied, capsys)
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_mask_token_added_from_mean_embedding(tmp_path, tok_without_mask, tied, capsys):
+def test_mask_and_pad_tokens_added_from_mean_embedding(tmp_path, tok_without_mask, tied, capsys):
+    """The hub's Llama-family tokenizers have neither a mask nor a pad token: convert adds both, so the model has
+    every row the tokenizer will ever ask for (training adds nothing more)."""
     from transformers import AutoTokenizer
 
-    assert tok_without_mask.mask_token is None
+    from biglm.data import load_tokenizer
+
+    assert tok_without_mask.mask_token is None and tok_without_mask.pad_token is None
     src = _save_source(tmp_path, "llama", tok_without_mask, tie_word_embeddings=tied)
     out = convert_checkpoint(src, tmp_path / "biglm")
     printed = capsys.readouterr().out
-    assert "no mask token: added '<mask>'" in printed and "mean embedding" in printed
-    assert ("lm_head row" in printed) == (not tied)
+    assert "no mask and no pad token: added '<mask>'" in printed and "'<pad>'" in printed and "mean" in printed
+    assert ("lm_head rows" in printed) == (not tied)
     tok = AutoTokenizer.from_pretrained(out)
     model = BiGLMForMaskedLM.from_pretrained(out)
     n = len(tok_without_mask)
     assert tok.mask_token == "<mask>" and tok.mask_token_id == n == model.config.mask_token_id
-    assert model.config.vocab_size == n + 1
+    assert tok.pad_token == "<pad>" and tok.pad_token_id == n + 1 == model.config.pad_token_id
+    assert model.config.vocab_size == n + 2 == len(load_tokenizer(out))  # training's tokenizer: nothing to add
     from transformers import AutoModelForCausalLM
 
     source = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     emb = model.model.embed_tokens.weight
-    torch.testing.assert_close(emb[n], source.model.embed_tokens.weight.mean(0))
+    for row in (n, n + 1):
+        torch.testing.assert_close(emb[row], source.model.embed_tokens.weight.mean(0))
+        if not tied:
+            torch.testing.assert_close(model.lm_head.weight[row], source.lm_head.weight.mean(0))
     torch.testing.assert_close(emb[:n], source.model.embed_tokens.weight)
-    if not tied:
-        torch.testing.assert_close(model.lm_head.weight[n], source.lm_head.weight.mean(0))
     _check_logits(src, out)
 
 
@@ -200,3 +206,178 @@ def test_cli_shift_option(tmp_path, tok_with_mask, capsys):
         assert main(["convert", str(src), str(out), *args]) == 0
         assert BiGLMConfig.from_pretrained(out).shift_logits is shift
         assert ("(shift)" in capsys.readouterr().out) is shift
+
+
+# --- GGUF files (llama.cpp / Ollama) and hub ids ---------------------------------------------------------------------
+_GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def _write_gguf(path: Path, tok, *, tied: bool = False) -> "torch.nn.Module":
+    """Write a random tiny Llama and ``tok`` (a byte-level BPE) as a float32 GGUF file the way llama.cpp lays one out
+    (its tensor names; q/k rows permuted for its RoPE, which transformers' reader undoes); return the Llama."""
+    import json
+
+    import gguf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      tie_word_embeddings=tied, **SHAPE)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).float().eval()
+    bpe = json.loads(tok.backend_tokenizer.to_str())["model"]
+    tokens = sorted(bpe["vocab"], key=bpe["vocab"].get)
+    specials = set(tok.all_special_tokens)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(SHAPE["num_hidden_layers"])
+    w.add_context_length(SHAPE["max_position_embeddings"])
+    w.add_embedding_length(SHAPE["hidden_size"])
+    w.add_feed_forward_length(SHAPE["intermediate_size"])
+    w.add_head_count(SHAPE["num_attention_heads"])
+    w.add_head_count_kv(SHAPE["num_key_value_heads"])
+    w.add_rope_freq_base(SHAPE["rope_theta"])
+    w.add_layer_norm_rms_eps(SHAPE["rms_norm_eps"])
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in specials else 1 for t in tokens])  # 3: control
+    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in bpe["merges"]])
+    w.add_bos_token_id(tok.bos_token_id)
+    w.add_eos_token_id(tok.eos_token_id)
+
+    def permute(x, heads):  # llama.cpp's rotary layout of q/k rows
+        return x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+    for name, value in model.state_dict().items():
+        a = value.numpy()
+        if name == "model.embed_tokens.weight":
+            key = "token_embd.weight"
+        elif name == "model.norm.weight":
+            key = "output_norm.weight"
+        elif name == "lm_head.weight":
+            if tied:
+                continue
+            key = "output.weight"
+        else:
+            parts = name.split(".")
+            sub = ".".join(parts[3:5]) if parts[3] in ("self_attn", "mlp") else parts[3]
+            key = f"blk.{parts[2]}.{_GGUF_NAMES[sub]}.weight"
+            if sub in ("self_attn.q_proj", "self_attn.k_proj"):
+                a = permute(a, SHAPE["num_attention_heads" if sub.endswith("q_proj") else "num_key_value_heads"])
+        w.add_tensor(key, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return model
+
+
+def _check_gguf_logits(gguf_file: Path, out: Path, *, length: int = 12, atol: float = 1e-4) -> None:
+    """Under the causal switch the BiGLM's logits equal transformers' LlamaForCausalLM read from the same file."""
+    from transformers import AutoModelForCausalLM
+
+    source = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32,
+                                                  attn_implementation="eager").eval()
+    model = BiGLMForMaskedLM.from_pretrained(out, dtype=torch.float32).eval()
+    vocab = source.config.vocab_size
+    ids = torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref, got = source(ids).logits, model(ids, causal=True).logits[..., :vocab]
+    shift = int(model.config.shift_logits)
+    torch.testing.assert_close(got[:, shift:], ref[:, :length - shift], rtol=1e-4, atol=atol)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_gguf_file_converts_with_equal_logits(tmp_path, tok_without_mask, tied, capsys):
+    import json
+
+    from biglm.checkpoint.source import file_sha256
+    from biglm.cli import main
+
+    f = tmp_path / "tiny-llama.F32.gguf"
+    original = _write_gguf(f, tok_without_mask, tied=tied)
+    out = tmp_path / "biglm"
+    assert main(["convert", str(f), str(out), "--shift", "false"]) == 0
+    _check_gguf_logits(f, out)
+    # the GGUF reader gives back the very Llama that was written (llama.cpp's q/k layout undone)
+    model = BiGLMForMaskedLM.from_pretrained(out).eval()
+    ids = torch.randint(0, len(tok_without_mask), (1, 10), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, causal=True).logits[..., :len(tok_without_mask)], original(ids).logits,
+                                   rtol=1e-4, atol=1e-4)
+    source = json.loads((out / "biglm_source.json").read_text())
+    assert source == {"kind": "gguf", "name": f.name, "sha256": file_sha256(f), "shift": False}
+    assert str(tmp_path) not in json.dumps(source)  # a file name, never a local path
+    assert "GGUF file `tiny-llama.F32.gguf`" in capsys.readouterr().out
+
+
+def test_gguf_in_a_folder_and_bad_sources_said_in_one_line(tmp_path, tok_without_mask, capsys):
+    from biglm.checkpoint.source import resolve_source
+    from biglm.cli import main
+
+    folder = tmp_path / "ollama"
+    folder.mkdir()
+    _write_gguf(folder / "m.gguf", tok_without_mask)
+    assert resolve_source(str(folder)).gguf_file == "m.gguf"  # a folder with one GGUF file: that file
+    assert resolve_source("HuggingFaceTB/SmolLM2-135M").ref.hub_id == "HuggingFaceTB/SmolLM2-135M"
+    (tmp_path / "notes.txt").write_text("x")
+    for bad, said in ((tmp_path / "notes.txt", "not a GGUF file"), (tmp_path / "missing" / "x", "no such file"),
+                      (tmp_path, "neither a transformers checkpoint directory")):
+        assert main(["convert", str(bad), str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and said in err, err
+    assert not (tmp_path / "out").exists()
+
+
+REAL_GGUF = Path(__file__).resolve().parents[2] / "shared" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.mark.skipif(not REAL_GGUF.is_file(), reason=f"the real SmolLM2 GGUF file is not at {REAL_GGUF}")
+def test_real_smollm2_gguf_converts_with_equal_logits(tmp_path):
+    """The shipped SmolLM2-135M-Instruct (Q4_1, dequantized to float32 by transformers' reader): the converted BiGLM
+    (shift on, `biglm convert`'s default) reproduces the source's next-token logits under the causal switch."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    out = convert_checkpoint(REAL_GGUF, tmp_path / "smol", shift=True, log=lambda s: None)
+    _check_gguf_logits(REAL_GGUF, out, length=8, atol=2e-3)  # 30 layers of float32 sums: 2e-3 on logits of ~20
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.mask_token == "<mask>" and tok.pad_token is not None and tok.chat_template
+    assert json.loads((out / "biglm_source.json").read_text())["sha256"].startswith("b179c9523d0e6a0f")
+
+
+def test_padless_maskless_llama_through_convert_adapt_export_generate(tmp_path, tok_without_mask, capsys):
+    """The hub's Llama-family tokenizers have no pad and no mask token: the converted model trains with
+    `blocks-adapt --init_from` (the tokenizer and the model agree on the vocabulary: nothing is added later), exports
+    with a card naming the source by file name, and generates."""
+    import json
+
+    import yaml
+
+    from biglm.cli import main
+    from biglm.data import load_tokenizer
+
+    f = tmp_path / "padless.gguf"
+    _write_gguf(f, tok_without_mask)
+    conv, run, export = tmp_path / "conv", tmp_path / "run", tmp_path / "export"
+    assert main(["convert", str(f), str(conv)]) == 0
+    tok = load_tokenizer(conv)
+    assert BiGLMForMaskedLM.from_pretrained(conv).config.vocab_size == len(tok)
+    assert main(["pretrain", "blocks-adapt", "--init_from", str(conv), "--out_dir", str(run), "--steps", "2",
+                 "--seq_len", "32", "--micro_batch", "2", "--global_batch", "2", "--warmup_steps", "1",
+                 "--save_every", "2", "--eval_every", "0", "--log_every", "1", "--objective.prefix_blocks", "4,8",
+                 "--model.max_position_embeddings", "64"]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r.get("kind") == "train"] == [1, 2]
+    assert main(["export", str(run), str(export)]) == 0
+    card = (export / "README.md").read_text()
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert "base_model" not in front  # a GGUF file is not a hub id: named in the card's text instead
+    assert "padless.gguf" in card and str(tmp_path) not in card
+    assert json.loads((export / "biglm_source.json").read_text())["name"] == "padless.gguf"  # lineage kept
+    capsys.readouterr()
+    assert main(["generate", str(export), "--prompt", "the quick brown", "--max_new_tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("### prompt 1: the quick brown\n") and len(out.splitlines()) >= 2

@@ -1,4 +1,5 @@
-"""`convert_checkpoint`: a transformers checkpoint of the Llama family -> a BiGLM Hugging Face directory.
+"""`convert_checkpoint`: a checkpoint of the Llama family (a GGUF file, a transformers directory or a hub id) -> a
+BiGLM Hugging Face directory.
 
 BiGLM is Llama's architecture with bidirectional attention, and its parameters carry Llama's names, so the
 weights map one to one (``model.embed_tokens``, ``model.layers.N.self_attn.{q,k,v,o}_proj``,
@@ -8,8 +9,10 @@ weights map one to one (``model.embed_tokens``, ``model.layers.N.self_attn.{q,k,
 a sliding window, attention biases outside qwen2, an o_proj bias, MLP biases, any ``rope_scaling`` (BiGLM's RoPE
 has no scaling), an activation other than SiLU, a head dimension other than hidden/heads.
 
-A tokenizer without a mask token gets one (``<mask>``); its embedding row (and its ``lm_head`` row when untied)
-starts as the mean of the source's rows.
+A tokenizer without a mask token gets one (``<mask>``), one without a pad token ``<pad>`` (the hub's Llama, Mistral
+and SmolLM tokenizers ship none; training would otherwise add it later and find the model one row short); their
+embedding rows (and ``lm_head`` rows when untied) start as the mean of the source's rows. The source is named in
+``OUT/biglm_source.json`` as a hub id or a file name with its sha256 (`checkpoint.source`), never a local path.
 
 ``shift`` (`BiGLMConfig.shift_logits`): the converted model predicts the token at position i from position i-1's
 final hidden state, as its source predicted the next token, so the head keeps the alignment it was trained with
@@ -29,7 +32,6 @@ from typing import Any, Callable
 import torch
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
-MASK_TOKEN = "<mask>"
 SHIFT_DEFAULT = True  # `biglm convert`'s default: measured better (see above)
 
 
@@ -78,25 +80,34 @@ def check_convertible(src: Any) -> None:
 
 def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str], *, shift: bool = False,
                        log: Callable[[str], None] = print) -> Path:
-    """Convert the transformers checkpoint directory ``src`` (Llama, SmolLM, Mistral without a sliding window,
-    Qwen2) to a BiGLM Hugging Face directory ``out`` (config, weights, tokenizer); return ``out``. ``shift``: the
-    model predicts position i from position i-1, as its source did (`BiGLMConfig.shift_logits`; `biglm convert`
-    turns it on by default, `SHIFT_DEFAULT`).
+    """Convert ``src`` — a GGUF file (llama.cpp / Ollama; read through transformers' GGUF loader, quantized weights
+    dequantized to float32), a transformers checkpoint directory or a hub id — of a Llama-family model (Llama,
+    SmolLM, Mistral without a sliding window, Qwen2) to a BiGLM Hugging Face directory ``out`` (config, weights,
+    tokenizer, ``biglm_source.json`` naming the source portably); return ``out``. ``shift``: the model predicts
+    position i from position i-1, as its source did (`BiGLMConfig.shift_logits`; `biglm convert` turns it on by
+    default, `SHIFT_DEFAULT`).
 
-    Raises `ConvertError` (one line naming the field) for what cannot be mapped, before any weight is read.
+    A tokenizer without a mask token gets ``<mask>``, one without a pad token ``<pad>`` (as `load_tokenizer` would at
+    training time, so the converted vocabulary is the one every later step uses). Raises `ConvertError` (one line
+    naming the field) for what cannot be mapped, before any weight is read.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from ..data.tokenizer import MASK, PAD
     from ..model import BiGLMConfig, BiGLMForMaskedLM
+    from .model_card import convert_card
+    from .source import resolve_source, write_source
 
-    src, out = Path(src), Path(out)
-    if not (src / "config.json").is_file():  # else transformers reads the path as a hub id and says so, confusingly
-        raise ConvertError(f"{src} is not a transformers checkpoint directory (no config.json there): download the "
-                           "model first, e.g. `huggingface-cli download ORG/NAME --local-dir DIR`, and pass DIR.")
-    src_cfg = AutoConfig.from_pretrained(src)
+    out = Path(out)
+    try:
+        where = resolve_source(str(src))
+    except ValueError as e:
+        raise ConvertError(str(e)) from None
+    kw = where.load_kwargs()
+    src_cfg = AutoConfig.from_pretrained(where.location, **kw)
     check_convertible(src_cfg)
-    tok = AutoTokenizer.from_pretrained(src)
-    source = AutoModelForCausalLM.from_pretrained(src, dtype="auto")
+    tok = AutoTokenizer.from_pretrained(where.location, **kw)
+    source = AutoModelForCausalLM.from_pretrained(where.location, dtype="auto", **kw)
     state = source.state_dict()
     dtype = source.get_input_embeddings().weight.dtype
     biased = [k for k in state if k.endswith("o_proj.bias")]
@@ -104,13 +115,13 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
         raise ConvertError(f"{biased[0]}: BiGLM's o_proj has no bias.")
     theta, _ = _rope(src_cfg)
     vocab = src_cfg.vocab_size
-    added_mask = tok.mask_token_id is None
-    if added_mask:
-        tok.add_special_tokens({"mask_token": MASK_TOKEN})
+    added = {name: token for name, token in (("mask_token", MASK), ("pad_token", PAD)) if getattr(tok, name) is None}
+    if added:
+        tok.add_special_tokens(added)
     mask_id = tok.mask_token_id
-    vocab_size = max(vocab, mask_id + 1)
+    vocab_size = max(vocab, len(tok))
     tied = bool(getattr(src_cfg, "tie_word_embeddings", False))
-    pad_id = src_cfg.pad_token_id if src_cfg.pad_token_id is not None else tok.pad_token_id
+    pad_id = tok.pad_token_id
     cfg = BiGLMConfig(
         vocab_size=vocab_size, hidden_size=src_cfg.hidden_size, intermediate_size=src_cfg.intermediate_size,
         num_hidden_layers=src_cfg.num_hidden_layers, num_attention_heads=src_cfg.num_attention_heads,
@@ -146,23 +157,24 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
             if name in state:
                 w = state[name]
                 param.copy_(grow(w) if name in ("model.embed_tokens.weight", "lm_head.weight") else w)
-        if added_mask:
-            rows = [model.model.embed_tokens.weight] + ([] if tied else [model.lm_head.weight])
-            for w in rows:
-                w[mask_id] = w[:vocab].float().mean(0).to(w.dtype)
+        rows = [model.model.embed_tokens.weight] + ([] if tied else [model.lm_head.weight])
+        for w in rows:  # every new row (mask, pad, the tokenizer's added tokens past the source's vocabulary)
+            w[vocab:] = w[:vocab].float().mean(0).to(w.dtype)
     if tied:
         model.tie_weights()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    log(f"[biglm] {src_cfg.model_type} {src} -> BiGLM {out}: {cfg.num_hidden_layers} layers, hidden "
+    write_source(out, where.ref, shift=shift)
+    (out / "README.md").write_text(convert_card(config=cfg, source=where.ref, name=out.name))
+    log(f"[biglm] {src_cfg.model_type} {where.ref.describe()} -> BiGLM {out}: {cfg.num_hidden_layers} layers, hidden "
         f"{cfg.hidden_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, rope_theta {theta:g}, "
         f"{'tied' if tied else 'untied'} head" + (", q/k/v biases" if cfg.attention_bias else "")
         + (", predicts position i from i-1 (shift)" if shift else ", predicts each position from itself (no shift)"))
-    if added_mask:
-        head = "" if tied else " and lm_head row"
-        log(f"[biglm] the tokenizer had no mask token: added {MASK_TOKEN!r} as id {mask_id}; its embedding{head} "
-            "initialised from the mean embedding")
-    else:
-        log(f"[biglm] mask token {tok.mask_token!r} (id {mask_id})")
+    if added:
+        said = ("its embedding row" if len(added) == 1 else "their embedding rows") + ("" if tied else " and lm_head rows")
+        log(f"[biglm] the tokenizer had no {' and no '.join(k.split('_')[0] for k in added)} token: added "
+            + " and ".join(f"{t!r} as id {tok.convert_tokens_to_ids(t)}" for t in added.values())
+            + f"; {said} initialised from the mean of the source's rows")
+    log(f"[biglm] mask token {tok.mask_token!r} (id {mask_id}), pad token {tok.pad_token!r} (id {pad_id})")
     return out

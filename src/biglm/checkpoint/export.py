@@ -12,6 +12,7 @@ from pathlib import Path
 from .layout import checkpoint_to_read, run_dir_of
 from .loading import read_checkpoint_model
 from .model_card import DEFAULT_LICENSE, finetune_card, pretrain_card
+from .source import keep_lineage
 
 
 def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = True, license: str = DEFAULT_LICENSE,
@@ -39,6 +40,7 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = Tru
             text = finetune_card(path, config=BiGLMConfig.from_pretrained(best), name=out.name, license=license,
                                  base_model=base_model)
             (out / "README.md").write_text(text)
+        keep_lineage(out, path, base_model=base_model)
         share_files(out)
         return out
     ckpt = checkpoint_to_read(path)  # verified (sizes and sha256) before anything is written to OUT_DIR
@@ -53,6 +55,7 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = Tru
         text = pretrain_card(run_dir_of(ckpt), checkpoint=ckpt, config=model.config, name=out.name, license=license,
                              base_model=base_model)
         (out / "README.md").write_text(text)
+    keep_lineage(out, path, base_model=base_model)
     share_files(out)
     return out
 

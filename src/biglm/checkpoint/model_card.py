@@ -20,12 +20,13 @@ from typing import Any
 import yaml
 
 from ..model import count_parameters
+from .source import _HUB_ID, SourceRef, lineage_root
 
 DEFAULT_LICENSE = "apache-2.0"
 # the task metric of a fine-tuning kind, when task.json does not name it (finetune/ owns the tasks; this mirrors them)
 _KIND_METRIC = {"classification": "accuracy", "retrieval": "ndcg@10", "squad": "f1"}
 _KIND_PIPELINE = {"classification": "text-classification", "retrieval": "sentence-similarity",
-                  "squad": "question-answering", "seq2seq": "text2text-generation"}
+                  "squad": "question-answering", "seq2seq": "text2text-generation", "instruct": "text-generation"}
 
 
 def _json(path: Path) -> Any:
@@ -51,22 +52,53 @@ def _rows(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _dataset_names(folders: list[str], hub_sources: dict[str, str]) -> list[str]:
-    """The sources the run's shard folders were prepared from: a hub source ``hf:ORG/NAME[:CONFIG][@SPLIT]`` as its
-    dataset id ``ORG/NAME``, any other (a local file or folder, ``builtin``) as written to `biglm data prepare`."""
-    names: list[str] = []
+def _dataset_names(folders: list[str], hub_sources: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The sources the run's shard folders were prepared from, as (hub dataset ids, other names): a hub source
+    ``hf:ORG/NAME[:CONFIG][@SPLIT]`` as its id ``ORG/NAME`` (what a card's ``datasets`` field takes), a local file or
+    folder by its name alone (never its path), ``builtin`` as itself."""
+    hub: list[str] = []
+    local: list[str] = []
     for folder in folders:
         manifest = _json(Path(folder) / "manifest.json")
         sources = (manifest or {}).get("config", {}).get("sources") if isinstance(manifest, dict) else None
         if not sources:
             sources = hub_sources.get(folder, "").split() or [folder]
-        for s in sources:
-            s = str(s)
+        for s in map(str, sources):
             if s.startswith("hf:"):
-                s = s[3:].split("@")[0].split(":")[0]
-            if s not in names:
-                names.append(s)
-    return names
+                _add(hub, s[3:].split("@")[0].split(":")[0])
+            else:
+                _add(local, Path(s.rstrip("/")).name or s)
+    return hub, local
+
+
+def _add(items: list[str], item: str) -> None:
+    if item not in items:
+        items.append(item)
+
+
+def _unique(items: list[str]) -> list[str]:
+    out: list[str] = []
+    for item in items:
+        _add(out, item)
+    return out
+
+
+def _base(explicit: str | None, lineage_of: Path | None) -> tuple[str | None, str | None]:
+    """(the card's ``base_model`` — a hub id or nothing —, the phrase naming it in the text). ``explicit`` (export's
+    ``--base_model``) wins when it is a hub id; a local folder given there, or found as the run's start, is followed
+    back to the pretrained model it descends from (`lineage_root`), which is named by hub id or file name + sha256."""
+    if explicit and not Path(explicit).exists() and _HUB_ID.match(explicit):
+        return explicit, f"`{explicit}`"
+    root: SourceRef | None = lineage_root(explicit) if explicit else None
+    if root is None and lineage_of is not None:
+        root = lineage_root(lineage_of)
+    if root is not None:
+        return root.hub_id, root.describe()
+    start = explicit
+    if start is None and lineage_of is not None:
+        start = (_json(lineage_of / "train_config.json") or {}).get("init_from") or \
+            (_json(lineage_of / "finetune_config.json") or {}).get("model")
+    return None, (f"a local model (`{Path(str(start)).name}`)" if start else None)
 
 
 def _eval_results(run_dir: Path) -> list[tuple[str, str, float]]:
@@ -126,18 +158,18 @@ def pretrain_card(run_dir: Path, *, checkpoint: Path, config, name: str, license
     meta = _json(checkpoint / "meta.json") or {}
     step = meta.get("step")
     objective = (train.get("objective") or {}).get("name", "unknown")
-    base_model = base_model or train.get("init_from")
+    hub_base, base = _base(base_model, run_dir)
     folders = list(train.get("data") or {}) + [f for f in (train.get("anneal_data") or {}) if f not in (train.get("data") or {})]
-    datasets = _dataset_names(folders, train.get("hub_sources") or {})
+    hub_data, local_data = _dataset_names(folders, train.get("hub_sources") or {})
     front: dict[str, Any] = {"library_name": "biglm", "license": license, "pipeline_tag": "fill-mask",
-                             "tags": ["biglm", "masked-lm", objective]}
-    if base_model:
-        front["base_model"] = str(base_model)
-    if datasets:
-        front["datasets"] = datasets
+                             "tags": _unique(["biglm", "masked-lm", objective])}
+    if hub_base:
+        front["base_model"] = hub_base
+    if hub_data:
+        front["datasets"] = hub_data
     body = [f"# {name}", "",
             f"A BiGLM (bidirectional language model) pre-trained with `biglm pretrain` (run `{train.get('name', run_dir.name)}`)"
-            + (f", continued from `{base_model}`." if base_model else "."), ""]
+            + (f", continued from {base}." if base else "."), ""]
     body += _architecture(config)
     block = f", block lengths {config.prefix_block_lengths}" if config.prefix_attention == "blocks" else ""
     body += ["## Objective", "", f"`{objective}`; the model's prefix attention: `{config.prefix_attention}`{block} "
@@ -152,10 +184,10 @@ def pretrain_card(run_dir: Path, *, checkpoint: Path, config, name: str, license
     if train.get("lr") is not None:
         body.append(f"- schedule: {train.get('schedule')} lr {train['lr']:g} -> {train.get('min_lr', 0):g}, "
                     f"{train.get('warmup_steps')} warm-up steps")
-    if base_model:
-        body.append(f"- started from `{base_model}` (its weights; a fresh optimizer)")
-    if datasets:
-        body.append("- data: " + ", ".join(f"`{d}`" for d in datasets))
+    if base:
+        body.append(f"- started from {base} (its weights; a fresh optimizer)")
+    if hub_data or local_data:
+        body.append("- data: " + ", ".join(f"`{d}`" for d in hub_data + local_data))
     body.append("")
     rows = _rows(run_dir)
     upto = [r for r in rows if step is None or (isinstance(r.get("step"), int) and r["step"] <= step)]
@@ -189,17 +221,18 @@ def finetune_card(run_dir: Path, *, config, name: str, license: str, base_model:
     metric = task.get("metric") or settings.get("metric") or _KIND_METRIC.get(kind)
     if kind == "seq2seq" and not metric:
         metric = "rougeL" if settings.get("metrics") == "rouge" else "bleu4"
-    base_model = base_model or ft.get("model") or None
+    hub_base, base = _base(base_model, run_dir)
     front: dict[str, Any] = {"library_name": "biglm", "license": license,
                              "pipeline_tag": _KIND_PIPELINE.get(kind, "fill-mask"),
-                             "tags": ["biglm", "masked-lm", "fine-tuned", task_name]}
-    if base_model:
-        front["base_model"] = str(base_model)
+                             "tags": _unique(["biglm", "masked-lm", "fine-tuned", task_name])}
+    if hub_base:
+        front["base_model"] = hub_base
     data = [str(settings[k]) for k in ("data", "dataset", "train") if isinstance(settings.get(k), str)]
-    if data:
-        front["datasets"] = data
+    hub_data = _unique([d[3:].split("@")[0].split(":")[0] for d in data if d.startswith("hf:")])
+    if hub_data:
+        front["datasets"] = hub_data
     body = [f"# {name}", "", f"A BiGLM fine-tuned with `biglm finetune` on the task `{task_name}`"
-            + (f" ({kind})" if kind else "") + (f", from `{base_model}`." if base_model else "."), ""]
+            + (f" ({kind})" if kind else "") + (f", from {base}." if base else "."), ""]
     body += _architecture(config)
     evals = [r for r in _rows(run_dir) if r.get("kind") == "eval"]
     body += ["## Task and evaluation", "", f"- task: `{task_name}`" + (f", metric: `{metric}`" if metric else "")]
@@ -216,6 +249,21 @@ def finetune_card(run_dir: Path, *, config, name: str, license: str, base_model:
         body.append(f"- training: {ft.get('epochs')} epochs, lr {ft.get('lr')}, global batch {ft.get('global_batch')}")
     body.append("")
     body += _finetune_usage(name, config)
+    return _render(front, body)
+
+
+def convert_card(*, config, source: SourceRef, name: str) -> str:
+    """The card `biglm convert` writes: the source named portably (hub id, or file name and sha256), the shape, and
+    that the weights are the autoregressive source's, not yet trained as a BiGLM."""
+    front: dict[str, Any] = {"library_name": "biglm", "pipeline_tag": "fill-mask",
+                             "tags": ["biglm", "masked-lm", "converted"]}
+    if source.hub_id:
+        front["base_model"] = source.hub_id
+    body = [f"# {name}", "", f"{source.describe()} converted to a BiGLM by `biglm convert`: the source's weights, "
+            "mapped by name, with bidirectional attention. It has not been trained as a BiGLM yet: adapt it with "
+            f"`biglm pretrain blocks-adapt --init_from {name}` (or a `*-from-*` recipe) before relying on it.", ""]
+    body += _architecture(config)
+    body += _usage(name)
     return _render(front, body)
 
 
