@@ -1,7 +1,9 @@
-"""`biglm convert SRC OUT`: turn a transformers checkpoint of the Llama family (Llama, SmolLM, Mistral without a
-sliding window, Qwen2) into a BiGLM Hugging Face directory (weights mapped by name, RoPE θ, GQA, RMSNorm eps, max
-positions; a mask token added to the tokenizer when it has none, its embedding initialised from the mean
-embedding). What BiGLM cannot represent (a sliding window, attention biases outside Qwen2, MLP biases, rope
+"""`biglm convert SRC OUT`: turn a checkpoint of the Llama family (Llama, SmolLM, Mistral without a sliding window,
+Qwen2) into a BiGLM Hugging Face directory (weights mapped by name, RoPE θ, GQA, RMSNorm eps, max positions; a mask
+and a pad token added to the tokenizer when it has none, their embeddings initialised from the mean embedding).
+SRC is a GGUF file (llama.cpp / Ollama; quantized weights are dequantized to float32), a transformers checkpoint
+directory, or a hub id (ORG/NAME). OUT gets a model card and biglm_source.json naming the source by hub id, or by
+file name and sha256 (never a local path). What BiGLM cannot represent (a sliding window, attention biases outside Qwen2, MLP biases, rope
 scaling, an activation other than SiLU) is refused in one line naming it. Continue with
 `biglm pretrain ... --init_from OUT`.
 
@@ -21,7 +23,8 @@ from .convert import SHIFT_DEFAULT
 @dataclass
 class ConvertArgs:
     src: str
-    """a transformers checkpoint directory (config.json, weights, tokenizer) of model_type llama, mistral or qwen2"""
+    """a GGUF file, a transformers checkpoint directory (config.json, weights, tokenizer) or a hub id ORG/NAME, of
+    model_type llama, mistral or qwen2"""
     out: str
     """where to write the BiGLM Hugging Face directory"""
     shift: bool = SHIFT_DEFAULT
