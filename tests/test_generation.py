@@ -546,6 +546,44 @@ def test_cli_errors(tmp_path, saved, capsys):
     assert rc == 2 and "early_stop applies to mask-predict only" in capsys.readouterr().err
 
 
+def test_a_refused_saved_setting_says_it_is_the_models_and_how_to_clear_it(saved, tmp_path, capsys):
+    """`biglm generate FT_RUN --strategy confidence --draft_length 3` on a model saved with steps=10: the user gave no
+    --steps, so the refusal says the value is the model's saved setting (where it was read) and the flag that clears
+    it; with that flag the command runs. A value the user gave is refused as the user's own, as before."""
+    _, _, tok = saved
+    model = _model(vocab_size=len(tok), mask_token_id=tok.mask_token_id, eos_token_id=None, prefix_attention="blocks",
+                   prefix_block_lengths=[1, 4])
+    model.config.task_specific_params = {"seq2seq": {"steps": 10, "max_new_tokens": 6}}
+    tuned = tmp_path / "tuned"
+    model.save_pretrained(tuned)
+    tok.save_pretrained(tuned)
+    argv = [str(tuned), "--prompt", "the cat", "--strategy", "confidence", "--draft_length", "3", "--device", "cpu"]
+    capsys.readouterr()
+    assert cli_main(argv) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("biglm generate:")]
+    assert len(said) == 1 and "steps=10 does not apply" in said[0]
+    assert (f"steps=10 is not an option given here but the model's saved decoding setting "
+            f"(task_specific_params.seq2seq in {tuned / 'config.json'}): clear it with --steps none." in said[0])
+    assert cli_main([*argv, "--steps", "none"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2  # the header and the answer
+    assert cli_main([*argv, "--steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "steps=4 does not apply" in err and "saved" not in err
+    # the one function every entry point builds its settings with: each value's origin, the refusal's field
+    from biglm.generation.config import DecodingError, model_decoding
+
+    with pytest.raises(DecodingError, match="model's saved decoding setting") as e:
+        model_decoding(model.config, {"strategy": "confidence", "draft_length": 3}, clear="--decoding.{name} {value}")
+    assert e.value.option == "steps" and str(e.value).endswith("clear it with --decoding.steps none.")
+    model.config.task_specific_params = {"seq2seq": {"length_beam": 3}}  # a saved value that has a default to give
+    with pytest.raises(DecodingError, match=r"length_beam=3 is not an option given here.*override it with "
+                                            r"--length_beam 1\.$"):
+        model_decoding(model.config, {"strategy": "confidence", "draft_length": 3})
+    model.config.task_specific_params = {"seq2seq": {"steps": 10, "max_new_tokens": 6}}
+    cleared = model_decoding(model.config, {"strategy": "confidence", "draft_length": 3, "steps": None})
+    assert cleared.steps is None and cleared.max_new_tokens == 6  # the other saved value stays
+
+
 def _spy_decoder(monkeypatch) -> list[DecodingConfig]:
     """Record the `DecodingConfig` that reaches `decoding.generate_ids` (through `api`), then decode as usual."""
     import biglm.generation.api as api

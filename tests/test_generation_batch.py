@@ -15,7 +15,7 @@ import pytest
 
 from biglm.checkpoint import RunDirLockedError, RunLock, load_model
 from biglm.generation import generate
-from biglm.generation.batch import BatchInputError, generate_file, local_backend, read_rows
+from biglm.generation.batch import BatchInputError, generate_file, local_backend, meta_path, read_rows
 from biglm.generation.chat import render_chat
 from biglm.generation.cli import main as generate_main
 from biglm.generation.config import model_decoding
@@ -182,6 +182,7 @@ def test_a_write_cut_anywhere_resumes_to_the_same_file(loaded, tmp_path, cut):
     for batch_size in (3, 4):
         part = tmp_path / f"part{batch_size}.jsonl"
         part.write_bytes(data[: int(len(data) * cut)])
+        meta_path(part).write_bytes(meta_path(whole).read_bytes())  # written before the first row, as by the cut run
         report = generate_file(model, tok, src, part, batch_size=batch_size, progress=False, echo=lambda s: None)
         assert report.done_before + report.written == len(ROWS)
         assert part.read_bytes() == data
@@ -299,3 +300,90 @@ def test_a_second_job_on_the_same_output_is_refused(loaded, tmp_path):
     with RunLock.for_file(out):  # free again once the holder is gone
         pass
     assert generate_file(model, tok, src, out, progress=False).written == 1
+
+
+def test_resume_with_another_model_or_other_settings_is_refused(loaded, peaked, checkpoint, tmp_path, capsys):
+    """The model (path, config, weights fingerprint) and the job's settings are recorded in OUTPUT.meta.json before the
+    first row; continuing the file with another model or other settings is refused in one line naming what differs,
+    and the file is left as it was. The same weights loaded from another directory continue it."""
+    import shutil
+
+    model, tok = loaded
+    src = _write(tmp_path / "in.jsonl", ROWS)
+    out, options = tmp_path / "out.jsonl", {"max_new_tokens": 6, "steps": 3}
+    inner, seen = local_backend(model, tok), []
+
+    def first_batch_only(batches):  # the record is on disk before any row, then one batch is written
+        for batch, answered in zip(batches, inner(batches)):
+            seen.append((meta_path(out).is_file(), out.exists() and out.stat().st_size > 0))
+            yield answered
+            return
+
+    with pytest.raises(RuntimeError, match="answered 1 of"):
+        generate_file(model, tok, src, out, config=options, batch_size=2, progress=False, backend=first_batch_only)
+    assert seen == [(True, False)]
+    from biglm.generation.batch import weights_fingerprint
+
+    record = json.loads(meta_path(out).read_text())
+    assert record["model"]["path"] == str(peaked.resolve())
+    other, _ = load_model(checkpoint, device="cpu")
+    assert record["model"]["weights_sha256"] == weights_fingerprint(model) != weights_fingerprint(other)
+    assert record["model"]["config"]["hidden_size"] == model.config.hidden_size
+    assert record["decoding"]["steps"] == 3 and record["decoding"]["strategy"] == "mask-predict"
+    written = out.read_bytes()
+    assert written.count(b"\n") == 2 and all(set(r) >= {"id", "text"} for r in _rows(out))  # plain JSONL rows only
+
+    with pytest.raises(BatchInputError) as e:
+        generate_file(other, tok, src, out, config=options, batch_size=2, progress=False)
+    said = str(e.value)
+    assert said.count("\n") == 0 and said.startswith(f"{out} was written by model {peaked.resolve()} (weights sha256 ")
+    assert f"this run is model {checkpoint.resolve()} (weights sha256 " in said and "pass a new --output" in said
+    assert "with steps" not in said  # only what differs
+    with pytest.raises(BatchInputError) as e:
+        generate_file(model, tok, src, out, config={**options, "steps": 4}, progress=False)
+    said = str(e.value)
+    assert "with steps=3; this run is" in said and "with steps=4: pass a new --output" in said
+    assert "weights sha256" not in said
+    # the CLI: one line, exit 2, nothing written
+    assert generate_main([str(checkpoint), "--input", str(src), "--output", str(out), "--max_new_tokens", "6",
+                          "--steps", "3", "--device", "cpu", "--progress", "false"]) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("biglm generate:")]
+    assert len(said) == 1 and said[0].startswith(f"biglm generate: {out} was written by model ")
+    assert out.read_bytes() == written
+
+    # the same weights from another directory: the same model, the file continues to an uninterrupted run's
+    moved = shutil.copytree(peaked, tmp_path / "moved")
+    same, _ = load_model(moved, device="cpu")
+    report = generate_file(same, tok, src, out, config=options, batch_size=2, progress=False)
+    assert report.done_before == 2 and report.written == len(ROWS) - 2
+    whole = tmp_path / "whole.jsonl"
+    generate_file(model, tok, src, whole, config=options, batch_size=2, progress=False)
+    assert out.read_bytes() == whole.read_bytes()
+
+    # rows without a record (an older biglm's output) are not continued either
+    meta_path(whole).unlink()
+    with pytest.raises(BatchInputError, match=r"holds 10 rows but no whole.jsonl.meta.json"):
+        generate_file(model, tok, src, whole, config=options, progress=False)
+
+
+def test_a_saved_setting_refused_for_a_row_says_where_it_came_from(checkpoint, tmp_path):
+    """A fine-tuned model's saved steps do not fit speculative decoding: the row is named, and the message says the
+    value is the model's (from its config.json) and how to clear it, on the command line or in the row."""
+    model, tok = load_model(checkpoint, device="cpu")
+    model.config.task_specific_params = {"seq2seq": {"steps": 10, "max_new_tokens": 6}}
+    tuned = tmp_path / "tuned"
+    model.save_pretrained(tuned)
+    tok.save_pretrained(tuned)
+    model, tok = load_model(tuned, device="cpu")
+    src = _write(tmp_path / "in.jsonl", [{"id": 1, "prompt": "x"}, {"id": 2, "prompt": "y", "steps": None}])
+    options = {"strategy": "confidence", "draft_length": 2}
+    with pytest.raises(BatchInputError) as e:
+        generate_file(model, tok, src, tmp_path / "out.jsonl", config=options, progress=False)
+    (line,) = str(e.value).splitlines()  # row 2 cleared it
+    assert line.startswith(f"{src}:1: ") and "steps=10 is not an option given here but the model's saved" in line
+    assert str(tuned / "config.json") in line and 'clear it with --steps none (a row: "steps": null)' in line
+    with pytest.warns(UserWarning, match="approximation"):  # (a paper model: speculative decoding is approximate)
+        report = generate_file(model, tok, src, tmp_path / "out.jsonl", config={**options, "steps": None},
+                               progress=False)
+    assert report.written == 2
+    assert all(r["completion_tokens"] <= 6 for r in _rows(tmp_path / "out.jsonl"))  # the saved answer length stays

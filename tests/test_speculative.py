@@ -4,6 +4,7 @@ in fewer calls with drafts checked under that condition in the same pass."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -15,8 +16,8 @@ from biglm.generation.speculative import _accept, _one_more, tree_offsets, tree_
 
 def _blocks_model(seed: int = 0, **overrides) -> BiGLMForMaskedLM:
     torch.manual_seed(seed)
-    config = BiGLMConfig.from_preset("tiny", initializer_range=0.2, prefix_attention="blocks",
-                                     prefix_block_lengths=[1, 4, 8], **overrides)
+    overrides = {"prefix_block_lengths": [1, 4, 8], **overrides}
+    config = BiGLMConfig.from_preset("tiny", initializer_range=0.2, prefix_attention="blocks", **overrides)
     return BiGLMForMaskedLM(config).eval()
 
 
@@ -229,3 +230,22 @@ def test_on_step_reports_each_call_and_the_cli_shows_it():
     written = torch.stack([s.committed for s in steps]).long()
     assert torch.equal(written.sum(0), torch.ones_like(written[0]))  # each slot written by exactly one call
     assert torch.equal(steps[-1].output_ids, out.tokens)
+
+
+def test_a_model_never_trained_on_blocks_of_1_is_warned_once_per_decode():
+    """Speculative decoding runs blocks of 1; the default biglm-blocks objective trains 8, 16, 32. A model whose saved
+    block lengths (config.prefix_block_lengths) lack 1 gets one warning naming them and the adaptation that trains
+    blocks of 1; a model trained with them gets none, and nothing warns without draft_length."""
+    ids, mask = _batch(_blocks_model())
+    kw = dict(max_new_tokens=12, strategy="confidence", suppress_ids=[7])
+    untrained = _blocks_model(prefix_block_lengths=[8, 16, 32])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        generate_ids(untrained, ids, mask, draft_length=3, **kw)
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and "trained on prefix blocks of 8, 16, 32 only" in said[0]
+    assert "biglm pretrain blocks-adapt --init_from MODEL --objective.prefix_blocks 1,8,16,32" in said[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails
+        generate_ids(_blocks_model(), ids, mask, draft_length=3, **kw)  # trained on 1, 4, 8
+        generate_ids(untrained, ids, mask, block_length=8, **kw)  # not speculative

@@ -28,6 +28,12 @@ run (a batch cut short runs again whole and writes its missing rows), so it ends
 byte; on a finished output it changes nothing. An output line that is not a row of this input (another file's
 output) is refused, naming it.
 
+What wrote the rows: ``OUTPUT.meta.json`` (`output_record`), written atomically before the first row, records the
+model (the directory it was loaded from, its config, its dtype and a sha256 over its weights' tensors) and the job's
+decoding settings. A re-run with another model or other settings is refused in one line naming what differs
+(`check_record`), so one file never holds two models' or two settings' answers; the same weights loaded from another
+directory continue it. The output itself stays plain JSONL, one answer a line, for pandas or datasets.
+
 Layers: `read_rows` (the file, checked) -> `prepare_rows` (settings and token ids per row, checked against the
 model) -> `plan_batches` -> `BatchAnswerer` (rows in, output rows out) -> `generate_file` (lock, resume, write,
 progress bar). The answering is a `Backend`, a function from the batches to run to their output rows, batch by
@@ -38,6 +44,7 @@ the lock, resuming and writing stay with `generate_file` on the driver, so the o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -52,7 +59,7 @@ import torch
 
 from .api import _check_model, cut_at_stop
 from .chat import check_messages, render_chat
-from .config import FIELDS, DecodingConfig, model_decoding
+from .config import FIELDS, DecodingConfig, model_decoding, saved_decoding
 from .decoding import generate_ids, left_pad
 from .engine import DecodeEngine
 
@@ -196,7 +203,7 @@ def prepare_rows(model: torch.nn.Module, tokenizer, rows: Sequence[BatchRow], *,
         key = json.dumps(merged, sort_keys=True, default=str)
         if key not in by_key:
             try:
-                cfg = model_decoding(model.config, merged)
+                cfg = model_decoding(model.config, merged, clear='--{name} {value} (a row: "{name}": {json})')
                 _check_model(model, cfg)
                 by_key[key] = cfg
             except ValueError as e:
@@ -347,6 +354,108 @@ def read_done(output: str | Path, rows: Sequence[BatchRow]) -> tuple[set[str], i
     return done, whole, len(lines)
 
 
+META_SUFFIX = ".meta.json"  # OUTPUT.meta.json: the model and settings that write OUTPUT (`output_record`)
+# model config keys that say how this process loaded the model, not which model it is
+_LOAD_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "attn_backend")
+
+
+def meta_path(output: str | Path) -> Path:
+    """Where the record of an output's model and settings lies: ``OUTPUT.meta.json`` beside it (the output itself
+    stays plain JSONL, one answer a line, for pandas or datasets)."""
+    output = Path(output)
+    return output.with_name(output.name + META_SUFFIX)
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """sha256 over the model's tensors as they run (name, dtype, shape, bytes; about a second per GB on a CPU core):
+    what tells two models apart, whatever directory they were loaded from."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach()
+        digest.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
+        digest.update(t.reshape(-1).contiguous().view(torch.uint8).cpu().numpy())
+    return digest.hexdigest()
+
+
+def output_record(model: torch.nn.Module, config: DecodingConfig | Mapping[str, Any] | None, *,
+                  model_path: str | Path | None = None) -> dict[str, Any]:
+    """What an output file's rows depend on besides the input: the model (where it was loaded from, its weights'
+    fingerprint and dtype, its config) and the job's decoding settings (the defaults under the model's saved settings
+    under the job's options, `model_decoding`'s order; a row's own fields override them and sit in the input).
+    Written to `meta_path` before the first row; a resume that differs is refused (`check_record`)."""
+    mc = model.config
+    path = model_path if model_path is not None else getattr(mc, "name_or_path", "") or ""
+    plain = DecodingConfig()
+    settings = {**{name: getattr(plain, name) for name in FIELDS}, **saved_decoding(mc), **job_options(config)}
+    record = {
+        "about": "the model and decoding settings this file's rows were written with (biglm generate --input); a "
+                 "row's own fields in the input override these settings",
+        "model": {"path": str(Path(path).resolve()) if path else None,
+                  "weights_sha256": weights_fingerprint(model),
+                  "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+                  "config": {k: v for k, v in sorted(mc.to_dict().items()) if k not in _LOAD_KEYS}},
+        "decoding": settings,
+    }
+    return json.loads(json.dumps(record, default=str))  # as read back from the file (tuples as lists)
+
+
+def check_record(output: Path, record: dict[str, Any], *, rows_written: int) -> bool:
+    """Whether `meta_path` (``output``'s record) must be written now: True when no row is written yet. Raises a
+    `BatchInputError` in one line when the rows there were written by another model or with other settings than
+    ``record`` says (naming what differs), or when rows exist without a record to say which."""
+    meta = meta_path(output)
+    if not rows_written:
+        return True
+    fresh = f"pass a new --output, or delete {output} and {meta.name} to start over"
+    try:
+        old = json.loads(meta.read_text(encoding="utf-8"))
+        old_model, old_settings = old["model"], old["decoding"]
+    except FileNotFoundError:
+        raise BatchInputError(f"{output} holds {rows_written} rows but no {meta.name} saying which model and decoding "
+                              f"settings wrote them (written by an older biglm, or the record was removed): "
+                              f"{fresh}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise BatchInputError(f"{meta}: not a readable record of {output}'s model and settings ({e}): "
+                              f"{fresh}") from None
+    new_model, new_settings = record["model"], record["decoding"]
+    config_keys = sorted(k for k in {*old_model.get("config", {}), *new_model["config"]}
+                         if old_model.get("config", {}).get(k) != new_model["config"].get(k))
+    same_model = (old_model.get("weights_sha256") == new_model["weights_sha256"]
+                  and old_model.get("dtype") == new_model["dtype"] and not config_keys)
+    fields = [name for name in FIELDS if old_settings.get(name) != new_settings.get(name)]
+    if same_model and not fields:  # (the same weights loaded from another directory are the same model)
+        return False
+
+    def said(m: dict[str, Any], settings: dict[str, Any]) -> str:
+        text = f"model {m.get('path')}"
+        if not same_model:
+            parts = [f"weights sha256 {str(m.get('weights_sha256'))[:12]}", f"dtype {m.get('dtype')}"]
+            parts += [f"{k}={json.dumps((m.get('config') or {}).get(k))}" for k in config_keys[:3]]
+            text += f" ({', '.join(parts)})"
+        if fields:
+            text += " with " + ", ".join(f"{name} unset" if settings.get(name) is None
+                                         else f"{name}={json.dumps(settings[name])}" for name in fields)
+        return text
+
+    raise BatchInputError(f"{output} was written by {said(old_model, old_settings)}; this run is "
+                          f"{said(new_model, new_settings)}: {fresh}")
+
+
+def _write_record(path: Path, record: dict[str, Any]) -> None:
+    """``record`` as JSON at ``path``, atomically (a temporary file moved into place, both synced)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 def generate_file(
     model: torch.nn.Module,
     tokenizer,
@@ -359,6 +468,7 @@ def generate_file(
     echo: Callable[[str], None] | None = None,
     on_batch: Callable[[int, list[dict[str, Any]]], None] | None = None,
     backend: Backend | None = None,
+    model_path: str | Path | None = None,
 ) -> BatchReport:
     """Answer every row of the JSONL ``input`` into the JSONL ``output`` (see the module docstring).
 
@@ -373,10 +483,12 @@ def generate_file(
         echo: where notes go (a dropped partial line; default: stderr).
         on_batch: called with (batch number, its output rows) after each batch is written and flushed.
         backend: answers the batches (default: `local_backend`, here, on the model's device).
+        model_path: where the model was loaded from, for the output's record (default: its config's name_or_path).
 
     Returns:
-        A `BatchReport`. Raises `BatchInputError` for a malformed input row or an output of another job,
-        `checkpoint.RunDirLockedError` when another job holds the output, both before any generation.
+        A `BatchReport`. Raises `BatchInputError` for a malformed input row or an output of another job (other
+        ids, or rows written by another model or with other settings than ``OUTPUT.meta.json`` records),
+        `checkpoint.RunDirLockedError` when another job holds the output, all before any generation.
     """
     from ..checkpoint.lock import RunLock
 
@@ -388,9 +500,11 @@ def generate_file(
         raise BatchInputError(f"{output}: the output is the input file: choose another --output")
     rows = read_rows(input)
     prepare_rows(model, tokenizer, rows, where=str(input), config=config)
+    record = output_record(model, config, model_path=model_path)
     start = time.perf_counter()
     with RunLock.for_file(output, echo=echo):
         done, size, nlines = read_done(output, rows)
+        new_record = check_record(output, record, rows_written=len(done))  # before anything is changed
         # the batches of an uninterrupted run, so a resumed one makes the same model calls (a batched call rounds
         # differently from a smaller one, which may flip a near-tie); a batch cut short by a kill runs again whole
         batches = [b for b in plan_batches(rows, batch_size=batch_size) if any(id_key(r.id) not in done for r in b)]
@@ -402,6 +516,8 @@ def generate_file(
         if backend is None:
             backend = local_backend(model, tokenizer,
                                     max_batch_rows=batch_size * max(r.config.length_beam for r in rows))
+        if new_record:  # the record first: a row is never on disk without the model and settings that wrote it
+            _write_record(meta_path(output), record)
         bar = _progress(total=len(rows), initial=len(done), enabled=progress)
         written, b = 0, -1
         try:

@@ -12,15 +12,18 @@ every command and validated before the model is loaded. The default is the publi
 ``--early-stop`` opts in to ending a row once an iteration changes nothing. A fine-tuned model carries the decoding
 settings it was validated with (``max_new_tokens``, ``steps``, ``length_beam`` in ``config.task_specific_params``);
 an option not given on the command line takes the model's value (`config.model_decoding`, as in `biglm chat` and
-`biglm serve`). A model with a length head (a CMLM seq2seq
-fine-tune) picks each answer's length with it (``--length_head false`` to use the length beam instead).
+`biglm serve`); ``--steps none`` clears a saved value (an option refused with a saved value says so). A model with a
+length head (a CMLM seq2seq fine-tune) picks each answer's length with it (``--length_head false`` to use the length
+beam instead).
 
 Batch generation over files (`biglm.generation.batch`): ``--input prompts.jsonl --output answers.jsonl`` instead of
 ``--prompt``. Each input line is a JSON object with an ``id``, a ``prompt`` or chat ``messages``, and optionally any
 decoding option for that row (the command's options are the defaults); each output line holds the id, the answer's
 ``text``, ``finish_reason`` and token counts, appended batch by batch (``--batch_size`` rows with the same settings
 decoded together), with a progress bar on stderr. Running the same command again after a stop continues where it
-stopped; on a finished output it changes nothing. A malformed input row is named as FILE:LINE before any work.
+stopped; on a finished output it changes nothing. The model and settings that wrote the answers are recorded in
+``OUTPUT.meta.json``: continuing with another model or other settings is refused, naming what differs. A malformed
+input row is named as FILE:LINE before any work.
 ``--replicas N`` answers the batches on Ray Data (an actor pool of N model holders, on a local Ray instance or the
 cluster at ``--ray_address``) with the same output file.
 
@@ -133,7 +136,8 @@ def cli_decoding(args: DecodingConfig, argv: list[str], model) -> DecodingConfig
     """The decoding options of a command (`biglm generate`, `biglm chat`): `model_decoding`, the model's saved
     settings under the `DecodingConfig` flags given on the command line (a flag not given takes the model's value)."""
     given = given_options(type(args), argv)
-    return model_decoding(model.config, {name: getattr(args, name) for name in FIELDS if name in given})
+    return model_decoding(model.config, {name: getattr(args, name) for name in FIELDS if name in given},
+                          clear="--{name} {value}")
 
 
 def ray_integration(name: str, *, given: Mapping[str, Any], prog: str) -> Any:
@@ -265,7 +269,7 @@ def _run_file(args: GenerateArgs, given: dict, backend, prog: str) -> int:
     options = {name: getattr(args, name) for name in FIELDS if name in given}  # the rest: the model's settings
     try:
         report = generate_file(model, tokenizer, args.input, args.output, config=options, batch_size=args.batch_size,
-                               progress=args.progress, backend=backend)
+                               progress=args.progress, backend=backend, model_path=args.checkpoint)
     except (RunDirLockedError, ValueError, TypeError) as e:  # (BatchInputError is a ValueError)
         print(f"{prog}: {e}", file=sys.stderr)
         return 2

@@ -33,18 +33,29 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import types
 import typing
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from .strategies import DEFAULT_MASK_PREDICT_STEPS, STRATEGIES, get_strategy  # noqa: F401  (re-exported)
 
 BlockSuffix = Literal["block", "rest"]
 BlockCache = Literal["exact", "append"]
+
+
+class DecodingError(ValueError):
+    """A decoding value that is refused; ``option`` names the field the message is about (None: no single one), so
+    `model_decoding` can say where that value came from when the user did not give it."""
+
+    def __init__(self, message: str, *, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 # why speculative decoding is refused by the engine and the server (their calls merge requests), said once
@@ -113,50 +124,59 @@ class DecodingConfig:
             object.__setattr__(self, f.name, value)  # normalised: int -> float, str/tuple -> list
         strategy = get_strategy(self.strategy)  # an unknown name is refused, listing the registered ones
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1.")
+            raise DecodingError(f"max_new_tokens={self.max_new_tokens} must be >= 1.", option="max_new_tokens")
         if self.steps is not None and self.steps < 1:
-            raise ValueError(f"steps={self.steps} must be >= 1 (or unset for the strategy's default).")
+            raise DecodingError(f"steps={self.steps} must be >= 1 (or unset for the strategy's default).",
+                                option="steps")
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be a finite number >= 0 (0 = greedy).")
+            raise DecodingError(f"temperature={self.temperature} must be a finite number >= 0 (0 = greedy).",
+                                option="temperature")
         if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k={self.top_k} must be >= 1 (or unset for no top-k filtering).")
+            raise DecodingError(f"top_k={self.top_k} must be >= 1 (or unset for no top-k filtering).", option="top_k")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} must lie in (0, 1] (or unset for no nucleus filtering).")
+            raise DecodingError(f"top_p={self.top_p} must lie in (0, 1] (or unset for no nucleus filtering).",
+                                option="top_p")
         if self.length_beam < 1:
-            raise ValueError(f"length_beam={self.length_beam} must be >= 1.")
+            raise DecodingError(f"length_beam={self.length_beam} must be >= 1.", option="length_beam")
         if self.block_length is not None:
             if self.block_length < 1:
-                raise ValueError(f"block_length={self.block_length} must be >= 1 (or unset for one block).")
+                raise DecodingError(f"block_length={self.block_length} must be >= 1 (or unset for one block).",
+                                    option="block_length")
         if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"threshold={self.threshold} must lie in [0, 1].")
+            raise DecodingError(f"threshold={self.threshold} must lie in [0, 1].", option="threshold")
         if self.draft_length < 0:
-            raise ValueError(f"draft_length={self.draft_length} must be >= 0 (0 = no speculative decoding).")
+            raise DecodingError(f"draft_length={self.draft_length} must be >= 0 (0 = no speculative decoding).",
+                                option="draft_length")
         if not 0.0 < self.draft_accept <= 1.0:
-            raise ValueError(f"draft_accept={self.draft_accept} must lie in (0, 1] (1 = exact).")
+            raise DecodingError(f"draft_accept={self.draft_accept} must lie in (0, 1] (1 = exact).",
+                                option="draft_accept")
         if self.draft_length:
             self._check_speculative()
         elif self.draft_accept != 1.0:
-            raise ValueError("draft_accept applies to speculative decoding only: set draft_length >= 1 too.")
+            raise DecodingError("draft_accept applies to speculative decoding only: set draft_length >= 1 too.",
+                                option="draft_accept")
         if self.early_stop and not strategy.remasks:
             remaskers = ", ".join(name for name, cls in STRATEGIES.items() if cls.remasks)
-            raise ValueError(f"early_stop applies to {remaskers} only; strategy={self.strategy!r} never re-masks a "
-                             "token, so there is nothing to stop: set early_stop=False.")
+            raise DecodingError(f"early_stop applies to {remaskers} only; strategy={self.strategy!r} never re-masks a "
+                                "token, so there is nothing to stop: set early_stop=False.", option="early_stop")
 
     def _check_speculative(self) -> None:
         """Speculative decoding reproduces confidence decoding at blocks of 1, one token per call: refuse what it
         would otherwise ignore."""
         why = "draft_length (speculative decoding) writes the answer of confidence decoding at blocks of 1, one token per call"
         if self.strategy != "confidence":
-            raise ValueError(f"{why}: set strategy='confidence' (got {self.strategy!r}), or draft_length=0.")
+            raise DecodingError(f"{why}: set strategy='confidence' (got {self.strategy!r}), or draft_length=0.",
+                                option="strategy")
         for name, value, ok in (("steps", self.steps, None), ("block_length", self.block_length, 1),
                                 ("block_suffix", self.block_suffix, "block"), ("block_cache", self.block_cache, "append"),
                                 ("length_beam", self.length_beam, 1), ("use_cache", self.use_cache, True)):
             if value is not None and value != ok:
-                raise ValueError(f"{why}, with the append cache: {name}={value!r} does not apply; leave it "
-                                 f"{'unset' if ok is None else repr(ok)}, or set draft_length=0.")
+                raise DecodingError(f"{why}, with the append cache: {name}={value!r} does not apply; leave it "
+                                    f"{'unset' if ok is None else repr(ok)}, or set draft_length=0.", option=name)
         if self.draft_accept < 1.0 and self.temperature > 0.0:
-            raise ValueError("draft_accept < 1 is for greedy decoding; sampling (temperature > 0) accepts a draft with "
-                             "its probability, which keeps the sampled answer's distribution: set draft_accept=1.")
+            raise DecodingError("draft_accept < 1 is for greedy decoding; sampling (temperature > 0) accepts a draft "
+                                "with its probability, which keeps the sampled answer's distribution: set "
+                                "draft_accept=1.", option="draft_accept")
 
     def override(self, **changes: Any) -> DecodingConfig:
         """A copy with ``changes`` applied and validated again; an unknown name is refused, naming the valid ones."""
@@ -183,12 +203,42 @@ def saved_decoding(model_config: Any) -> dict[str, Any]:
     return {k: params[k] for k in SAVED_FIELDS if isinstance(params.get(k), int) and not isinstance(params[k], bool)}
 
 
-def model_decoding(model_config: Any, overrides: Mapping[str, Any] | None = None) -> DecodingConfig:
+def saved_where(model_config: Any) -> str:
+    """Where a model's saved decoding settings are read from, for messages."""
+    path = getattr(model_config, "name_or_path", "") or ""
+    return f"task_specific_params.{SAVED_KEY} in {Path(path) / 'config.json' if path else 'its config.json'}"
+
+
+def decoding_origins(model_config: Any, overrides: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Where each `DecodingConfig` value of `model_decoding` comes from: "given" (``overrides``), "model" (the
+    model's saved settings, `saved_decoding`) or "default"; what a refusal reads to say who set the value."""
+    saved, given = saved_decoding(model_config), overrides or {}
+    return {name: "given" if name in given else "model" if name in saved else "default" for name in FIELDS}
+
+
+def model_decoding(model_config: Any, overrides: Mapping[str, Any] | None = None, *,
+                   clear: str = "--{name} {value}") -> DecodingConfig:
     """A model's decoding settings at an entry point: the defaults, then the settings the model was saved with
     (`saved_decoding`), then ``overrides``, the options the entry point was given explicitly (flags on the
     command line, a server's ``--decoding.FIELD``), validated once. `biglm generate`, `biglm chat` and
-    `biglm serve` all build their settings here, so they decode a model the same way."""
-    return DecodingConfig().override(**{**saved_decoding(model_config), **dict(overrides or {})})
+    `biglm serve` all build their settings here, so they decode a model the same way.
+
+    A value refused that the user never gave (the model's saved one, `decoding_origins`) is said to be the model's,
+    with where it was read and how to put the default back: ``clear`` is the entry point's spelling of that, formatted
+    with the field's ``name``, its default as a flag ``value`` (none, 1) and as ``json`` (null, 1): the commands'
+    ``--steps none``, the server's ``--decoding.{name} {value}``, a batch row's ``"{name}": {json}``."""
+    saved, given = saved_decoding(model_config), dict(overrides or {})
+    try:
+        return DecodingConfig().override(**{**saved, **given})
+    except DecodingError as e:
+        if e.option is None or decoding_origins(model_config, given)[e.option] != "model":
+            raise
+        default = getattr(DecodingConfig(), e.option)
+        value = "none" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
+        how = clear.format(name=e.option, value=value, json=json.dumps(default))
+        raise DecodingError(f"{e} {e.option}={saved[e.option]!r} is not an option given here but the model's saved "
+                            f"decoding setting ({saved_where(model_config)}): "
+                            f"{'clear' if default is None else 'override'} it with {how}.", option=e.option) from None
 
 
 def for_model(config: DecodingConfig, model_config: Any) -> DecodingConfig:
@@ -204,6 +254,8 @@ def for_model(config: DecodingConfig, model_config: Any) -> DecodingConfig:
             warnings.warn("speculative decoding (draft_length) checks each draft under the append cache at blocks of 1: "
                           "on a model trained with a bidirectional prefix that is an approximation (earlier answer "
                           "tokens never see later ones); a biglm-blocks model was trained for it", stacklevel=3)
+        elif 1 not in model_config.prefix_block_lengths:
+            warnings.warn(untrained_blocks_of_one(model_config), stacklevel=3)
         return dataclasses.replace(config, block_length=1, block_cache="append")
     if blocks_model:
         if config.block_cache is None:
@@ -218,6 +270,17 @@ def for_model(config: DecodingConfig, model_config: Any) -> DecodingConfig:
                           "earlier prefix tokens never see a finished block, a condition it was not trained on (exact: "
                           "block_cache='exact', or a biglm-blocks model)", stacklevel=3)
     return dataclasses.replace(config, **changes) if changes else config
+
+
+def untrained_blocks_of_one(model_config: Any) -> str:
+    """The warning for speculative decoding on a `biglm-blocks` model whose training never drew blocks of 1 (the
+    objective's default block lengths are 8, 16 and 32): decoding then runs a condition the model never saw."""
+    lengths = sorted(model_config.prefix_block_lengths)
+    return (f"speculative decoding (draft_length) checks every token as a block of 1, but this model was trained on "
+            f"prefix blocks of {', '.join(map(str, lengths))} only (prefix_block_lengths in its config.json; the "
+            "biglm-blocks objective's default is 8, 16, 32): blocks of 1 are a condition its training never drew. To "
+            "train it on them, adapt it with blocks of 1 included: biglm pretrain blocks-adapt --init_from MODEL "
+            f"--objective.prefix_blocks {','.join(map(str, [1, *lengths]))}")
 
 
 @functools.cache
@@ -235,7 +298,7 @@ def _check_type(name: str, value: Any, tp: Any) -> Any:
         return _check_type(name, value, inner)
     if origin is Literal:
         if value not in args:
-            raise ValueError(f"{name}={value!r}: choose one of {', '.join(map(str, args))}.")
+            raise DecodingError(f"{name}={value!r}: choose one of {', '.join(map(str, args))}.", option=name)
         return value
     if origin is list:
         if value is None:
@@ -244,19 +307,19 @@ def _check_type(name: str, value: Any, tp: Any) -> Any:
             return [value]
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return list(value)
-        raise ValueError(f"{name}={value!r} must be a list of strings.")
+        raise DecodingError(f"{name}={value!r} must be a list of strings.", option=name)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ValueError(f"{name}={value!r} must be true or false.")
+            raise DecodingError(f"{name}={value!r} must be true or false.", option=name)
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name}={value!r} must be an integer.")
+            raise DecodingError(f"{name}={value!r} must be an integer.", option=name)
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{name}={value!r} must be a number.")
+            raise DecodingError(f"{name}={value!r} must be a number.", option=name)
         return float(value)
     if tp is str and not isinstance(value, str):
-        raise ValueError(f"{name}={value!r} must be a string.")
+        raise DecodingError(f"{name}={value!r} must be a string.", option=name)
     return value
