@@ -369,9 +369,14 @@ def meta_path(output: str | Path) -> Path:
 def weights_fingerprint(model: torch.nn.Module) -> str:
     """sha256 over the model's tensors as they run (name, dtype, shape, bytes; about a second per GB on a CPU core):
     what tells two models apart, whatever directory they were loaded from."""
-    digest = hashlib.sha256()
+    digest, hashed = hashlib.sha256(), {}
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach()
+        key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+        if key in hashed:  # a tied weight (the output projection and the embedding): named, not hashed twice
+            digest.update(f"{name} = {hashed[key]}\n".encode())
+            continue
+        hashed[key] = name
         digest.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
         digest.update(t.reshape(-1).contiguous().view(torch.uint8).cpu().numpy())
     return digest.hexdigest()
