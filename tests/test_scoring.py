@@ -174,3 +174,40 @@ def test_mixed_lengths_that_each_fit_score_in_one_batch(model):
     together = score_requests(model, reqs, estimator="one-pass", batch_size=2)
     for (a, _), (b, _) in zip(alone, together):
         assert a == pytest.approx(b, abs=1e-4)
+
+
+def test_blocks_spans_chain_to_one_pass_and_matches_manual(model):
+    """``blocks``: block length 1 is ``chain``, one block as long as the answer is ``one-pass``; in between, each block's
+    slots are scored in one row with the earlier blocks visible (checked against direct full-sequence calls)."""
+    reqs = [r for r in _requests() if r[0]]
+    chain = score_requests(model, reqs, estimator="chain")
+    one = score_requests(model, reqs, estimator="one-pass")
+    assert [a for a, _ in score_requests(model, reqs, estimator="blocks", score_block=1)] == pytest.approx(
+        [a for a, _ in chain], abs=1e-5)
+    assert [a for a, _ in score_requests(model, reqs, estimator="blocks", score_block=8)] == pytest.approx(
+        [a for a, _ in one], abs=1e-5)
+    two = score_requests(model, reqs, estimator="blocks", score_block=2)
+    for (ctx, y), (got, greedy) in zip(reqs, two):
+        n, total, hits = len(y), 0.0, True
+        for t0 in range(0, n, 2):
+            lp = _direct(model, ctx, y[:t0] + [MASK] * (n - t0))
+            for t in range(t0, min(n, t0 + 2)):
+                total += lp[t, y[t]].item()
+                hits &= int(lp[t].argmax()) == y[t]
+        assert got == pytest.approx(total, abs=1e-4) and greedy == hits
+    with pytest.raises(ValueError, match="score_block=0"):
+        score_requests(model, reqs, estimator="blocks", score_block=0)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_batched_equals_one_request_at_a_time(model, estimator):
+    """Batching across requests and answer choices (contexts grouped, one encode per context, rows of several
+    requests in one pass) changes no score: each request scored alone gives the same log-likelihood (1e-4)."""
+    reqs = _requests()
+    reqs += [(reqs[0][0], [7, 8, 9, 10]), (reqs[0][0], [11])]  # more choices sharing the first context
+    batched = score_requests(model, reqs, estimator=estimator, batch_size=16, row_batch_size=64, mc_samples=4,
+                             score_block=2)
+    for req, (ll, greedy) in zip(reqs, batched):
+        [(alone, alone_greedy)] = score_requests(model, [req], estimator=estimator, batch_size=1, row_batch_size=1,
+                                                 mc_samples=4, score_block=2)
+        assert ll == pytest.approx(alone, abs=1e-4) and greedy == alone_greedy

@@ -1,7 +1,7 @@
-"""log P(continuation | context) for a BiGLM: four estimators (below), batched over an exact prefix cache.
+"""log P(continuation | context) for a BiGLM: five estimators (below), batched over an exact prefix cache.
 
 Notable features
-- One engine, four estimators. Each estimator turns a request (context X, continuation Y) into
+- One engine, five estimators. Each estimator turns a request (context X, continuation Y) into
   *variants*: a copy of Y with some positions replaced by the mask token, the positions scored in
   that copy, and a weight. The engine encodes every distinct context once (`encode_prefix`), repeats
   its cache rows for all variants of all continuations of that context (`PrefixCache.select`), and
@@ -15,6 +15,11 @@ Notable features
   * ``one-pass``: one variant with all of Y masked, Σ_t log P(y_t | X, Y all masked). Cheapest (one
     suffix pass), not a distribution over sequences (it scores marginals independently).
     is_greedy: every y_t is the argmax of its all-masked marginal.
+  * ``blocks``: the chain rule over blocks of ``score_block`` tokens (semi-autoregressive, as block decoding writes):
+    Σ_k Σ_{t in block k} log P(y_t | X, y_<block k, block k and later masked). ceil(n/b) variants, variant k =
+    the blocks before k visible, the rest masked, scoring block k's slots. b = 1 is ``chain``, b >= n is
+    ``one-pass``. Cost n·ceil(n/b) suffix positions: a continuation of up to b tokens costs one row.
+    is_greedy: every y_t is the argmax at its slot in its block's row.
   * ``pll``: pseudo-log-likelihood (Salazar et al. 2020), Σ_t log P(y_t | X, Y without y_t): n variants,
     variant t masks slot t only. Not a distribution (it overrates internally consistent strings).
     is_greedy: every y_t is the argmax when only it is masked.
@@ -24,7 +29,7 @@ Notable features
     an unbiased estimate of the ELBO ≤ log P(Y | X). Seeded per request from (seed, token ids), so a
     score does not depend on batching or order. is_greedy: every scored slot in every sample holds
     its argmax (slots no sample masked are not checked).
-- Cost in suffix token-positions per request: one-pass n, chain and pll n², mc m·n. Measured numbers
+- Cost in suffix token-positions per request: one-pass n, blocks n·ceil(n/b), chain and pll n², mc m·n. Measured numbers
   are in docs/scoring.md and benchmarks/bench_scoring.py.
 - Window: context + continuation must fit `max_length` (default the model's
   max_position_embeddings). Longer requests lose context from the LEFT (a warning says how many);
@@ -46,7 +51,7 @@ import torch
 
 from ..model.modeling import BiGLMForMaskedLM, PrefixCache
 
-ESTIMATORS: tuple[str, ...] = ("chain", "one-pass", "pll", "mc")
+ESTIMATORS: tuple[str, ...] = ("chain", "one-pass", "pll", "mc", "blocks")
 
 
 @dataclass(frozen=True)
@@ -62,12 +67,15 @@ class _Variant:
 
 
 def _variants(estimator: str, request: int, context: Sequence[int], cont: Sequence[int], *, mask_id: int,
-              mc_samples: int, seed: int) -> list[_Variant]:
+              mc_samples: int, seed: int, score_block: int = 8) -> list[_Variant]:
     """The rows an estimator needs for one request (see the module docstring for the definitions)."""
     n = len(cont)
     y = tuple(int(t) for t in cont)
     if estimator == "one-pass":
         return [_Variant(request, (mask_id,) * n, tuple(range(n)), y, 1.0)]
+    if estimator == "blocks":
+        return [_Variant(request, y[:t] + (mask_id,) * (n - t), tuple(range(t, min(n, t + score_block))),
+                         y[t:t + score_block], 1.0) for t in range(0, n, score_block)]
     if estimator == "chain":
         return [_Variant(request, y[:t] + (mask_id,) * (n - t), (t,), (y[t],), 1.0) for t in range(n)]
     if estimator == "pll":
@@ -120,6 +128,7 @@ def score_requests(
     seed: int = 1234,
     max_length: int | None = None,
     use_cache: bool = True,
+    score_block: int = 8,
 ) -> list[tuple[float, bool]]:
     """Score ``requests`` = [(context_ids, continuation_ids), ...] and return [(loglik, is_greedy), ...].
 
@@ -130,6 +139,7 @@ def score_requests(
         row_batch_size: suffix rows (variants) per forward pass.
         mc_samples: samples per request for ``mc``.
         seed: base seed for ``mc`` (combined with each request's ids).
+        score_block: tokens per block for ``blocks`` (1: ``chain``; >= the continuation: ``one-pass``).
         max_length: the window; default ``model.config.max_position_embeddings``.
         use_cache: False runs the full sequence (context + suffix, BiGLM mask) for every row instead of
             the prefix cache; the result is the same up to float rounding (kept for tests and debugging).
@@ -140,6 +150,8 @@ def score_requests(
         raise ValueError(f"unknown estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}.")
     if estimator == "mc" and mc_samples < 1:
         raise ValueError(f"mc_samples={mc_samples} must be >= 1.")
+    if estimator == "blocks" and score_block < 1:
+        raise ValueError(f"score_block={score_block} must be >= 1.")
     if batch_size < 1 or row_batch_size < 1:
         raise ValueError("batch_size and row_batch_size must be >= 1.")
     config = model.config
@@ -182,7 +194,7 @@ def score_requests(
         for b, c in enumerate(ctx_batch):
             for r in groups[c]:
                 rows += [(b, v) for v in _variants(estimator, r, c, fitted[r][1], mask_id=int(config.mask_token_id),
-                                                   mc_samples=mc_samples, seed=seed)]
+                                                   mc_samples=mc_samples, seed=seed, score_block=score_block)]
         rows.sort(key=lambda bv: len(bv[1].tokens))  # similar suffix lengths per pass: less right padding
         for r0 in range(0, len(rows), row_batch_size):
             chunk = rows[r0:r0 + row_batch_size]

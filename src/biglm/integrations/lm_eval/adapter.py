@@ -111,13 +111,14 @@ class BiGLMLM(LM):
     Args (``--model_args key=value,...``):
         pretrained: directory written by `biglm export` / ``save_pretrained`` (or a training checkpoint
             that `biglm.checkpoint.load_model` accepts).
-        scorer: ``chain`` | ``one-pass`` | ``pll`` | ``mc`` (see `biglm.scoring.estimators`).
+        scorer: ``chain`` | ``one-pass`` | ``pll`` | ``mc`` | ``blocks`` (see `biglm.scoring.estimators`).
         batch_size: contexts encoded per batch (``auto`` = 16).
         row_batch_size: suffix rows per forward pass.
         device: ``cpu``, ``cuda``, ``cuda:1``... (under torchrun: ``cuda:LOCAL_RANK``).
         dtype: ``float32`` | ``bfloat16`` | ``float16`` (default: the checkpoint's).
         max_length: window in tokens (default: the model's max_position_embeddings).
         mc_samples: Monte Carlo samples per request for ``scorer=mc``.
+        score_block: tokens per block for ``scorer=blocks``.
         seed: seed of the ``mc`` estimator.
         rolling_chunk: tokens predicted per window by ``loglikelihood_rolling``.
         prefix_token: ``eos`` | ``bos`` | ``none``: the token put before every context.
@@ -138,6 +139,7 @@ class BiGLMLM(LM):
         dtype: str | None = None,
         max_length: int | None = None,
         mc_samples: int = 32,
+        score_block: int = 8,
         seed: int = 1234,
         rolling_chunk: int = 32,
         prefix_token: str = "eos",
@@ -180,6 +182,9 @@ class BiGLMLM(LM):
         self.batch_size = _as_int(batch_size, 16)
         self.row_batch_size = int(row_batch_size)
         self.mc_samples = int(mc_samples)
+        self.score_block = int(score_block)
+        if self.score_block < 1:
+            raise ValueError(f"score_block={score_block}: must be >= 1 (tokens per block of scorer=blocks).")
         self.seed = int(seed)
         self.rolling_chunk = int(rolling_chunk)
         self._max_length = int(max_length or self.model.config.max_position_embeddings)
@@ -319,7 +324,8 @@ class BiGLMLM(LM):
                 idx = [i for c in order[c0:c0 + step] for i in by_ctx[c]]
                 scores = score_requests(self.model, [encoded[i] for i in idx], estimator=self.scorer,
                                         batch_size=self.batch_size, row_batch_size=self.row_batch_size,
-                                        mc_samples=self.mc_samples, seed=self.seed, max_length=self._max_length)
+                                        mc_samples=self.mc_samples, seed=self.seed, max_length=self._max_length,
+                                        score_block=self.score_block)
                 for i, s in zip(idx, scores):
                     results[i] = s
                     self.cache_hook.add_partial("loglikelihood", pairs[i], s)
@@ -335,7 +341,7 @@ class BiGLMLM(LM):
             ll = score_rolling(self.model, [self._encode(text)], prefix_token=int(prefix), estimator=self.scorer,
                                chunk=min(self.rolling_chunk, self._max_length - 1), max_length=self._max_length,
                                batch_size=self.batch_size, row_batch_size=self.row_batch_size,
-                               mc_samples=self.mc_samples, seed=self.seed)[0]
+                               mc_samples=self.mc_samples, seed=self.seed, score_block=self.score_block)[0]
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), ll)
             out.append(ll)
         return out
