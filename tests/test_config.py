@@ -179,3 +179,49 @@ def test_an_unknown_flag_without_a_value_is_named_and_no_command_ignores_options
     assert "unknown option --stepz; did you mean --steps (int)?" in capsys.readouterr().err
     assert main(["tasks", "--foo", "1"]) == 2  # `biglm tasks` takes no options: refused, not ignored
     assert "unknown option --foo" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ issue 31: a device this machine lacks
+def test_check_device(monkeypatch):
+    from biglm.config import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for ok in (None, "auto", "cpu"):
+        check_device(ok)
+    with pytest.raises(ConfigError, match=r"^--device cuda:0: no CUDA GPU is visible on this machine; use --device cpu$"):
+        check_device("cuda:0")
+    with pytest.raises(ConfigError, match="'gpu' is not a device: use cpu, cuda or cuda:N"):
+        check_device("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_device("cuda:1")
+    with pytest.raises(ConfigError, match=r"cuda:2: this machine has 2 visible CUDA GPU\(s\), cuda:0..cuda:1"):
+        check_device("cuda:2")
+
+
+@pytest.mark.parametrize("command", [["pretrain"], ["finetune", "mnli", "--model", "MODEL"],
+                                     ["generate", "MODEL", "--prompt", "hi"], ["chat", "MODEL"], ["serve", "MODEL"],
+                                     ["eval", "--model_args", "pretrained=MODEL", "--tasks", "piqa"]])
+def test_device_cuda_without_a_gpu_is_one_line_for_every_command(command, tmp_path, capsys, monkeypatch):
+    """Every subcommand that takes --device refuses cuda on a machine without one where its config enters (the
+    shared `check_device`), in one line, before any model is read or any run directory made."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "MODEL").mkdir()
+    assert main([*command, "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "--device cuda: no CUDA GPU is visible on this machine; use --device cpu" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["MODEL"]  # no runs/ folder, no lock
+
+
+def test_abstract_sequence_and_mapping_fields_are_typed():
+    """`Sequence[...]` and `Mapping[...]` fields (the FLAN mixture task's) convert and refuse like list and dict."""
+    from collections.abc import Mapping, Sequence
+
+    from biglm.config import convert
+
+    assert convert(["1", 2], Sequence[int], name="x") == [1, 2]
+    assert convert({"a": "b"}, Mapping[str, str], name="m") == {"a": "b"}
+    with pytest.raises(ConfigError, match="--x expects comma-separated ints, got 3"):
+        convert(3, Sequence[int], name="x")

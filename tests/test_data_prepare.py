@@ -130,3 +130,41 @@ def test_cli_prepare_and_info(tmp_path: Path, corpus: tuple[list[str], object],
     assert data_cli.main(["prepare", str(tmp_path / "nope"), "--tokenizer", str(tmp_path / "tok"),
                           "--out", str(out)]) == 2
     assert "nope: no such file or folder" in capsys.readouterr().err
+
+
+def _one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_cli_prepare_bad_input_one_line_each(tmp_path: Path, corpus: tuple[list[str], object],
+                                             capsys: pytest.CaptureFixture[str],
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    """Bytes that are not UTF-8 are replaced and counted (the shards are written); an --out that is a file and a
+    --tokenizer folder without a tokenizer are refused in one line, before any output folder is made."""
+    sources, tok = corpus
+    tok.save_pretrained(str(tmp_path / "tok"))
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"A caf\xe9 in Paris.\n\nNothing wrong here.\n")
+    out = tmp_path / "shards"
+    flags = ["--workers", "1", "--progress", "false"]
+    assert data_cli.main(["prepare", str(latin), "--tokenizer", str(tmp_path / "tok"), "--out", str(out), *flags]) == 0
+    assert f"1 line(s) hold bytes that are not UTF-8: 1 byte(s) replaced by U+FFFD, the rest of each line kept " \
+           f"(first at {latin}:1)" in caplog.text
+    capsys.readouterr()
+    assert ShardReader(out / "train-00000.bin").n_docs == 2
+
+    existing = tmp_path / "existing.bin"
+    existing.write_bytes(b"keep me")
+    assert data_cli.main(["prepare", str(latin), "--tokenizer", str(tmp_path / "tok"), "--out", str(existing),
+                          *flags]) == 2
+    assert f"--out {existing} is a file" in _one_error_line(capsys.readouterr().err)
+    assert existing.read_bytes() == b"keep me"
+
+    (tmp_path / "empty").mkdir()
+    assert data_cli.main(["prepare", str(latin), "--tokenizer", str(tmp_path / "empty"), "--out",
+                          str(tmp_path / "new"), *flags]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"--tokenizer {tmp_path / 'empty'}: the folder holds no tokenizer" in line
+    assert not (tmp_path / "new").exists()

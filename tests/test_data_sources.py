@@ -108,3 +108,49 @@ def test_builtin_corpus_nonempty_and_deterministic() -> None:
     assert builtin_corpus()[0] != docs[0]
     # a second, independent collection in a fresh child interpreter gives the same corpus
     assert sorted(_collect.__wrapped__()) == sorted(builtin_corpus())  # same documents, in a fixed shuffled order
+
+
+def test_bytes_that_are_not_utf8_are_replaced_counted_and_located(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    f = tmp_path / "latin.txt"
+    f.write_bytes(b"Plain first.\n\nA caf\xe9 line,\nand \xff\xfe two bad bytes.\n\nClean last.\n")
+    with caplog.at_level("WARNING", logger="biglm.data.sources"):
+        docs = list(iter_documents(str(f)))
+    assert docs == ["Plain first.", "A caf\ufffd line,\nand \ufffd\ufffd two bad bytes.", "Clean last."]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1
+    assert "2 line(s)" in warned[0] and "3 byte(s) replaced" in warned[0] and f"{f}:3" in warned[0]
+
+
+def test_text_files_split_as_the_datasets_text_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`.txt` files are read by biglm (to survive bytes that are not UTF-8): the documents are those the `datasets`
+    text loader gives, for CRLF and lone CR line ends, runs of blank lines, a BOM, and chunk edges anywhere."""
+    import random
+
+    import datasets
+
+    import biglm.data.sources as sources
+
+    rng = random.Random(0)
+    pieces = ["a", "b c", "\n", "\n\n", "\r\n", "\r", "  ", "\n\n\n", "\u00e9", "\ufeff", "word ", "\t", "x\r\n\r\ny"]
+    for chunk in (1 << 22, 5):
+        monkeypatch.setattr(sources, "_CHUNK", chunk)
+        for k in range(6):
+            f = tmp_path / f"f{k}.txt"
+            f.write_bytes("".join(rng.choice(pieces) for _ in range(rng.randint(0, 300))).encode())
+            for mode in ("paragraph", "line", "document"):
+                ds = datasets.load_dataset("text", data_files=[str(f)], split="train", streaming=True, sample_by=mode)
+                want = [r["text"].strip() for r in ds if r["text"].strip()]
+                mine = [d.strip() for d in sources._text_documents(f, txt_mode=mode, bad=sources.Undecodable())]
+                assert [d for d in mine if d] == want, (f.read_bytes(), mode, chunk)
+
+
+def test_json_that_is_not_utf8_or_damaged_is_refused_in_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(SourceError, match=rf"{bad}:2: not UTF-8"):
+        list(iter_documents(str(bad)))
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"abcd")
+    with pytest.raises(SourceError, match="broken.parquet: cannot be read as parquet"):
+        list(iter_documents(str(broken)))

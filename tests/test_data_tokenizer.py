@@ -120,3 +120,20 @@ def test_cli_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "saved to" in capsys.readouterr().out
     assert cli_tokenizer.main(["train", "--input", str(tmp_path / "missing"), "--vocab-size", "400",
                                "--out", str(out)]) == 2
+
+
+def test_cli_train_on_bytes_that_are_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The same reader as `biglm data prepare`: the bad bytes are replaced and counted, the tokenizer is trained;
+    an --out that is a file is refused in one line."""
+    src = tmp_path / "latin.txt"
+    src.write_bytes("\n\n".join(synthetic_texts(200)).encode() + b"\n\nUne ann\xe9e \xe0 Paris.\n")
+    out = tmp_path / "tok"
+    assert cli_tokenizer.main(["train", "--input", str(src), "--vocab-size", "300", "--out", str(out)]) == 0
+    assert "1 line(s) hold bytes that are not UTF-8: 2 byte(s) replaced by U+FFFD" in caplog.text
+    assert f"(first at {src}:401)" in caplog.text and len(load_tokenizer(out)) == 300
+    capsys.readouterr()
+    (tmp_path / "file").write_text("x")
+    assert cli_tokenizer.main(["train", "--input", str(src), "--out", str(tmp_path / "file")]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "is a file" in err and len(err.strip().splitlines()) == 1

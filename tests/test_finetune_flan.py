@@ -263,3 +263,44 @@ def test_real_flan_v2_templates_render(shared_data, flan_dir):
                          seed=0, exclude_eval=[shared_data / "eval"])
     assert all("{" not in r["inputs"] for r in mix)
     assert len(set(mix["template_idx"])) > 3
+
+
+@pytest.mark.parametrize("line, words", [
+    ("per_task: lots", "spec.yaml: per_task expects int or none, got 'lots'"),
+    ("seed: abc", "spec.yaml: seed expects int, got 'abc'"),
+    ("options_style: flan3", "spec.yaml: options_style expects {flan2021|flan_v2}, got 'flan3'"),
+    ("per_task: 0", "spec.yaml: per_task must be at least 1"),
+    ("label_words: 3", "mixture task 'mnli': label_words expects a list of strings or null, got 3"),
+    ("label_words: [yes, no]", "label_words expects a list of strings or null, got [True, False] (YAML reads yes/no"),
+    ("field_map: {text: [a, b]}", "mixture task 'mnli': field_map expects a mapping of string to string"),
+    ("template_indices: [first]", "template_indices expects a list of whole numbers or null, got ['first']"),
+])
+def test_mixture_spec_with_wrong_types_is_refused_in_one_line(flan_dir, tmp_path, monkeypatch, capsys, line, words):
+    """A FLAN mixture spec's values are typed where the spec is read: one line naming the key, the value and the
+    type wanted, before any run directory is made (not a TypeError from inside the run)."""
+    from biglm.cli import main
+
+    task_keys = line.startswith(("label_words", "field_map", "template_indices"))
+    top, task = ("", f", {line}") if task_keys else (line + "\n", "")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"{top}exclude_eval: []\ntasks:\n  - {{name: mnli, source: train/mnli.jsonl{task}}}\n")
+    work = tmp_path / "work"
+    (work / "model").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    assert main(["finetune", "flan", "--model", "model", "--task.mixture", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert words in err
+    assert sorted(p.name for p in work.iterdir()) == ["model"]  # no runs/ folder holding a lock
+
+
+def test_mixture_types_checked_from_python_too(flan_dir):
+    from biglm.config import ConfigError
+
+    with pytest.raises(ConfigError, match="mixture task 'mnli': label_words expects a list of strings or null, got 3"):
+        MixtureTask("mnli", "x.jsonl", label_words=3)
+    task = MixtureTask("mnli", "x.jsonl", label_words=NLI_OPTIONS, template_indices=["1"])
+    assert task.label_words == NLI_OPTIONS and task.template_indices == [1]
+    with pytest.raises(ConfigError, match="render_mixture: per_task expects int or none, got 'lots'"):
+        render_mixture(_tasks(flan_dir), templates_file=flan_dir / "templates_flan_v2.json", per_task="lots",
+                       exclude_eval=[])

@@ -463,3 +463,55 @@ def test_forward_backward_makes_no_host_sync(synthetic_data, tmp_path):
     trainer.forward_backward = watched
     trainer.train_step()
     assert len(logs) == 2 and logs == [[], []], logs
+
+
+def test_preset_on_the_command_line_is_the_shape(prepared, tmp_path):
+    """`biglm pretrain --preset P` trains P's shape: the recipe's own shape fields (the default's 4 x 192) give way,
+    its dropouts stay, and --model.FIELD on the same command line still changes the preset."""
+    from biglm.model.config import PRESETS, BiGLMConfig, count_parameters
+    from biglm.training.cli import resolve_config
+
+    shards, tok = prepared
+    cfg = resolve_config(["--preset", "tiny", "--data", str(shards), "--tokenizer", str(tok), "--out_dir",
+                          str(tmp_path), "--seq_len", "32", "--global_batch", "4", "--micro_batch", "4",
+                          "--eval_windows", "4", "--steps", "1", "--warmup_steps", "0"])
+    trainer = Trainer(cfg, info=SINGLE, echo=lambda s: None)
+    shape = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+    assert {k: getattr(trainer.model_config, k) for k in shape} == {k: PRESETS["tiny"][k] for k in shape}
+    assert trainer.n_params == count_parameters(BiGLMConfig.from_preset(
+        "tiny", vocab_size=trainer.model_config.vocab_size, max_position_embeddings=256))
+
+    big = resolve_config(["--preset", "biglm-124m"])
+    built = BiGLMConfig.from_preset(big.preset, vocab_size=49152, **big.model.overrides())
+    assert count_parameters(built)["total"] == count_parameters(BiGLMConfig.from_preset("biglm-124m",
+                                                                                          vocab_size=49152))["total"]
+    six = resolve_config(["--preset", "biglm-124m", "--model.num_hidden_layers", "6"])
+    assert (six.model.num_hidden_layers, six.model.hidden_size) == (6, None)  # 6 layers of the preset's 768
+    kept = resolve_config(["table1-biglm", "--preset", "biglm-136m"])
+    assert (kept.model.hidden_dropout, kept.model.attention_dropout) == (0.1, 0.1)
+
+
+@pytest.mark.parametrize("case", ["tokenizer-missing", "tokenizer-empty", "data-missing", "device"])
+def test_refused_pretrain_leaves_no_run_directory(prepared, tmp_path, capsys, monkeypatch, case):
+    """Bad input to `biglm pretrain` is refused before the run directory is made and locked: no empty OUT holding
+    run.lock stays behind, and the refusal is one line (the missing data's message adds the command to build it)."""
+    from biglm.cli import main
+
+    shards, _ = prepared
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "run"
+    args = {"tokenizer-missing": ["--tokenizer", "/nonexistent/tok"],
+            "tokenizer-empty": ["--data", str(shards), "--tokenizer", str(tmp_path / "empty")],
+            "data-missing": ["--data", str(tmp_path / "nodata")],
+            "device": ["--device", "cuda"]}[case]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["pretrain", *args, "--out_dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not out.exists()
+    want = {"tokenizer-missing": "--tokenizer /nonexistent/tok: no such folder",
+            "tokenizer-empty": f"--tokenizer {tmp_path / 'empty'}: the folder holds no tokenizer",
+            "data-missing": f"training data '{tmp_path / 'nodata'}' not found",
+            "device": "--device cuda: no CUDA GPU is visible on this machine; use --device cpu"}[case]
+    assert want in err
+    if case != "data-missing":
+        assert len(err.strip().splitlines()) == 1

@@ -26,6 +26,9 @@ Notable features
   never split at commas; other list fields also accept ``a,b``.
 - Hyphens and underscores in flag names are the same (``--max-new-tokens`` = ``--max_new_tokens``);
   help shows the field names, so there is one spelling across commands.
+- A device is checked where it enters (`check_device`): every parsed config with a ``device`` field, and the
+  training configs' own checks, refuse ``--device cuda`` on a machine without a GPU (or ``cuda:3`` with two)
+  in one line, not by a traceback from deep inside torch.
 
 Why not jsonargparse (litgpt's choice)? It does most of this, but its unknown-key and type errors
 name neither the nearest valid field nor stay on one line, and it needs typing patches for our
@@ -35,6 +38,7 @@ frozen config classes; this module is small and gives exactly the messages above
 from __future__ import annotations
 
 import ast
+import collections.abc
 import dataclasses
 import difflib
 import functools
@@ -52,7 +56,7 @@ import yaml
 T = TypeVar("T")
 
 __all__ = ["ConfigError", "field_docs", "from_dict", "to_dict", "apply_overrides", "parse_cli", "parse_subcommand",
-           "load_yaml", "format_help", "fail", "given_options"]
+           "load_yaml", "format_help", "fail", "given_options", "check_device"]
 
 
 class ConfigError(ValueError):
@@ -105,11 +109,11 @@ def type_name(tp: Any) -> str:
         return " or ".join(type_name(a) for a in args)
     if origin is Literal:
         return "{" + "|".join(str(a) for a in args) + "}"
-    if origin in (list, tuple) and args:
+    if origin in (list, tuple, collections.abc.Sequence) and args:
         if origin is tuple and (len(args) != 2 or args[1] is not Ellipsis):
             return f"{len(args)} comma-separated {type_name(args[0])}s"
         return f"comma-separated {type_name(args[0])}s"
-    if origin is dict:
+    if origin in (dict, collections.abc.Mapping):
         return "comma-separated NAME[=WEIGHT]s or a YAML mapping"
     if dataclasses.is_dataclass(tp):
         return tp.__name__
@@ -220,7 +224,7 @@ def convert(value: Any, tp: Any, *, name: str, current: Any = None, choices: dic
         raise _bad(name, value, tp)
     if tp is Path:
         return Path(value)
-    if origin in (list, tuple):
+    if origin in (list, tuple, collections.abc.Sequence):  # an abstract Sequence[...] is read as a list
         items = _split(value) if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)):
             raise _bad(name, value, tp)
@@ -231,7 +235,7 @@ def convert(value: Any, tp: Any, *, name: str, current: Any = None, choices: dic
         inner = args[0] if args else Any
         out = [convert(v, inner, name=name) for v in items]
         return tuple(out) if origin is tuple else out
-    if origin is dict:
+    if origin in (dict, collections.abc.Mapping):
         key_t, val_t = args or (Any, Any)
         if isinstance(value, str):
             if value.strip().startswith("{"):
@@ -474,6 +478,8 @@ def parse_cli(cls: type[T], argv: list[str], *, prog: str, doc: str | None = Non
             raise ConfigError(f"missing {missing[0].upper()}: usage: {prog} {' '.join(p.upper() for p in positionals)} "
                               "[--OPTION VALUE ...]")
         cfg = from_dict(cls, nested, base=base)
+        if "device" in _fields(cls):
+            check_device(getattr(cfg, "device"))
     except ConfigError as e:
         fail(prog, str(e))
     if show:
@@ -497,6 +503,31 @@ def parse_subcommand(argv: list[str], commands: dict[str, tuple[type, str, tuple
         fail(prog, f"unknown command {argv[0]!r}" + (f"; did you mean {close[0]!r}?" if close else f"; choose {names}"))
     cls, doc, positionals = commands[argv[0]]
     return argv[0], parse_cli(cls, argv[1:], prog=f"{prog} {argv[0]}", doc=doc, positionals=positionals)
+
+
+_DEVICE = re.compile(r"^(cpu|auto|mps|cuda)(:(\d+))?$")
+
+
+def check_device(device: str | None, *, flag: str = "--device") -> None:
+    """Refuse a device this machine lacks, in one line, where the config enters: ``cuda`` (or ``cuda:N``) with no
+    GPU (or fewer than N + 1) visible, or a name torch does not know. torch would say the same much later, inside
+    a traceback. ``None`` and ``auto`` (the command picks) and ``cpu`` pass without importing torch."""
+    if device is None or device in {"auto", "cpu"}:
+        return
+    m = _DEVICE.match(str(device))
+    if m is None:
+        raise ConfigError(f"{flag} {device!r} is not a device: use cpu, cuda or cuda:N")
+    import torch  # deferred: only a GPU request pays for it
+
+    if m.group(1) == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"{flag} {device}: no Apple GPU (MPS) on this machine; use {flag} cpu")
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ConfigError(f"{flag} {device}: no CUDA GPU is visible on this machine; use {flag} cpu")
+    if m.group(3) is not None and int(m.group(3)) >= count:
+        raise ConfigError(f"{flag} {device}: this machine has {count} visible CUDA GPU(s), cuda:0..cuda:{count - 1}")
 
 
 def fail(prog: str, message: str) -> typing.NoReturn:

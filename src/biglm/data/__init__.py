@@ -18,7 +18,7 @@ _EXPORTS: dict[str, str] = {
     # tokenizer
     "train_tokenizer": "tokenizer", "load_tokenizer": "tokenizer", "save_tokenizer": "tokenizer",
     "tokenizer_vocab_size": "tokenizer", "tokenizer_fingerprint": "tokenizer", "document_end_id": "tokenizer",
-    "SPECIAL_TOKENS": "tokenizer",
+    "SPECIAL_TOKENS": "tokenizer", "TokenizerError": "tokenizer", "check_tokenizer_source": "tokenizer",
     # sources
     "iter_documents": "sources", "iter_sources": "sources", "parse_hub_spec": "sources", "SourceError": "sources",
     "builtin_corpus": "builtin",
@@ -58,6 +58,8 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from biglm.data.sources import SourceError, iter_documents, iter_sources, parse_hub_spec
     from biglm.data.tokenizer import (
         SPECIAL_TOKENS,
+        TokenizerError,
+        check_tokenizer_source,
         document_end_id,
         load_tokenizer,
         save_tokenizer,

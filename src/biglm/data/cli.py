@@ -58,7 +58,9 @@ class InfoArgs:
 
 def _prepare(args: PrepareArgs) -> int:
     from biglm.data.prepare import prepare
+    from biglm.data.tokenizer import check_tokenizer_source
 
+    check_tokenizer_source(args.tokenizer, what="--tokenizer")  # named as the user wrote it, before any output
     t0 = time.perf_counter()
     manifest = prepare(sources=args.sources, tokenizer=args.tokenizer, out_dir=args.out,
                        shard_tokens=args.shard_tokens, workers=args.workers, val_docs=args.val_docs,
@@ -96,10 +98,11 @@ def main(argv: list[str]) -> int:
     from biglm.data.prepare import PrepareError
     from biglm.data.shards import ShardError
     from biglm.data.sources import SourceError
+    from biglm.data.tokenizer import TokenizerError
 
     try:
         return _prepare(args) if command == "prepare" else _info(args)
-    except (PrepareError, ShardError, SourceError) as e:
+    except (PrepareError, ShardError, SourceError, TokenizerError) as e:
         print(f"biglm data: {e}", file=sys.stderr)
         return 2
 

@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from ..config import parse_subcommand
@@ -57,6 +58,10 @@ def main(argv: list[str]) -> int:
     from biglm.data.sources import SourceError, iter_sources
     from biglm.data.tokenizer import train_tokenizer
 
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"biglm tokenizer: --out {args.out} is a file: give a folder (tokenizer.json and tokenizer_config.json "
+              "go in it)", file=sys.stderr)
+        return 2
     try:
         texts = _limited(iter_sources(args.input, text_field=args.text_field, txt_mode=args.txt_mode),
                          args.limit_bytes)

@@ -145,13 +145,16 @@ def prepare(
     for spec in sources:  # a missing path is reported before anything is written
         if spec != "builtin" and not spec.startswith("hf:"):
             local_files(spec)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise PrepareError(f"--out {out} is a file: give a folder (a new one, or one this command wrote, to resume "
+                           "it); the file is left as it is")
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
     vocab_size = tokenizer_vocab_size(tok)
     eos_id = document_end_id(tok)
     fingerprint = tokenizer_fingerprint(tok)
     dtype = dtype_for_vocab(vocab_size)
     workers = max(1, int(workers if workers is not None else (os.cpu_count() or 1)))
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for stale in glob.glob(str(out / ".*.tmp-*")):  # leftovers of a write that was interrupted
         os.unlink(stale)

@@ -7,25 +7,36 @@ A source spec is one of
 - a path to a ``.txt`` (or ``.raw``, WikiText's plain-text files), ``.jsonl``/``.json`` or ``.parquet``
   file, or a folder searched recursively for them (files in sorted path order, hidden files skipped).
 
-Local files go through the same ``datasets`` streaming loaders as the hub (``text``,
-``json``, ``parquet``), so local tests exercise the hub code path. Document rules:
+Local ``.jsonl``/``.parquet`` files go through the same ``datasets`` streaming loaders as the hub
+(``json``, ``parquet``), so local tests exercise the hub code path. ``.txt``/``.raw`` files are read here
+(`_text_documents`), split exactly as the ``datasets`` text loader splits them (universal newlines), because
+real corpora hold bytes that are not UTF-8 and that loader stops at the first with a traceback. Document rules:
 - ``.txt``/``.raw``, ``txt_mode="paragraph"`` (default): a document is a block of text between blank
   lines, which is one story in TinyStories and one paragraph in books or WikiText;
   ``"document"``: one document per file; ``"line"``: one per line.
 - ``.jsonl``/``.parquet``/hub: one document per row, from ``text_field`` (default "text").
 Leading and trailing whitespace is stripped and empty documents are skipped.
+
+Bytes that are not UTF-8 (a Latin-1 line in a crawl, a truncated character) are skipped and counted, never
+fatal: each becomes U+FFFD, the rest of its line is kept, and one warning per source says how many lines and
+bytes, and the first FILE:LINE, so the user can clean the file or accept the loss. `biglm data prepare` and
+`biglm tokenizer train` both read through here, so they see the same text.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
 TxtMode = Literal["paragraph", "document", "line"]
+
+log = logging.getLogger(__name__)
 
 # file suffix -> datasets packaged loader
 _LOADERS: dict[str, str] = {".txt": "text", ".raw": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -77,19 +88,93 @@ def local_files(path: str | os.PathLike[str]) -> list[Path]:
     return files
 
 
-def _rows(loader: str, data_files: list[str], *, txt_mode: TxtMode, text_field: str) -> Iterator[str]:
+@dataclasses.dataclass
+class Undecodable:
+    """What a source held that is not UTF-8: lines, bytes (each replaced by U+FFFD) and the first FILE:LINE."""
+
+    lines: int = 0
+    bytes: int = 0
+    first: str = ""
+
+    def warn(self, spec: str) -> None:
+        if self.lines:
+            log.warning("%s: %d line(s) hold bytes that are not UTF-8: %d byte(s) replaced by U+FFFD, the rest of "
+                        "each line kept (first at %s); to keep them, re-encode the file as UTF-8 (say, iconv -f "
+                        "LATIN1 -t UTF-8)", spec, self.lines, self.bytes, self.first)
+
+
+_CHUNK = 1 << 22  # bytes read at a time (then to the end of the line: a chunk never splits a line or a character)
+_ESCAPED = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, as the "surrogateescape" decoding keeps it
+
+
+def _decode(chunk: bytes, *, path: Path, line0: int, bad: Undecodable) -> str:
+    """``chunk`` (whole lines of ``path``, the first one number ``line0 + 1``) as text with universal newlines;
+    each byte that is not UTF-8 becomes U+FFFD and is counted in ``bad``."""
+    try:
+        text = chunk.decode("utf-8")
+    except UnicodeDecodeError:  # the rare chunk: line by line, to count and locate
+        lines = []
+        for i, line in enumerate(chunk.split(b"\n")):
+            kept, n = _ESCAPED.subn("\ufffd", line.decode("utf-8", errors="surrogateescape"))
+            if n:
+                bad.lines += 1
+                bad.bytes += n
+                bad.first = bad.first or f"{path}:{line0 + i + 1}"
+            lines.append(kept)
+        text = "\n".join(lines)
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # as a file opened in text mode reads
+
+
+def _text_documents(path: Path, *, txt_mode: TxtMode, bad: Undecodable) -> Iterator[str]:
+    """The documents of one .txt/.raw file, split as the ``datasets`` text loader splits them: at blank lines
+    (``"\\n\\n"``), per line, or the whole file; bytes that are not UTF-8 replaced and counted (`_decode`)."""
+    rest, line0, whole = "", 0, []
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK) + f.readline():
+            text = _decode(chunk, path=path, line0=line0, bad=bad)
+            line0 += chunk.count(b"\n")
+            if txt_mode == "document":
+                whole.append(text)
+                continue
+            parts = (rest + text).split("\n\n" if txt_mode == "paragraph" else "\n")
+            rest = parts.pop()  # the start of a document the next chunk ends
+            yield from parts
+    if whole or rest:
+        yield "".join(whole) or rest
+
+
+def _rows(loader: str, data_files: list[str], *, text_field: str) -> Iterator[str]:
     import datasets  # deferred: importing datasets costs ~1 s and not every caller needs it
 
-    kwargs = {"sample_by": txt_mode} if loader == "text" else {}
-    ds = datasets.load_dataset(loader, data_files=data_files, split="train", streaming=True, **kwargs)
-    field = "text" if loader == "text" else text_field
-    for row in ds:
-        if field not in row:
-            raise SourceError(f"{data_files[0]}: rows have no field {field!r} (fields: {sorted(row)}); "
-                              "pass text_field= / --text_field with the right one")
-        text = row[field]
-        if isinstance(text, str):
-            yield text
+    import pyarrow as pa
+
+    try:
+        for row in datasets.load_dataset(loader, data_files=data_files, split="train", streaming=True):
+            if text_field not in row:
+                raise SourceError(f"{data_files[0]}: rows have no field {text_field!r} (fields: {sorted(row)}); "
+                                  "pass text_field= / --text_field with the right one")
+            text = row[text_field]
+            if isinstance(text, str):
+                yield text
+    except UnicodeDecodeError:  # JSON is UTF-8 by definition: a file with other bytes is refused, located
+        where = _first_undecodable(data_files) or f"one of {', '.join(data_files)}"
+        raise SourceError(f"{where}: not UTF-8, which JSON must be; re-encode the file as UTF-8 (say, iconv -f "
+                          "LATIN1 -t UTF-8), or convert it to .txt, whose bad bytes are replaced and counted") from None
+    except pa.ArrowException as e:  # malformed JSON, a damaged Parquet file: one line, not Arrow's traceback
+        where = data_files[0] if len(data_files) == 1 else f"one of {len(data_files)} files ({data_files[0]} ...)"
+        raise SourceError(f"{where}: cannot be read as {loader} ({str(e).splitlines()[0]})") from None
+
+
+def _first_undecodable(files: list[str]) -> str | None:
+    """FILE:LINE of the first line that is not UTF-8 among ``files`` (read only once a reader has failed)."""
+    for f in files:
+        with open(f, "rb") as fh:
+            for i, line in enumerate(fh, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError:
+                    return f"{f}:{i}"
+    return None
 
 
 def _iter_hub(spec: str, *, text_field: str) -> Iterator[str]:
@@ -106,19 +191,26 @@ def _iter_hub(spec: str, *, text_field: str) -> Iterator[str]:
 
 def _iter_local(spec: str, *, text_field: str, txt_mode: TxtMode) -> Iterator[str]:
     files = local_files(spec)
-    # consecutive files of one type share a loader call (a folder of 500 .txt files is one
-    # streaming dataset, not 500), which datasets reads in the order given
+    bad = Undecodable()
+    # consecutive files of one type share a loader call (a folder of 500 .jsonl files is one
+    # streaming dataset, not 500), which datasets reads in the order given; text files are read here
     run: list[str] = []
     run_loader = ""
-    for f in files:
-        loader = _LOADERS[f.suffix.lower()]
-        if run and loader != run_loader:
-            yield from _rows(run_loader, run, txt_mode=txt_mode, text_field=text_field)
-            run = []
-        run_loader = loader
-        run.append(str(f))
-    if run:
-        yield from _rows(run_loader, run, txt_mode=txt_mode, text_field=text_field)
+    try:
+        for f in files:
+            loader = _LOADERS[f.suffix.lower()]
+            if run and loader != run_loader:
+                yield from _rows(run_loader, run, text_field=text_field)
+                run = []
+            if loader == "text":
+                yield from _text_documents(f, txt_mode=txt_mode, bad=bad)
+                continue
+            run_loader = loader
+            run.append(str(f))
+        if run:
+            yield from _rows(run_loader, run, text_field=text_field)
+    finally:  # also when the reader stops early (`biglm tokenizer train --limit_bytes`): what was read so far
+        bad.warn(spec)
 
 
 def iter_documents(

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -103,6 +104,32 @@ def save_tokenizer(tok: PreTrainedTokenizerFast, *, out_dir: str | os.PathLike[s
     tok.save_pretrained(str(out_dir))
 
 
+class TokenizerError(ValueError):
+    """A tokenizer spec that names no loadable tokenizer (a missing or empty folder, an unknown hub name)."""
+
+
+# the files a Hugging Face tokenizer folder is recognised by (a fast tokenizer's own, or the config naming its class)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def check_tokenizer_source(name_or_path: str | os.PathLike[str], *, what: str = "tokenizer") -> None:
+    """Refuse, without loading anything, a tokenizer spec that cannot be one: a path to nothing, to a file, or to
+    a folder without a tokenizer in it. A spec that could be a hub name (``NAME`` or ``OWNER/NAME`` that is no
+    local path) passes; `load_tokenizer` tries the hub. ``what`` names the spec in the message (``--tokenizer``).
+    Cheap, so a command checks it before it makes or locks any output folder."""
+    spec = str(name_or_path)
+    p = Path(spec).expanduser()
+    hint = "pass the folder `biglm tokenizer train` wrote (tokenizer.json inside) or a hub name (OWNER/NAME)"
+    if p.is_dir():
+        if not any((p / f).is_file() for f in _TOKENIZER_FILES):
+            raise TokenizerError(f"{what} {spec}: the folder holds no tokenizer ({' or '.join(_TOKENIZER_FILES)}); "
+                                 f"{hint}")
+    elif p.exists():
+        raise TokenizerError(f"{what} {spec}: is a file, not a tokenizer folder; {hint}")
+    elif p.is_absolute() or spec.startswith((".", "~")) or spec.count("/") > 1 or spec.endswith("/"):
+        raise TokenizerError(f"{what} {spec}: no such folder; {hint}")
+
+
 def load_tokenizer(name_or_path: str | os.PathLike[str]) -> PreTrainedTokenizerFast:
     """Load a Hugging Face tokenizer and make sure it can serve masked-LM pre-training.
 
@@ -112,7 +139,13 @@ def load_tokenizer(name_or_path: str | os.PathLike[str]) -> PreTrainedTokenizerF
     otherwise also hide the document separators. When tokens are added a warning says the
     model's embeddings must be resized to ``tokenizer_vocab_size(tok)``.
     """
-    tok = AutoTokenizer.from_pretrained(str(name_or_path))
+    check_tokenizer_source(name_or_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(name_or_path))
+    except OSError as e:  # not a local folder and not found on the hub (or no network): say which, in one line
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise TokenizerError(f"tokenizer {name_or_path}: no such local folder, and the hub has none by that name or "
+                             f"cannot be reached ({first})") from None
     if not isinstance(tok, PreTrainedTokenizerFast):
         raise TypeError(f"{name_or_path}: BiGLM needs a fast (Rust) tokenizer, got {type(tok).__name__}")
     added: list[str] = []

@@ -5,7 +5,10 @@ Pre-train a BiGLM. RECIPE is a name from `biglm recipes` or a YAML/JSON file of 
 Any field below can be overridden: ``--steps 1000 --lr 1e-3 --data data/fineweb-edu``, model
 fields as ``--model.hidden_dropout 0.1``, the objective as ``--objective mlm`` and its fields as
 ``--objective.alpha 0.3``. Unknown names and wrong types are refused before any work starts;
-``--print_config`` shows the resolved configuration as YAML (a valid recipe file).
+``--print_config`` shows the resolved configuration as YAML (a valid recipe file). ``--preset NAME`` (`biglm
+presets`) is the model's shape: the recipe's own shape fields give way to it (``biglm pretrain --preset biglm-124m``
+trains the 124M shape, not the default's 4 x 192), its dropouts and max_position_embeddings stay, and
+``--model.FIELD`` on the same command line still changes the preset.
 
 With no RECIPE, the `default` recipe: a small BiGLM trained on English text every Python
 installation carries (its documentation topics and standard-library docstrings, read at run time),
@@ -33,19 +36,19 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError, apply_overrides, fail, format_help, given_options
-from .config import BUILTIN, ModelArgs, TrainConfig, load_recipe_file
+from .config import BUILTIN, INIT_MODEL_FIELDS, ModelArgs, TrainConfig, load_recipe_file
 from .recipes import RECIPES, get_recipe
 
 DEFAULT_VOCAB = 4096  # the built-in corpus's tokenizer
 PROG = "biglm pretrain"
 
-def prepare_builtin_data(out: Path, *, tokenizer: Path | None = None) -> tuple[Path, Path]:
+def prepare_builtin_data(out: Path, *, tokenizer: str | Path | None = None) -> tuple[Path, Path]:
     """Tokenizer and shards of the built-in corpus under ``out/data`` (reused when already built). ``tokenizer``:
-    prepare with that one (an --init_from model's) instead of training one."""
+    prepare with that one (an --init_from model's, or --tokenizer) instead of training one."""
     from ..data import builtin_corpus, prepare, train_tokenizer
 
     data_dir = out / "data"
-    tok_dir = tokenizer or data_dir / "tokenizer"
+    tok_dir = Path(tokenizer) if tokenizer is not None else data_dir / "tokenizer"
     if tokenizer is None and not (tok_dir / "tokenizer.json").exists():
         print(f"[biglm] training a {DEFAULT_VOCAB}-token byte-level BPE tokenizer on the built-in corpus -> {tok_dir}")
         train_tokenizer(texts=builtin_corpus(), vocab_size=DEFAULT_VOCAB, out_dir=str(tok_dir))
@@ -65,9 +68,19 @@ def resolve_config(argv: list[str]) -> TrainConfig:
             raise ConfigError("--local shrinks a paper recipe: name one (see `biglm recipes`); the default is already small")
         base, rest = get_recipe("default"), argv
     cfg = apply_overrides(base, rest)
+    given = given_options(TrainConfig, rest)
     if cfg.init_from:
-        cfg = _init_from_recipe(cfg, given_options(TrainConfig, rest))
+        cfg = _init_from_recipe(cfg, given)
+    elif "preset" in given:  # the shape the user asked for, not the recipe's fields laid over it
+        cfg = dataclasses.replace(cfg, model=_recipe_model(cfg, given, keep=INIT_MODEL_FIELDS))
     return cfg
+
+
+def _recipe_model(cfg: TrainConfig, given: dict, *, keep: tuple[str, ...]) -> ModelArgs:
+    """The recipe's model fields once something else decides the shape (an explicit --preset, or --init_from's
+    model): only those in ``keep`` stay, and those named on the command line (``--model.FIELD``)."""
+    named = given.get("model", {}) if isinstance(given.get("model"), dict) else {}
+    return ModelArgs(**{k: v for k, v in dataclasses.asdict(cfg.model).items() if k in keep or k in named})
 
 
 def _init_from_recipe(cfg: TrainConfig, given: dict) -> TrainConfig:
@@ -76,11 +89,10 @@ def _init_from_recipe(cfg: TrainConfig, given: dict) -> TrainConfig:
     if "preset" in given:
         raise ConfigError(f"--preset {cfg.preset} with --init_from: the model's shape comes from {cfg.init_from}; "
                           "drop --preset")
-    named = given.get("model", {}) if isinstance(given.get("model"), dict) else {}
     # the recipe's dropouts stay (a training choice); any other model field only when named on the command line
-    keep = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k.endswith("_dropout") or k in named}
+    model = _recipe_model(cfg, given, keep=("attention_dropout", "hidden_dropout"))
     tokenizer = cfg.tokenizer if "tokenizer" in given else None
-    return dataclasses.replace(cfg, model=ModelArgs(**keep), tokenizer=tokenizer)
+    return dataclasses.replace(cfg, model=model, tokenizer=tokenizer)
 
 
 def _init_tokenizer(cfg: TrainConfig) -> Path:
@@ -90,6 +102,24 @@ def _init_tokenizer(cfg: TrainConfig) -> Path:
     if checkpoint_dirs(cfg.output_dir) and (cfg.output_dir / "tokenizer").is_dir():
         return cfg.output_dir / "tokenizer"
     return model_source(cfg.init_from).tokenizer_dir
+
+
+def check_inputs(cfg: TrainConfig) -> None:
+    """What the run reads, checked before its output directory is made and locked, so that a refused run leaves
+    nothing behind: the tokenizer a path names (`check_tokenizer_source`) and every data folder but the built-in
+    corpus. (Settings are checked before this, by `TrainConfig.validate`; what only loading can tell, a damaged
+    shard, is found later, in a run directory that then exists.)"""
+    from ..data.tokenizer import TokenizerError, check_tokenizer_source
+    from .data import _missing
+
+    if cfg.tokenizer:
+        try:
+            check_tokenizer_source(cfg.tokenizer, what="--tokenizer")
+        except TokenizerError as e:
+            raise ConfigError(str(e)) from None
+    for folder in dict.fromkeys([*cfg.data, *(cfg.anneal_data or {}), *(cfg.val_data or [])]):
+        if folder != BUILTIN and not Path(folder).exists():
+            raise _missing(folder, cfg.hub_sources)
 
 
 def main(argv: list[str]) -> int:
@@ -117,6 +147,8 @@ def main(argv: list[str]) -> int:
         return 0
     info = run_lock = None
     try:
+        check_inputs(cfg)
+        init_tok = _init_tokenizer(cfg) if cfg.init_from else None  # a missing source is refused before the lock
         info = init_distributed(cfg.device)
         cfg.validate(world_size=info.world_size)  # again only under torchrun: the ranks are news
         # the run directory's lock before the built-in data is prepared there (the trainer re-enters it)
@@ -126,9 +158,8 @@ def main(argv: list[str]) -> int:
         builtin = BUILTIN in cfg.data
         if builtin:
             data_dir, tok_dir = cfg.output_dir / "data", cfg.output_dir / "data" / "tokenizer"
-            init_tok = _init_tokenizer(cfg) if cfg.init_from else None  # the built-in text in the model's tokens
-            if info.is_main:
-                prepare_builtin_data(cfg.output_dir, tokenizer=init_tok)
+            if info.is_main:  # the built-in text in the model's tokens, or in --tokenizer's, else a tokenizer of its own
+                prepare_builtin_data(cfg.output_dir, tokenizer=init_tok or cfg.tokenizer)
             if info.distributed:
                 import torch.distributed as dist
 

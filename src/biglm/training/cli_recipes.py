@@ -25,6 +25,18 @@ def _objective(obj) -> str:
     return obj.name + "".join(f" {k}={v}" for k, v in diff.items())
 
 
+def _shape(cfg) -> str:
+    """The preset, or layers x width where the recipe's model fields change the preset's shape (the default's 4 x 192
+    is no `tiny`)."""
+    from ..model.config import BiGLMConfig
+    from .config import INIT_MODEL_FIELDS
+
+    if not any(k not in INIT_MODEL_FIELDS for k in cfg.model.overrides()):
+        return cfg.preset
+    built = BiGLMConfig.from_preset(cfg.preset, **cfg.model.overrides())
+    return f"{built.num_hidden_layers}x{built.hidden_size}"
+
+
 def main(argv: list[str]) -> int:
     from ..config import ConfigError, fail, parse_cli, to_dict
 
@@ -43,7 +55,7 @@ def main(argv: list[str]) -> int:
         sched = c.schedule + (f" anneal {c.anneal_fraction:.0%}" if c.schedule == "wsd" else "")
         if c.anneal_data:
             sched += f" on {'+'.join(c.anneal_data)}"
-        shape = "--init_from" if c.requires_init else c.preset  # continued pre-training: the source's shape
+        shape = "--init_from" if c.requires_init else _shape(c)  # continued pre-training: the source's shape
         print(f"{name:<26} {shape:<11} {_objective(c.objective):<40} {c.steps:>7} steps lr {c.lr:g} {sched}; "
               f"data {'+'.join(c.data)}")
     print("\nrun one: biglm pretrain NAME [--local] [--field value ...]; `biglm pretrain NAME --help` lists the fields")

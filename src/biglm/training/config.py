@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..config import ConfigError, from_dict, load_yaml, to_dict
+from ..config import ConfigError, check_device, from_dict, load_yaml, to_dict
 from ..model.config import PRESETS
 from ..objective import OBJECTIVES, ObjectiveConfig
 
-# the model fields --init_from may change: training-time regularisation, and the longest input (RoPE has no
-# weights per position); every other field is the source model's shape
+# the model fields that are not its shape: training-time regularisation, and the longest input (RoPE has no
+# weights per position). --init_from may change only these; every other field is the source model's (or the
+# --preset's) shape
 INIT_MODEL_FIELDS = ("attention_dropout", "hidden_dropout", "max_position_embeddings")
 BUILTIN = "builtin"  # the data source name of the built-in corpus (prepared into OUT/data by `biglm pretrain`)
 
@@ -114,6 +115,7 @@ class LoopConfig:
 
     def check(self, *, world_size: int) -> None:
         """The checks of these settings; a run's config adds its own (and calls this)."""
+        check_device(self.device)  # before any process group, run directory or lock
         if self.global_batch % (self.micro_batch * world_size):
             raise ConfigError(
                 f"global_batch={self.global_batch} is not divisible by micro_batch={self.micro_batch} x "
@@ -138,7 +140,9 @@ class TrainConfig(LoopConfig):
 
     # model
     preset: str = "biglm-124m"
-    """architecture preset (see `biglm presets`; not used with --init_from, whose model has its own shape)"""
+    """architecture preset (see `biglm presets`; not used with --init_from, whose model has its own shape). Given on
+    the command line it is the shape: the recipe's own shape fields give way (its dropouts and
+    max_position_embeddings stay; --model.FIELD on the same command line still applies)"""
     model: ModelArgs = field(default_factory=ModelArgs)
     """changes to the preset's architecture (with --init_from only the non-shape fields: the dropouts and
     max_position_embeddings)"""

@@ -39,10 +39,13 @@ import logging
 import os
 import random
 import re
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from ...config import ConfigError, convert, from_dict
 from ...data.sources import parse_hub_spec
 from ...data.tables import TaskDataError, load_table
 from ..templates import (ANSWER_SLOT, OPTIONS_SLOT, PromptTemplate, TemplateError, _default_flan_file,
@@ -54,8 +57,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "EVAL_DATA_ENV", "FLAN_COLUMNS", "MIN_OVERLAP_WORDS", "FlanData", "MixtureTask", "default_eval_sets",
-    "load_flan_patterns", "read_flan_collection", "render_mixture",
+    "EVAL_DATA_ENV", "FLAN_COLUMNS", "MIN_OVERLAP_WORDS", "FlanData", "MixtureOptions", "MixtureTask",
+    "default_eval_sets", "load_flan_patterns", "mixture_options", "read_flan_collection", "render_mixture",
 ]
 
 FLAN_COLUMNS = ("inputs", "targets", "task_name", "template_idx")
@@ -150,6 +153,80 @@ class MixtureTask:
     """FLAN template family when it differs from ``name`` (anli_r1 -> anli is known)."""
     template_indices: Sequence[int] | None = None
     """Patterns of the family to draw from; default all."""
+
+    def __post_init__(self) -> None:
+        """Every field checked against its type where the task is made, by `biglm.config`'s typed conversion: a
+        spec's ``label_words: 3`` is refused here in one line naming the task, the field, the value and the type
+        wanted, not by a TypeError deep inside rendering. A value that says the same in another type is converted
+        (``template_indices: ["1"]``); YAML's ``yes``/``no`` are booleans, not option strings, and are refused."""
+        hints = typing.get_type_hints(MixtureTask)
+        shown = f"mixture task {self.name!r}" if isinstance(self.name, str) else "a mixture task"
+        for f in dataclasses.fields(self):
+            value, tp = getattr(self, f.name), hints[f.name]
+            try:
+                if isinstance(value, str) and _wants_collection(tp):  # a string is a sequence, but not of these
+                    raise ConfigError(value)
+                converted = convert(value, tp, name=f.name)
+            except ConfigError:
+                booleans = isinstance(value, bool) or (isinstance(value, (list, tuple))
+                                                       and any(isinstance(v, bool) for v in value))
+                hint = ' (YAML reads yes/no/on/off as booleans: quote them, "yes")' if booleans else ""
+                raise ConfigError(f"{shown}: {f.name} expects {_yaml_type(tp)}, got {value!r}{hint}") from None
+            if isinstance(value, tuple) and isinstance(converted, list):
+                converted = tuple(converted)  # a tuple given stays one
+            object.__setattr__(self, f.name, converted)
+
+
+def _arms(tp: Any) -> tuple[Any, ...]:
+    return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+
+
+def _wants_collection(tp: Any) -> bool:
+    return any(typing.get_origin(a) in (list, tuple, dict, Sequence, Mapping) for a in _arms(tp))
+
+
+_YAML_NAMES = {str: "string", int: "whole number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def _yaml_type(tp: Any) -> str:
+    """A field's type as a spec file writes it: "a list of strings or null", "a mapping of string to string"."""
+    if len(_arms(tp)) > 1:
+        return " or ".join(_yaml_type(a) for a in _arms(tp))
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (list, tuple, Sequence):
+        return f"a list of {_YAML_NAMES.get(args[0], 'value')}s"
+    if origin in (dict, Mapping):
+        return f"a mapping of {_YAML_NAMES.get(args[0], 'value')} to {_YAML_NAMES.get(args[1], 'value')}"
+    name = _YAML_NAMES.get(tp, getattr(tp, "__name__", str(tp)))
+    return name if name == "null" else f"a {name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MixtureOptions:
+    """`render_mixture`'s settings besides the tasks, typed: a mixture spec's values are read into it by
+    `biglm.config` (`mixture_options`), so ``per_task: lots`` or ``seed: abc`` is refused in one line naming the key,
+    the value and the type wanted before any run starts, not by a TypeError in the middle of one."""
+
+    per_task: int | None = None
+    """FLAN's per-task cap (a seeded sample); none: every row"""
+    seed: int = 0
+    """seed of the sample, the patterns drawn and the shuffle"""
+    options_style: Literal["flan2021", "flan_v2"] = "flan2021"
+    """how ``{options_}`` renders: FLAN 2021's fixed header, or a header drawn per example as FLAN v2 does"""
+
+    def __post_init__(self) -> None:
+        if self.per_task is not None and self.per_task < 1:
+            raise ConfigError(f"per_task must be at least 1 (or none for all), got {self.per_task}")
+
+
+def mixture_options(data: Mapping[str, Any], *, where: str) -> dict[str, Any]:
+    """The `MixtureOptions` keys of ``data`` (a mixture spec; other keys are left alone) as `render_mixture`
+    keywords, each converted to its type; a `ConfigError` naming ``where``, the key, the value and the type."""
+    given = {f.name: data[f.name] for f in dataclasses.fields(MixtureOptions) if f.name in data}
+    try:
+        return dataclasses.asdict(from_dict(MixtureOptions, given))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {str(e).removeprefix('--')}") from None
 
 
 EVAL_DATA_ENV = "BIGLM_EVAL_DATA"
@@ -408,10 +485,8 @@ def render_mixture(
 
     if not tasks:
         raise TaskDataError("render_mixture: no tasks given")
-    if options_style not in ("flan2021", "flan_v2"):
-        raise TemplateError(f"options_style must be 'flan2021' or 'flan_v2', not {options_style!r}")
-    if per_task is not None and per_task < 1:
-        raise TaskDataError(f"per_task must be at least 1 (or None for all), got {per_task}")
+    opts = mixture_options(dict(per_task=per_task, seed=seed, options_style=options_style), where="render_mixture")
+    per_task, seed, options_style = opts["per_task"], opts["seed"], opts["options_style"]
     names = [t.name for t in tasks]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -48,7 +48,7 @@ from ...objective import masked_lm_loss
 from ..task import TASK_FILE
 from ..templates import _default_flan_file
 from . import TaskRecipe
-from .flan import MixtureTask, read_flan_collection, render_mixture
+from .flan import MixtureTask, mixture_options, read_flan_collection, render_mixture
 from .seq2seq import Seq2SeqSettings, Seq2SeqTask, _check_template
 
 __all__ = ["InstructSettings", "InstructTask", "load_mixture_spec", "pad_with_eos"]
@@ -130,8 +130,7 @@ def load_mixture_spec(path: str | Path) -> dict[str, Any]:
         if bad:
             raise ConfigError(f"{path}: tasks[{i}] has unknown key(s) {bad}; allowed: {sorted(fields)}")
         tasks.append(MixtureTask(**{**t, "source": local(str(t["source"]))}))
-    out: dict[str, Any] = {"tasks": tasks, "seed": int(data.get("seed", 0)), "per_task": data.get("per_task"),
-                           "options_style": data.get("options_style", "flan2021")}
+    out: dict[str, Any] = {"tasks": tasks, **mixture_options(data, where=str(path))}  # typed: one line if wrong
     if data.get("templates_file"):
         out["templates_file"] = local(str(data["templates_file"]))
     if data.get("exclude_eval") is not None:
