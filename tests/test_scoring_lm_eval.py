@@ -248,3 +248,32 @@ def test_generate_until_conditions_like_loglikelihood(checkpoint, monkeypatch, c
         assert lm.tokenizer.decode(prompt[1:]) == context.rstrip()
     else:
         assert len(prompt) == 48 - len(cont_ids) and prompt == ctx_ids[-len(prompt):]  # cut from the left
+
+
+def test_prefix_token_auto_follows_how_the_model_was_made(checkpoint, tmp_path, caplog):
+    """``prefix_token=auto``: a BiGLM trained by biglm gets ``</s>`` before every context (its documents follow one);
+    a model converted from an AR checkpoint (shift_logits) gets nothing, as lm-eval's hf model scores its source, and
+    an empty context alone gets ``</s>``; a tokenizer with a chat template is said once."""
+    from transformers import AutoTokenizer
+
+    from biglm.integrations.lm_eval.adapter import BiGLMLM
+    from biglm.model import BiGLMConfig, BiGLMForMaskedLM
+
+    lm = BiGLMLM(pretrained=str(checkpoint), device="cpu")
+    eos = lm.tokenizer.eos_token_id
+    assert lm.prefix_token == "eos" and lm._encode_pair("the cat", " sat")[0][0] == eos
+    shifted = tmp_path / "shifted"
+    cfg = BiGLMConfig.from_pretrained(checkpoint)
+    cfg.shift_logits = True
+    BiGLMForMaskedLM.from_pretrained(checkpoint, config=cfg).save_pretrained(shifted)
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tok.save_pretrained(shifted)
+    with caplog.at_level("WARNING"):
+        conv = BiGLMLM(pretrained=str(shifted), device="cpu")
+    assert conv.prefix_token == "none"
+    ctx, _ = conv._encode_pair("the cat", " sat")
+    assert ctx == conv._encode("the cat")  # nothing before the context
+    assert conv._encode_pair("", "the cat")[0] == [eos]
+    assert sum("chat template" in r.message for r in caplog.records) == 1
+    assert BiGLMLM(pretrained=str(shifted), device="cpu", prefix_token="eos").prefix_ids == [eos]

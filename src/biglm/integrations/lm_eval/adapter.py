@@ -8,9 +8,12 @@ Notable features
 - Tokenisation follows HFLM: trailing spaces of the context move to the continuation, and the
   continuation's ids are the tail of the encoded context+continuation, so a word's leading space
   and the BPE merges across the boundary come out as in running text.
-- Every context starts with a document-boundary token (``prefix_token=eos`` by default): the
-  pre-training shards end each document with ``</s>``, so a new document follows ``</s>``. It also
-  gives an empty context something to attend to.
+- ``prefix_token=auto`` (the default): a BiGLM trained by biglm gets a document-boundary token before every
+  context (the pre-training shards end each document with ``</s>``, so a new document follows ``</s>``); a
+  model converted from an autoregressive checkpoint (``shift_logits``) gets nothing, as lm-eval's ``hf`` model
+  scores its source, and an empty context alone gets ``</s>`` (HFLM's rule). A tokenizer with a chat template
+  is said once: contexts are scored as plain text, as lm-eval's ``hf`` model does without
+  ``--apply_chat_template``.
 - ``generate_until`` conditions on exactly the ids ``loglikelihood`` scores against
   (`BiGLMLM._encode_context`: the prefix token, trailing whitespace moved out of the context,
   truncation from the left by the same `fit_window` rule); the moved whitespace is taken off the
@@ -121,7 +124,8 @@ class BiGLMLM(LM):
         score_block: tokens per block for ``scorer=blocks``.
         seed: seed of the ``mc`` estimator.
         rolling_chunk: tokens predicted per window by ``loglikelihood_rolling``.
-        prefix_token: ``eos`` | ``bos`` | ``none``: the token put before every context.
+        prefix_token: ``auto`` | ``eos`` | ``bos`` | ``none``: the token put before every context (auto: none for a
+            model converted from an AR checkpoint, eos otherwise).
         max_gen_toks: default generation length for ``generate_until``.
         steps, strategy, temperature, top_k, top_p, length_beam, block_length, threshold, early_stop,
             use_cache: default decoding for ``generate_until`` (`DecodingConfig` fields; a request's
@@ -142,7 +146,7 @@ class BiGLMLM(LM):
         score_block: int = 8,
         seed: int = 1234,
         rolling_chunk: int = 32,
-        prefix_token: str = "eos",
+        prefix_token: str = "auto",
         max_gen_toks: int = 64,
         _in_memory: tuple[Any, Any] | None = None,
         **kwargs: Any,
@@ -192,9 +196,15 @@ class BiGLMLM(LM):
             raise ValueError(f"max_length={self._max_length} exceeds the model's max_position_embeddings="
                              f"{self.model.config.max_position_embeddings}.")
         choices = {"eos": self.tokenizer.eos_token_id, "bos": self.tokenizer.bos_token_id, "none": None}
+        if prefix_token == "auto":
+            prefix_token = "none" if getattr(self.model.config, "shift_logits", False) else "eos"
         if prefix_token not in choices:
-            raise ValueError(f"prefix_token={prefix_token!r}: choose eos, bos or none.")
+            raise ValueError(f"prefix_token={prefix_token!r}: choose auto, eos, bos or none.")
+        self.prefix_token = prefix_token
         self.prefix_ids = [] if choices[prefix_token] is None else [int(choices[prefix_token])]
+        if getattr(self.tokenizer, "chat_template", None) and self.rank == 0:
+            log.warning("biglm: the tokenizer has a chat template; contexts are scored as plain text without "
+                                "it (as lm-eval's hf model without --apply_chat_template)")
 
     @classmethod
     def from_model(cls, *, model: Any, tokenizer: Any, **model_args: Any) -> "BiGLMLM":
@@ -273,7 +283,10 @@ class BiGLMLM(LM):
         expected to produce it.
         """
         text = context.rstrip()
-        return self.prefix_ids + self._encode(text), context[len(text):]
+        ids = self._encode(text)
+        if not ids and not self.prefix_ids and self.tokenizer.eos_token_id is not None:
+            return [int(self.tokenizer.eos_token_id)], context[len(text):]  # something to attend to (HFLM's rule)
+        return self.prefix_ids + ids, context[len(text):]
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         ids, moved = self._encode_context(context)
