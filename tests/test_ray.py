@@ -155,11 +155,13 @@ def test_a_killed_replica_ends_its_requests_cleanly_and_is_replaced(served):
     assert "ok" in kinds  # the other replica kept serving
     # Ray Serve replaces the dead replica: healthy again with 2 running replicas, the victim gone
     deadline = time.monotonic() + 60
+    seen = set()  # (HTTP status, health status) answered by the replicas meanwhile
     while True:
         try:
             status, body = _health(served.url)
         except (httpx.HTTPError, ValueError):
             status, body = 0, {}
+        seen.add((status, body.get("status")))
         replicas = body.get("replicas", [])
         if (status == 200 and len(replicas) == 2 and all(r["state"] == "RUNNING" for r in replicas)
                 and victim["id"] not in {r["id"] for r in replicas}):
@@ -167,6 +169,114 @@ def test_a_killed_replica_ends_its_requests_cleanly_and_is_replaced(served):
         assert time.monotonic() < deadline, (status, body)
         time.sleep(0.5)
     assert served.client.completions.create(model=NAME, prompt="Again", max_tokens=4).choices[0].finish_reason
+    # while one replica was replaced the other served: degraded, still 200 (a load balancer keeps the service)
+    assert not {answer for answer in seen if answer[1] == "degraded" and answer[0] != 200}, seen
+
+
+def test_health_is_degraded_not_down_while_some_replica_serves():
+    """/health's status from Ray Serve's states: 503 ("unavailable") only when no replica runs."""
+    from biglm.integrations.ray_serve import replica_health
+
+    assert replica_health("RUNNING", ["RUNNING", "RUNNING"], wanted=2) == {"status": "ok", "replicas_healthy": 2,
+                                                                           "replicas_wanted": 2}
+    # one of two replicas killed: Ray Serve starts a replacement while the other serves
+    assert replica_health("DEPLOYING", ["RUNNING", "STARTING"], wanted=2) == {
+        "status": "degraded", "replicas_healthy": 1, "replicas_wanted": 2}
+    assert replica_health("UNHEALTHY", ["RUNNING"], wanted=2)["status"] == "degraded"
+    assert replica_health("RUNNING", ["RUNNING"], wanted=2)["status"] == "degraded"  # not yet listed again
+    assert replica_health("DEPLOYING", ["STARTING", "STOPPING"], wanted=2) == {
+        "status": "unavailable", "replicas_healthy": 0, "replicas_wanted": 2}
+    assert replica_health("RUNNING", [])["status"] == "unavailable"
+
+
+def test_sigterm_while_the_launcher_starts_drains_and_exits_0(model_dir, tmp_path):
+    """SIGTERM to `biglm serve --replicas 2` while it deploys (Ray up, the replicas starting): it finishes starting,
+    shuts down and exits 0, and no process of its Ray instance is left (Ray's own handler made it exit 15, leaving
+    Ray's two agents running)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "biglm", "serve", str(model_dir), "--replicas", "2", "--port",
+                                 str(_free_port()), "--log_level", "warning", "--shutdown_timeout", "5"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        launcher, raylets = psutil.Process(proc.pid), []
+        deadline = time.monotonic() + 120
+        while True:  # the Serve controller runs: Ray is up and the application is being deployed
+            children = {p.name(): p for p in launcher.children(recursive=True)}
+            raylets = [p for name, p in children.items() if name == "raylet"] or raylets
+            if "ray::ServeController" in children:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0, log.read_text()[-3000:]
+        assert "biglm serve: shutting down" in log.read_text()
+        time.sleep(1.0)
+        left = []
+        for p in psutil.process_iter():  # Ray's processes of that instance: started by it, or by its raylet
+            try:
+                if p.ppid() == proc.pid or p.environ().get("RAY_RAYLET_PID") in {str(r.pid) for r in raylets}:
+                    left.append(p.name())
+            except psutil.Error:
+                continue
+        assert raylets and not left, left
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_killed_launchers_ray_processes_are_stopped_by_the_next(tmp_path, monkeypatch):
+    """A launcher killed with `kill -9` leaves Ray's agents running: the next one stops the processes its record
+    names (by pid and start time, or by the session directory on their command line; SIGKILL for one that ignores
+    SIGTERM, as the agents do) and nothing else: not a cluster the user started, not a pid since reused, not the
+    processes of a launcher that still runs."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from biglm.integrations import ray_cluster
+
+    sessions = tmp_path / "sessions"
+    monkeypatch.setattr(ray_cluster, "SESSIONS", sessions)
+    sleeper = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+
+    def spawn(*argv: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", sleeper, *argv])
+
+    def started(p: subprocess.Popen) -> float:
+        return psutil.Process(p.pid).create_time()
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    killed_session = str(tmp_path / "ray" / "session_killed")
+    agent, worker = spawn(), spawn(f"--session-dir={killed_session}")
+    users, reused, live = spawn(f"--session-dir={tmp_path}/ray/session_users"), spawn(), spawn()
+    procs = [agent, worker, users, reused, live]
+    try:
+        time.sleep(0.5)
+        sessions.mkdir()
+        (sessions / f"{dead.pid}.json").write_text(json.dumps({
+            "launcher": [dead.pid, time.time()], "session_dir": killed_session,
+            "processes": [[agent.pid, started(agent)], [reused.pid, started(reused) - 100]]}))
+        me = psutil.Process()
+        (sessions / f"{me.pid}.json").write_text(json.dumps({
+            "launcher": [me.pid, me.create_time()], "session_dir": str(tmp_path / "ray" / "session_live"),
+            "processes": [[live.pid, started(live)]]}))
+        assert ray_cluster.stop_orphaned_sessions(grace=0.5) == 2
+        assert agent.wait(5) is not None and worker.wait(5) is not None
+        assert [p.poll() for p in (users, reused, live)] == [None, None, None]
+        assert sorted(f.name for f in sessions.iterdir()) == [f"{me.pid}.json"]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def test_shutdown_drains_in_flight_requests_and_refuses_new_ones(served):
@@ -204,6 +314,8 @@ def test_ray_data_batch_generation_equals_the_local_job_and_resumes(ray_instance
     lines = local.read_bytes().splitlines(keepends=True)
     out = tmp_path / "ray.jsonl"
     out.write_bytes(b"".join(lines[:4]) + lines[4][:7])  # stopped: 2 batches written, a third cut short
+    meta = Path(f"{out}.meta.json")  # (the stopped job's record of its model and settings: the local job's)
+    meta.write_bytes(Path(f"{local}.meta.json").read_bytes())
     flags = ["--max_new_tokens", "12", "--steps", "6", "--batch_size", "2", "--progress", "false"]
     assert generate_main([str(model_dir), "--input", str(src), "--output", str(out), *flags, "--replicas", "2"]) == 0
     assert "dropping a partial last line" in capsys.readouterr().err

@@ -12,7 +12,9 @@ Notable features
 - ``GET /health`` adds the application's state (Ray Serve's, "RUNNING" when every replica is up), the replica that
   answered, and ``replicas``: ``{"id", "state", "served", "pid", "node"}`` for each replica the Serve controller
   lists, ``served`` counting the completions and chat requests that replica answered. The counts live in one small
-  actor (`ServedBoard`), since a replica can only see its own.
+  actor (`ServedBoard`), since a replica can only see its own. Its status is `replica_health`'s: "degraded" (200)
+  while some replicas serve and another is starting or being replaced, so a load balancer keeps a service that
+  answers; 503 only when none serves.
 - Faults: a killed replica's requests end as Ray Serve's proxy ends them (a 500, which the `openai` client retries;
   a stream already started is cut); the controller notices the death within ``HEALTH_CHECK_S`` seconds and starts a
   replacement while the others keep serving. A replica whose engine broke fails its health check and is replaced.
@@ -20,8 +22,11 @@ Notable features
   with its own 429; requests no replica can take wait in Ray Serve's queue up to ``max_queue`` per replica, then get
   Ray Serve's 503 at once.
 - Shutdown (Ctrl-C / SIGTERM), as in one process: the replicas answer new requests 503 while those in flight get
-  ``--shutdown_timeout`` seconds to finish, then the rest are cancelled (503) and the application is deleted. The
-  launcher tells the replicas through the board, which each polls every ``POLL_S`` seconds.
+  ``--shutdown_timeout`` seconds to finish, then the rest are cancelled (503) and the application is deleted; exit
+  status 0. The launcher tells the replicas through the board, which each polls every ``POLL_S`` seconds. A signal
+  while it starts stops it once started (Ray and the replicas start in a thread: the main thread only waits, free
+  to take the signal, and Ray installs no handler of its own). If Ray's processes died with the signal (sent to the
+  whole process group), the launcher stops waiting for them after ``RAY_CALL_S`` seconds.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,13 +45,14 @@ import ray
 from ray import serve
 
 from ..serving.cli import ServeArgs, build_app, check_model_options
-from .ray_cluster import Cluster, ClusterError, connect, disconnect, limit_threads, replica_device
+from .ray_cluster import ClusterError, connect, disconnect, limit_threads, replica_device
 
 DEPLOYMENT = "biglm"
 HEALTH_CHECK_S = 2.0  # how often the controller checks each replica (and so notices a dead one)
 POLL_S = 0.25  # how often a replica reads the shutdown phase
 HEALTH_ROOM = 8  # requests a full replica still takes beyond its queue: /health and the 429s it answers itself
 SERVED_PATHS = ("/v1/completions", "/v1/chat/completions")
+RAY_CALL_S = 10.0  # the launcher's wait for one answer from Ray while it shuts down (Ray itself may be gone)
 
 
 @ray.remote(num_cpus=0)
@@ -148,13 +154,31 @@ class BiglmReplica:
             served = None
         app = details.get("applications", {}).get(self.app_name, {})
         state = _name(app.get("status", "UNKNOWN"))
+        deployment = app.get("deployments", {}).get(self.deployment, {})
         replicas = [{"id": r["replica_id"], "state": _name(r["state"]),
                      "served": None if served is None else served.get(r["replica_id"], 0),
                      "pid": r.get("pid"), "node": r.get("node_ip")}
-                    for r in app.get("deployments", {}).get(self.deployment, {}).get("replicas", [])]
-        healthy = state == "RUNNING" and all(r["state"] == "RUNNING" for r in replicas)
-        return {"status": "ok" if healthy else "degraded", "application": state, "replica": self.id,
-                "replicas": sorted(replicas, key=lambda r: r["id"])}
+                    for r in deployment.get("replicas", [])]
+        return {**replica_health(state, [r["state"] for r in replicas], wanted=deployment.get("target_num_replicas")),
+                "application": state, "replica": self.id, "replicas": sorted(replicas, key=lambda r: r["id"])}
+
+
+def replica_health(application: str, replicas: Sequence[str], *, wanted: int | None = None) -> dict[str, Any]:
+    """The service's health from Ray Serve's states: the application's and each listed replica's (``wanted``: the
+    replicas Ray Serve aims at; unset: those listed).
+
+    "ok" when the application and every replica run, as many as wanted; "degraded" while at least one replica
+    runs and another starts, stops or is being replaced (the app answers 200: the service serves); "unavailable"
+    when none runs (503). ``replicas_healthy`` counts the running ones."""
+    healthy = sum(state == "RUNNING" for state in replicas)
+    want = len(replicas) if wanted is None else int(wanted)
+    if healthy == 0:
+        status = "unavailable"
+    elif application == "RUNNING" and healthy == len(replicas) and healthy >= want:
+        status = "ok"
+    else:
+        status = "degraded"
+    return {"status": status, "replicas_healthy": healthy, "replicas_wanted": want}
 
 
 def _name(state: Any) -> str:
@@ -202,14 +226,16 @@ class Deployed:
 
     def shutdown(self, timeout: float) -> int:
         """Drain, then delete: new requests get 503 while those in flight have ``timeout`` seconds to finish; the
-        rest are then cancelled (503). Returns how many were still in flight at the deadline."""
-        ray.get(self.board.set_phase.remote("draining"))
+        rest are then cancelled (503). Returns how many were still in flight at the deadline. Raises
+        `ray.exceptions.GetTimeoutError` (or another `RayError`) when the board does not answer within
+        ``RAY_CALL_S`` (Ray's processes are gone)."""
+        ray.get(self.board.set_phase.remote("draining"), timeout=RAY_CALL_S)
         deadline = time.monotonic() + timeout
         time.sleep(2 * POLL_S)  # every replica has read the phase
-        while (left := ray.get(self.board.busy.remote())) and time.monotonic() < deadline:
+        while (left := ray.get(self.board.busy.remote(), timeout=RAY_CALL_S)) and time.monotonic() < deadline:
             time.sleep(POLL_S)
         if left:
-            ray.get(self.board.set_phase.remote("cancel"))
+            ray.get(self.board.set_phase.remote("cancel"), timeout=RAY_CALL_S)
             time.sleep(4 * POLL_S)
         self.delete()
         return left
@@ -244,31 +270,75 @@ def resources(args: ServeArgs) -> tuple[float, float]:
 
 
 def main(args: ServeArgs, *, given: Collection[str], prog: str = "biglm serve") -> int:
-    """`biglm serve --replicas N`: check, join or start Ray, deploy, serve until Ctrl-C/SIGTERM, then drain."""
+    """`biglm serve --replicas N`: check, join or start Ray, deploy, serve until Ctrl-C/SIGTERM, then drain.
+
+    Exit status 0 after a shutdown asked for by a signal (at any point: one that arrives while Ray and the replicas
+    start stops them once started), 2 when the options, Ray or the replicas do not start.
+
+    Why a thread: everything Ray runs in `_serve` on one thread that lives until Ray is shut down (Ray ties the
+    processes it starts to the life of the thread that started them), while the main thread only waits, free to
+    take a signal at any moment. Ray's core worker installs a C-level SIGTERM handler that aborts the process; the
+    main thread puts its own back as soon as Ray is up (as it did when Ray started on the main thread)."""
+    stop, ray_up = threading.Event(), threading.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(_serve(args, given=given, prog=prog, stop=stop, ray_up=ray_up))
+        except BaseException as e:  # noqa: BLE001 - raised again by the main thread
+            outcome.append(e)
+
+    runner = threading.Thread(target=run, name="biglm-ray", daemon=True)
+    runner.start()
+    try:
+        while not ray_up.is_set() and runner.is_alive():
+            runner.join(0.05)
+        for sig in signals:
+            signal.signal(sig, lambda *_: stop.set())
+        while runner.is_alive():
+            runner.join(0.2)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return int(outcome[0])
+
+
+def _serve(args: ServeArgs, *, given: Collection[str], prog: str, stop: threading.Event,
+           ray_up: threading.Event) -> int:
+    """`main`'s work, on its Ray thread: start (``ray_up`` set once connected), serve until ``stop`` is set, drain,
+    end."""
     try:
         check_model_options(args, given=given)  # the model's config only: no replica starts for a bad option
         cluster = connect(args.ray_address, cpus=resources(args)[0], gpus=resources(args)[1])
     except (ClusterError, FileNotFoundError, OSError, ValueError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
+    ray_up.set()
     try:
         try:
             deployed = deploy(args, given=given)
         except RuntimeError as e:
             print(f"{prog}: the replicas did not start: {str(e).strip().splitlines()[-1]}", file=sys.stderr)
             return 2
-        lo, hi = scale_range(args)
-        scale = f"{args.replicas} replicas" + (f", autoscaled in [{lo}, {hi}]" if lo != hi else "")
-        print(f"{prog}: {deployed.name} on {deployed.url}/v1 on Ray Serve ({scale}, {args.replica_cpus} CPU "
-              f"{args.replica_gpus:g} GPU each; max_batch_rows={args.max_batch_rows}, max_queue={args.max_queue})",
-              file=sys.stderr, flush=True)
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        stop.wait()
+        if not stop.is_set():  # (a signal while starting: straight to the shutdown)
+            lo, hi = scale_range(args)
+            scale = f"{args.replicas} replicas" + (f", autoscaled in [{lo}, {hi}]" if lo != hi else "")
+            print(f"{prog}: {deployed.name} on {deployed.url}/v1 on Ray Serve ({scale}, {args.replica_cpus} CPU "
+                  f"{args.replica_gpus:g} GPU each; max_batch_rows={args.max_batch_rows}, max_queue="
+                  f"{args.max_queue})", file=sys.stderr, flush=True)
+            stop.wait()
         print(f"{prog}: shutting down (in-flight requests get {args.shutdown_timeout:g} s)", file=sys.stderr,
               flush=True)
-        left = deployed.shutdown(args.shutdown_timeout)
+        try:
+            left = deployed.shutdown(args.shutdown_timeout)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
+            print(f"{prog}: Ray stopped answering ({type(e).__name__}; its processes got the signal too?): "
+                  "nothing left to drain", file=sys.stderr)
+            return 0
         if left:
             print(f"{prog}: cancelled {left} request(s) still running after {args.shutdown_timeout:g} s",
                   file=sys.stderr)
