@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import torch
 
-from biglm.training.demo import RARE_RANK, demo_report, fill_ins, hidden_word_test
+from biglm.training.demo import RARE_RANK, SHOW, demo_report, fill_ins, hidden_word_test, is_prose
+
+# a codec table of the built-in corpus (the report once showed five of its rows as what context decides) and prose
+# of the same corpus
+TABLE = "".join(f"0x{i:02X} -> CONTROL CHARACTER " for i in range(40))
+PROSE = ("Return True if the path is a directory, and False otherwise. The function follows symbolic links, so "
+         "a link to a directory counts as one. If the path does not exist, the answer is always False. When the "
+         "caller needs to know whether the link itself exists, it should use the other function of this module, "
+         "which does not follow the link and reports what is there.")
 
 
 class _Oracle(torch.nn.Module):
@@ -45,6 +53,37 @@ def test_hidden_word_test_ranks_gold_tokens_against_the_unigram(synthetic_data):
     assert len(test.rare_model) == test.rare_found == sum(r > RARE_RANK for r in test.unigram.ranks) > 0
     assert test.rare_unigram == [r for r in test.unigram.ranks if r > RARE_RANK] and set(test.rare_model) == {1}
     assert all("[" in e and "]" in e for e in test.examples)
+
+
+def test_is_prose_tells_running_text_from_tables_and_code():
+    assert is_prose(PROSE) and is_prose("Split the source string by the occurrences of the pattern, returning a list "
+                                        "containing the resulting substrings.")
+    for text in (TABLE[:200],  # a table in capitals
+                 "0x41 -> LATIN CAPITAL LETTER A 0x42 -> LATIN CAPITAL LETTER B 0x43 -> LATIN CAPITAL LETTER C",
+                 "| name | value |\n|---|---|\n| size | 10 |\n| name | demo |\n| size | 12 |",  # a Markdown table
+                 "the value the value the value the value the value the value",  # a row repeated
+                 ">>> os.path.basename('/bar/foo')\n'foo'\n>>> y = [1, 2, 3, 1, 2, 3]",  # code
+                 "import datetime import plistlib pl = dict(aString = 'Doodah', aList = ['A', 'B', 12])",
+                 "Return the path."):  # too short to tell
+        assert not is_prose(text), text
+
+
+def test_context_decided_examples_come_from_prose_not_table_rows(synthetic_data):
+    """Every hidden token of a held-out text that opens with a codec table and goes on in prose is one frequency
+    cannot guess and the model ranks first: the examples shown are the first in prose, one per word, none from
+    the table that comes first."""
+    tok = _tokenizer(synthetic_data)
+    flat = tok(TABLE + "\n\n" + PROSE, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor(flat[:len(flat) // 32 * 32]).view(-1, 32)
+    vocab = len(tok)
+    absent = [t for t in range(vocab) if t not in set(flat)][:RARE_RANK]
+    logp = torch.full((vocab,), -10.0, dtype=torch.float64)
+    logp[absent] = 0.0  # frequency ranks every token of the text beyond RARE_RANK
+    test = hidden_word_test(_Oracle(ids, vocab), tok, [ids], unigram=logp, rate=0.5, seed=0)
+    assert test.rare_found == len(test.rare_model) > 2 * SHOW  # the table's holes are candidates too
+    words = [e.split("[")[1].split("]")[0] for e in test.examples]
+    assert len(words) == SHOW and len(set(words)) == SHOW and test.prose_found >= SHOW, test.examples
+    assert all("CONTROL" not in e and "0x" not in e and w in PROSE for e, w in zip(test.examples, words)), test.examples
 
 
 def test_demo_report_shows_what_a_trained_model_learned(synthetic_data, tmp_path, capsys):

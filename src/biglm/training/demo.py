@@ -11,13 +11,17 @@ unigram baseline (the training set's word frequencies, which ignore context) on 
   share in the top 5, median rank, mean probability;
 - held-out holes where context decides the word: gold tokens the unigram ranks beyond `RARE_RANK` (frequency
   cannot guess them): their median rank by the model and by frequency, how many the model puts in its top
-  `TOP`, and the first few of those in held-out order (a short run moves such words up but seldom to first);
+  `TOP`, and the first few of those in held-out order (a short run moves such words up but seldom to first)
+  that are words in a context that reads as prose (`is_prose`), one per word: the built-in corpus holds codec
+  tables (``0x02 -> CONTROL CHARACTER`` row after row) and code, where a "found" token shows only that a row
+  repeats;
 - fill-ins for `DEMO_SENTENCES`, sentences written so that the context decides the word (the word each one
   needs is given): the model's top guesses and the needed word's rank, model against unigram.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +30,13 @@ HIDE_RATE = 0.15
 RARE_RANK = 100  # a gold token the unigram ranks beyond this: its frequency does not give it away
 TOP = 5  # a context-decided word counts as found when the model ranks it this high
 SHOW = 5
+CONTEXT = 24  # tokens either side of a hole read to judge whether it sits in prose
+
+# the small words of English sentences; a table row, a code line or a listing of names has few of them
+FUNCTION_WORDS = frozenset(
+    "a an the of to in on at by for from with as and or but not no is are was were be been it its this that these "
+    "those if then than when which who what there can may will would should must has have had do does".split())
+_WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
 
 # (sentence with <mask>, the word the context asks for): patterns the built-in corpus (Python's own docs) holds
 DEMO_SENTENCES: tuple[tuple[str, str], ...] = (
@@ -63,7 +74,9 @@ class HiddenWordTest:
     windows: int
     rare_model: list[int]  # the model's ranks of the hidden tokens the unigram ranks beyond RARE_RANK
     rare_unigram: list[int]  # ... and the unigram's
-    examples: list[str]  # the first SHOW of those the model ranks in its TOP, as "... left [gold] right ... (ranks)"
+    examples: list[str]  # the first SHOW of those the model ranks in its TOP in prose, one per word, as
+    # "... left [gold] right ... (ranks)"
+    prose_found: int = 0  # how many of those the model ranks in its TOP are words in prose
 
     @property
     def rare_found(self) -> int:
@@ -89,6 +102,7 @@ def hidden_word_test(model: torch.nn.Module, tokenizer, windows: list[torch.Tens
     vocab = len(tokenizer)
     uni = unigram.float()[:vocab]
     out = HiddenWordTest(model=RankStats(), unigram=RankStats(), windows=0, rare_model=[], rare_unigram=[], examples=[])
+    shown: set[str] = set()  # the words of the examples: one example each
     for ids in windows:
         hide = (torch.rand(ids.shape, generator=gen) < rate) & ~torch.isin(ids, special)
         if not hide.any():
@@ -108,17 +122,39 @@ def hidden_word_test(model: torch.nn.Module, tokenizer, windows: list[torch.Tens
         out.rare_model += ranks[rare].tolist()
         out.rare_unigram += uni_ranks[rare].tolist()
         for k in (rare & (ranks <= TOP)).nonzero().flatten().tolist():
-            if len(out.examples) < SHOW:
-                row, pos = divmod(int(flat[k]), ids.shape[1])
-                out.examples.append(f"{_snippet(tokenizer, ids[row], hide[row], pos)}   (rank {int(ranks[k])} by the "
-                                    f"model, {int(uni_ranks[k])} by frequency)")
+            row, pos = divmod(int(flat[k]), ids.shape[1])
+            word = tokenizer.decode([int(ids[row, pos])]).strip()
+            lo, hi = _span(ids[row], pos, width=CONTEXT, eos=tokenizer.eos_token_id)
+            if not (_WORD.fullmatch(word) and is_prose(tokenizer.decode(ids[row, lo:hi].tolist()))):
+                continue  # a table cell, a code token or a word inside code
+            out.prose_found += 1
+            if word in shown or len(out.examples) >= SHOW:
+                continue
+            shown.add(word)
+            out.examples.append(f"{_snippet(tokenizer, ids[row], hide[row], pos)}   (rank {int(ranks[k])} by the "
+                                f"model, {int(uni_ranks[k])} by frequency)")
     return out
 
 
-def _snippet(tokenizer, ids: torch.Tensor, hidden: torch.Tensor, pos: int, *, width: int = 8) -> str:
-    """The held-out text around ``pos`` (the gold token in brackets; other hidden tokens shown as _), cut at
-    document ends."""
-    eos = tokenizer.eos_token_id
+def is_prose(text: str) -> bool:
+    """Whether ``text`` reads as running English rather than a table row, code or a listing: the report's examples
+    come from prose, where a word found from its context shows what the model learned. Prose has at least 8 words,
+    letters make most of what is not space (code and hex tables are punctuation and digits), few are capitals (a
+    Unicode name table is all caps), few words repeat (a table repeats its column words), and the small words of
+    sentences (`FUNCTION_WORDS`) are among them."""
+    words = _WORD.findall(text)
+    if len(words) < 8:
+        return False
+    letters = sum(map(len, words))
+    low = [w.lower() for w in words]
+    return (letters >= 0.75 * len(re.sub(r"\s", "", text))
+            and sum(c.isupper() for w in words for c in w) <= 0.2 * letters
+            and len(set(low)) >= 0.6 * len(low)
+            and sum(w in FUNCTION_WORDS for w in low) >= 0.15 * len(low))
+
+
+def _span(ids: torch.Tensor, pos: int, *, width: int, eos: int | None) -> tuple[int, int]:
+    """``[lo, hi)`` around ``pos``: ``width`` tokens either side, cut at the document's ends (EOS)."""
     lo, hi = max(0, pos - width), min(len(ids), pos + width + 1)
     for i in range(pos - 1, lo - 1, -1):
         if int(ids[i]) == eos:
@@ -128,6 +164,13 @@ def _snippet(tokenizer, ids: torch.Tensor, hidden: torch.Tensor, pos: int, *, wi
         if int(ids[i]) == eos:
             hi = i
             break
+    return lo, hi
+
+
+def _snippet(tokenizer, ids: torch.Tensor, hidden: torch.Tensor, pos: int, *, width: int = 8) -> str:
+    """The held-out text around ``pos`` (the gold token in brackets; other hidden tokens shown as _), cut at
+    document ends."""
+    lo, hi = _span(ids, pos, width=width, eos=tokenizer.eos_token_id)
 
     def text(a: int, b: int) -> str:
         parts = [" _" if hidden[i] else tokenizer.decode([int(ids[i])]) for i in range(a, b)]
@@ -197,7 +240,8 @@ def demo_report(trainer, result) -> None:
             med_u = float(torch.tensor(test.rare_unigram, dtype=torch.float64).median())
             print(f"[biglm] where context decides the word ({len(test.rare_model)} hidden tokens that frequency ranks "
                   f"beyond {RARE_RANK}): median rank {med_m:.0f} by the model, {med_u:.0f} by frequency; the model puts "
-                  f"{test.rare_found} in its top {TOP}" + (", the first of them:" if test.examples else ""))
+                  f"{test.rare_found} in its top {TOP}, {test.prose_found} of them words in prose (the rest table cells and "
+                  "code)" + (", the first of those, one per word:" if test.examples else ""))
             for line in test.examples:
                 print(f"  {line}")
     print("[biglm] fill-ins where the context asks for one word (the model's top 3; the word's rank by the model and "
@@ -207,4 +251,4 @@ def demo_report(trainer, result) -> None:
           f"write with `biglm generate {cfg.output_dir} --prompt ...`")
 
 
-__all__ = ["DEMO_SENTENCES", "HiddenWordTest", "demo_report", "fill_ins", "hidden_word_test"]
+__all__ = ["DEMO_SENTENCES", "HiddenWordTest", "demo_report", "fill_ins", "hidden_word_test", "is_prose"]
