@@ -112,6 +112,20 @@ def test_generic_parser_positionals_bools_and_hyphens(capsys):
         from_dict(Args, {})
 
 
+def test_list_positional_takes_the_rest_comma_separated_as_its_help_says():
+    """`biglm data prepare a.txt,b.txt c.txt`: SOURCES is "comma-separated strs" in --help, as the flag form splits."""
+    @dataclass
+    class Args:
+        out: str
+        """where"""
+        sources: list[str] = field(default_factory=list)
+        """sources"""
+
+    a = parse_cli(Args, ["o", "a.txt,b.txt", "c.txt"], prog="t", positionals=("out", "sources"))
+    assert a.sources == ["a.txt", "b.txt", "c.txt"]
+    assert parse_cli(Args, ["o", "--sources", "a.txt,b.txt"], prog="t", positionals=("out",)).sources == ["a.txt", "b.txt"]
+
+
 # ------------------------------------------------------------------ item 5: validation loss and batch layout
 def _cfg(data: Path, out: Path, **kw) -> TrainConfig:
     base = dict(name="t", out_dir=str(out), preset="tiny", model=ModelArgs(max_position_embeddings=64),

@@ -466,8 +466,8 @@ def parse_cli(cls: type[T], argv: list[str], *, prog: str, doc: str | None = Non
             raise ConfigError(f"unexpected argument {pos[len(positionals)]!r}"
                               + (f" (takes {', '.join(p.upper() for p in positionals)})" if positionals else ""))
         if pos and positionals and get_origin(_hints(cls)[positionals[-1]]) is list and len(pos) >= len(positionals):
-            k = len(positionals) - 1  # the last positional is a list: it takes the rest (e.g. SOURCE...)
-            pos = pos[:k] + [pos[k:]]
+            k = len(positionals) - 1  # the last positional is a list: it takes the rest (e.g. SOURCE...), each
+            pos = pos[:k] + [[x for p in pos[k:] for x in p.split(",") if x]]  # comma-separated as its flag is
         for name, value in zip(positionals, pos):
             if name in nested:
                 raise ConfigError(f"{name.upper()} given twice: as an argument and as --{name}")
