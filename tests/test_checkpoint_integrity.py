@@ -151,9 +151,9 @@ def test_each_rank_hashes_its_files_as_it_writes_them(monkeypatch, tmp_path):
     monkeypatch.setattr(training_checkpoint, "file_sha256", lambda p, **k: read_back.append(str(p)) or real(p, **k),
                         raising=False)
     torch.manual_seed(0)
-    model = torch.nn.Linear(64, 64)
+    model = torch.nn.Linear(1024, 512)  # a 2 MiB weight: hashed beside its write; the bias in line
     optimizer = torch.optim.AdamW(model.parameters())
-    model(torch.randn(2, 64)).sum().backward()
+    model(torch.randn(2, 1024)).sum().backward()
     optimizer.step()
     ckpt = Checkpointer(tmp_path).save(1, model=model, optimizer=optimizer, extra={"step": 1})
     assert read_back == []

@@ -30,6 +30,7 @@ import os
 import shutil
 import sys
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -37,9 +38,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..checkpoint.layout import META, CheckpointError, checkpoint_dirs, file_sha256, verify_checkpoint
 from ..checkpoint.lock import RunLock
@@ -228,9 +228,31 @@ class Checkpointer:
         return torch.load(rank_file, weights_only=False)
 
 
+_OVERLAP_BYTES = 1 << 20  # smaller writes (headers, pickles) are hashed in line: a thread hop costs more
+_HASHER: ThreadPoolExecutor | None = None
+
+
+def _hash_thread() -> ThreadPoolExecutor:
+    """The one thread that hashes large writes (started on first use; a forked child starts its own)."""
+    global _HASHER
+    if _HASHER is None:
+        _HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="biglm-hash")
+    return _HASHER
+
+
+def _forget_hash_thread() -> None:
+    global _HASHER
+    _HASHER = None  # the parent's thread does not exist in a forked child
+
+
+os.register_at_fork(after_in_child=_forget_hash_thread)
+
+
 class _HashingStream(io.RawIOBase):
-    """A file being written, hashed on the way out: sha256 and byte count of everything written through it. A
-    seek (none of DCP's writers seeks today) makes the digest unknown, and the file is then hashed from disk."""
+    """A file being written, hashed on the way out: sha256 and byte count of everything written through it. A write
+    of ``_OVERLAP_BYTES`` or more (a tensor's bytes) is hashed on a second thread while this one writes it, so the
+    hashing hides behind the I/O. A seek (none of DCP's writers seeks today) or a short write makes the digest
+    unknown, and the file is then hashed from disk."""
 
     def __init__(self, raw: Any) -> None:
         super().__init__()
@@ -241,9 +263,19 @@ class _HashingStream(io.RawIOBase):
 
     def write(self, b: Any) -> int:
         view = memoryview(b).cast("B")
-        n = self.raw.write(view)
-        n = len(view) if n is None else n
-        self.sha.update(view[:n])
+        if len(view) < _OVERLAP_BYTES:
+            n = self.raw.write(view)
+            n = len(view) if n is None else n
+            self.sha.update(view[:n])
+        else:  # a tensor's bytes: hashed on another thread while this one writes them (both release the GIL)
+            hashed = _hash_thread().submit(self.sha.update, view)
+            try:
+                n = self.raw.write(view)
+            finally:
+                hashed.result()  # ``view`` may point into memory that is not ours once we return
+            n = len(view) if n is None else n
+            if n != len(view):  # a short write: the digest holds bytes the file does not
+                self.sequential = False
         self.count += n
         return n
 
