@@ -70,8 +70,8 @@ def rooms_in_source(src: Path = SRC) -> set[str]:
 
 def may_import_table(text: str) -> dict[str, set[str] | None]:
     """HOUSE.md's map as rules: room -> the rooms or modules (``objective.loss``) its "may import" cell names in
-    backticks, outside parentheses. "nothing" is the empty set; "anything in biglm but `X`" every room but those named (None: every
-    room, no exception named)."""
+    backticks, outside parentheses. "nothing" is the empty set; "anything in biglm but `X`" every room but those
+    named (as ``{"!X"}``; None: every room, no exception named)."""
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     table: dict[str, set[str] | None] = {}
     for line in rows:
@@ -138,7 +138,8 @@ def test_the_map_has_a_row_for_every_room_and_names_only_real_ones():
     module a row names exists (a typo would allow nothing, or hide a rule)."""
     rooms = rooms_in_source()
     assert {"objective", "model", "config", "serving", "integrations"} <= set(TABLE)  # the table was parsed
-    assert set(TABLE) == rooms, f"rooms without a row in docs/HOUSE.md: {sorted(rooms - set(TABLE))}; rows without a room: {sorted(set(TABLE) - rooms)}"
+    assert set(TABLE) == rooms, (f"rooms without a row in docs/HOUSE.md: {sorted(rooms - set(TABLE))}; "
+                                 f"rows without a room: {sorted(set(TABLE) - rooms)}")
     for name, rule in TABLE.items():
         for target in {r.lstrip("!") for r in rule or ()}:
             first, *rest = target.split(".")
@@ -159,7 +160,8 @@ def test_the_map_check_reports_a_forbidden_import(tmp_path):
     files = {
         "__init__.py": "def adapter(name): ...\n",
         "objective/__init__.py": "", "objective/loss.py": "", "objective/masking.py": "",
-        "model/__init__.py": "", "model/modeling.py": "from ..objective.loss import x\nfrom ..objective import masking\n",
+        "model/__init__.py": "",
+        "model/modeling.py": "from ..objective.loss import x\nfrom ..objective import masking\n",
         "data/__init__.py": "", "data/prepare.py": "def f():\n    from biglm.objective.masking import mask\n",
         "generation/__init__.py": "", "generation/batch.py": "from biglm import data\nfrom .. import adapter\n",
         "serving/__init__.py": "", "serving/app.py": "import biglm.model.modeling\n",
@@ -173,8 +175,8 @@ def test_the_map_check_reports_a_forbidden_import(tmp_path):
                      "generation/ imports biglm.data (biglm.generation.batch)",
                      "model/ imports biglm.objective.masking (biglm.model.modeling)",
                      "serving/ imports biglm.model.modeling (biglm.serving.app)"], found
-    assert may_import_table("| `a/` | x | nothing |\n| `b/` | y | `a`, `c.d` only (not `f`) |\n| `e/` | z | anything but `a` |") \
-        == {"a": set(), "b": {"a", "c.d"}, "e": {"!a"}}
+    table = "| `a/` | x | nothing |\n| `b/` | y | `a`, `c.d` only (not `f`) |\n| `e/` | z | anything but `a` |"
+    assert may_import_table(table) == {"a": set(), "b": {"a", "c.d"}, "e": {"!a"}}
 
 
 def test_no_cycle_between_rooms():

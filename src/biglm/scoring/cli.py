@@ -95,7 +95,8 @@ class EvalArgs:
     """--suite multitask: prompts generated together"""
     genset_decoding: DecodingConfig = field(default_factory=DecodingConfig)
     """--suite multitask: Genset's decoding options, --genset_decoding.FIELD (steps, max_new_tokens, strategy, ...);
-    one not given takes the model's saved setting (a fine-tuned model's answer length and steps), as in biglm generate"""
+    one not given takes the model's saved setting (a fine-tuned model's answer length and steps), as in biglm
+    generate"""
     heldout_data: Path | None = None
     """--suite heldout: a folder written by `biglm data prepare --val_docs N` (its val split is scored)"""
     heldout_windows: int = 256

@@ -27,8 +27,8 @@ Notable features
   for a seed, whatever the run); each prompt goes through the model's chat template when it has one
   (`biglm.generation.chat.render_chat`), the answer is written by `biglm.generation.generate` with
   one `DecodingConfig`, the model's own (`genset_decoding`: its saved decoding settings, as `biglm generate` uses
-  them, under the ``--genset_decoding`` options given), and the outputs are scored with sacrebleu's BLEU-2 (multi-reference) and
-  Distinct-2 (`biglm.scoring.metrics`), per set and over the pooled Genset (the paper's column).
+  them, under the ``--genset_decoding`` options given), and the outputs are scored with sacrebleu's BLEU-2
+  (multi-reference) and Distinct-2 (`biglm.scoring.metrics`), per set and over the pooled Genset (the paper's column).
 - Scales as in the paper's Table 5: accuracies and BLEU-2 in percent, Distinct-2 as a fraction.
 - Bad input fails before the model loads: a genset file or field that does not exist, an empty
   source or target, a prompt without ``{source}``, two sets with one name, no part with data.
@@ -415,7 +415,8 @@ def run_genset(model, tokenizer, sample: GensetSample, *, config=None, batch_siz
     for start in range(0, len(prompts), batch_size):
         outputs += [a.strip() for a in generate(model, tokenizer, prompts[start:start + batch_size], config=config)]
     return {"name": sample.spec.name, "path": sample.spec.path, "rows": sample.rows, "n": len(outputs),
-            "indices": sample.indices, "decoding": dataclasses.asdict(config), **genset_scores(outputs, sample.references),
+            "indices": sample.indices, "decoding": dataclasses.asdict(config),
+            **genset_scores(outputs, sample.references),
             "instances": [{"index": i, "prompt": p, "output": o, "references": r}
                           for i, p, o, r in zip(sample.indices, prompts, outputs, sample.references)]}
 

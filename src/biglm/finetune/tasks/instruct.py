@@ -157,9 +157,9 @@ class InstructTask(Seq2SeqTask):
                                   "first EOS: drop --task.length_beam or pass --task.length_mode head")
             s.length_beam = 1  # what eos decoding does (and saves with the model)
             if s.length_loss_weight not in (None, 0):
-                raise ConfigError(f"task {name}: --task.length_loss_weight {s.length_loss_weight} needs --task.length_mode "
-                                  "head (it weighs the length head's loss); eos mode trains no length head: drop "
-                                  "--task.length_loss_weight or pass --task.length_mode head")
+                raise ConfigError(f"task {name}: --task.length_loss_weight {s.length_loss_weight} needs "
+                                  "--task.length_mode head (it weighs the length head's loss); eos mode trains no "
+                                  "length head: drop --task.length_loss_weight or pass --task.length_mode head")
             s.length_loss_weight = 0.0  # what eos mode trains with
         else:
             s.length_beam = 3 if s.length_beam is None else s.length_beam

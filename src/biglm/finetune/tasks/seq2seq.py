@@ -209,8 +209,8 @@ class Seq2SeqTask:
             for key in ("meteor", "bleu_lowercase"):
                 if getattr(s, key) is not None:
                     raise ConfigError(f"task {name}: --task.{key} {str(getattr(s, key)).lower()} applies to "
-                                      f"--task.metrics qg (BLEU-4, METEOR); --task.metrics rouge scores ROUGE only: drop "
-                                      f"--task.{key} or pass --task.metrics qg")
+                                      "--task.metrics qg (BLEU-4, METEOR); --task.metrics rouge scores ROUGE only: "
+                                      f"drop --task.{key} or pass --task.metrics qg")
         else:
             s.meteor = True if s.meteor is None else s.meteor
             s.bleu_lowercase = bool(s.bleu_lowercase)
