@@ -401,7 +401,7 @@ def genset_decoding(model_config: Any, given: Mapping[str, Any] | None = None):
     to clear it here."""
     from ..generation.config import model_decoding
 
-    return model_decoding(model_config, given, clear="--genset_decoding.{name} none")
+    return model_decoding(model_config, given, clear="--genset_decoding.{name} {value}")
 
 
 def run_genset(model, tokenizer, sample: GensetSample, *, config=None, batch_size: int = 16) -> dict[str, Any]:
