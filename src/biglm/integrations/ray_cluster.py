@@ -100,9 +100,16 @@ def disconnect(cluster: Cluster) -> None:
         cluster.record.unlink(missing_ok=True)
 
 
+def _psutil() -> Any:
+    import ray  # noqa: F401 - Ray bundles psutil (ray/thirdparty_files) and puts it on sys.path when imported
+    import psutil
+
+    return psutil
+
+
 def _same_process(pid: int, started: float) -> Any:
     """The running process ``pid`` if it is the one that started at ``started`` (a pid can be reused), else None."""
-    import psutil
+    psutil = _psutil()
 
     try:
         proc = psutil.Process(pid)
@@ -113,7 +120,7 @@ def _same_process(pid: int, started: float) -> Any:
 
 def _record_session(session_dir: str) -> Path | None:
     """Record this launcher and the Ray processes it started for ``session_dir`` (None: it started none)."""
-    import psutil
+    psutil = _psutil()
 
     me = psutil.Process()
     processes = []
@@ -143,7 +150,7 @@ def _read(record: Path) -> dict[str, Any]:
 
 def _stop_session(data: dict[str, Any], *, grace: float) -> int:
     """SIGTERM, then after ``grace`` seconds SIGKILL, the live processes of a record; returns how many."""
-    import psutil
+    psutil = _psutil()
 
     procs = {}
     for entry in data.get("processes", []):
