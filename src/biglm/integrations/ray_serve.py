@@ -32,6 +32,7 @@ Notable features
 from __future__ import annotations
 
 import dataclasses
+import logging
 import signal
 import sys
 import threading
@@ -311,6 +312,9 @@ def _serve(args: ServeArgs, *, given: Collection[str], prog: str, stop: threadin
            ray_up: threading.Event) -> int:
     """`main`'s work, on its Ray thread: start (``ray_up`` set once connected), serve until ``stop`` is set, drain,
     end."""
+    # Ray warns that it set no SIGTERM handler off the main thread: the launcher's own handles it (see `main`)
+    logging.getLogger("ray._private.worker").addFilter(
+        lambda record: "SIGTERM handler is not set" not in record.getMessage())
     try:
         check_model_options(args, given=given)  # the model's config only: no replica starts for a bad option
         cluster = connect(args.ray_address, cpus=resources(args)[0], gpus=resources(args)[1])
