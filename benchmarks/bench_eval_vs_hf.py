@@ -3,7 +3,7 @@ documents, same threads, back to back, wall time and accuracy of each.
 
     python benchmarks/bench_eval_vs_hf.py --source ../shared/models/SmolLM2-135M-Instruct.Q4_1.gguf \
         [--biglm runs/smol-biglm] [--tasks piqa,arc_easy,sciq,winogrande] [--limit 100] \
-        [--scorers chain,one-pass] [--threads 1]
+        [--scorers chain,blocks:8,blocks:16,one-pass] [--threads 1]
 
 Protocol:
 - The source: a GGUF file is written once as a transformers directory (what lm-eval's `hf` model and vLLM load;
@@ -14,7 +14,7 @@ Protocol:
 - Each run is a fresh process (`lm_eval --model hf ...`, `biglm eval ...`) with OMP_NUM_THREADS=`--threads`; its wall
   time includes loading, as a user sees it. Runs alternate (hf, each scorer), `--rounds` times.
 - Written: benchmarks/results/eval-vs-hf-<date>.json and .md (machine, commit, per run: seconds, accuracies, the
-  ratio to the hf run of the same round), and the continuation-token statistics (what a scorer's cost follows).
+  ratio to the hf run of the same round).
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def main() -> None:
     ap.add_argument("--biglm", default=None, help="the BiGLM to score (default: `biglm convert` of --source)")
     ap.add_argument("--tasks", default="piqa,arc_easy,sciq,winogrande")
     ap.add_argument("--limit", type=positive_int, default=100, help="documents per task")
-    ap.add_argument("--scorers", default="chain,one-pass", help="biglm scorers, each a run")
+    ap.add_argument("--scorers", default="chain,blocks:8,blocks:16,one-pass",
+                    help="biglm scorers, each a run; blocks:B sets score_block=B")
     ap.add_argument("--model-args", default="", help="more biglm --model_args, e.g. batch_size=32")
     ap.add_argument("--threads", type=positive_int, default=1)
     ap.add_argument("--rounds", type=positive_int, default=1)
@@ -126,12 +127,13 @@ def main() -> None:
                      "scores": accuracies(out)})
         print(f"round {r} hf: {sec:.1f} s {rows[-1]['scores']}", flush=True)
         for scorer in args.scorers.split(","):
-            out = work / f"biglm-{scorer}-{r}"
-            margs = f"pretrained={biglm_dir},scorer={scorer},dtype=float32" + (
+            out = work / f"biglm-{scorer.replace(':', '')}-{r}"
+            name, _, block = scorer.partition(":")
+            margs = f"pretrained={biglm_dir},scorer={name},dtype=float32" + (f",score_block={block}" if block else "") + (
                 f",{args.model_args}" if args.model_args else "")
             sec = run([sys.executable, "-m", "biglm", "eval", "--model_args", margs, "--device", "cpu", "--tasks", local,
                        "--include_path", str(yamls), "--limit", str(args.limit), "--batch_size", str(args.batch_size),
-                       "--output_path", str(out)], threads=args.threads, log=work / f"biglm-{scorer}-{r}.log")
+                       "--output_path", str(out)], threads=args.threads, log=work / f"biglm-{scorer.replace(':', '')}-{r}.log")
             rows.append({"round": r, "model": f"biglm eval scorer={scorer}", "seconds": round(sec, 1),
                          "ratio": round(sec / hf_sec, 2), "scores": accuracies(out)})
             print(f"round {r} biglm {scorer}: {sec:.1f} s ({sec / hf_sec:.2f}x hf) {rows[-1]['scores']}", flush=True)
