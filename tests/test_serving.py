@@ -424,3 +424,18 @@ def test_health_is_200_while_a_deployment_is_degraded(served):
             assert r.status_code == status and r.json()["status"] == hook.__name__.replace("down", "unavailable")
         finally:
             server.stop()
+
+
+def test_a_refused_saved_setting_names_the_servers_flag(checkpoint):
+    """A model's saved decoding value that an explicit option makes invalid is said to be the model's, with the
+    server's own spelling of the flag that clears it (`--decoding.steps none`, not `biglm generate`'s `--steps`)."""
+    from biglm.generation.config import DecodingConfig, DecodingError
+    from biglm.serving.cli import ServeArgs, server_defaults
+
+    model, _ = load_model(checkpoint)
+    model.config.task_specific_params = {"seq2seq": {"steps": 10}}
+    args = ServeArgs(checkpoint=str(checkpoint), device="cpu",
+                     decoding=DecodingConfig(strategy="confidence", draft_length=3))
+    with pytest.raises(DecodingError, match="model's saved decoding setting") as e:
+        server_defaults(model.config, args, given=["strategy", "draft_length"])
+    assert str(e.value).endswith("clear it with --decoding.steps none.")

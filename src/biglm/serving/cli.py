@@ -184,7 +184,8 @@ def server_defaults(config: Any, args: ServeArgs, *, given: Collection[str] | No
     if given is None:
         plain = DecodingConfig()
         given = [name for name in FIELDS if getattr(args.decoding, name) != getattr(plain, name)]
-    defaults = model_decoding(config, {name: getattr(args.decoding, name) for name in given})
+    defaults = model_decoding(config, {name: getattr(args.decoding, name) for name in given},
+                              clear="--decoding.{name} {value}")
     if defaults.draft_length:
         raise ValueError(f"--decoding.draft_length: {SPECULATIVE_ALONE}")
     window = config.max_position_embeddings
