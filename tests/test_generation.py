@@ -711,3 +711,21 @@ def test_a_strategy_chooses_which_predictions_to_keep():
                         assert (kept.min() >= left.max()) if name == "confidence" else (kept.max() <= left.min())
     finally:
         STRATEGIES.pop("least-confident", None)
+
+
+def test_ignore_eos_writes_every_slot_without_the_eos_token():
+    """``ignore_eos`` (what benchmark clients send): the end-of-text token is never written, so the answer runs to
+    max_new_tokens; without it the same model stops at its first EOS."""
+    model = _model()
+    ids, mask = _batch()
+    eos = 3
+    model.config.eos_token_id = eos
+    with torch.no_grad():  # make EOS the model's favourite everywhere
+        model.lm_head.weight[eos] = model.lm_head.weight.abs().max(0).values * 10
+    kw = dict(max_new_tokens=10, steps=5)
+    stopped = generate_ids(model, ids, mask, **kw)
+    assert stopped.lengths.max() < 10
+    full = generate_ids(model, ids, mask, ignore_eos=True, **kw)
+    assert full.lengths.tolist() == [10] * 3 and not (full.tokens == eos).any()
+    spec = generate_ids(model, ids, mask, max_new_tokens=10, strategy="confidence", draft_length=2, ignore_eos=True)
+    assert spec.lengths.tolist() == [10] * 3 and not (spec.tokens == eos).any()

@@ -235,6 +235,18 @@ def test_cli_refuses_bad_arguments(tmp_path, capsys):
     capsys.readouterr()
     assert main([str(tmp_path), "--max_prompt_chars", "0"]) == 2
     assert "--max_prompt_chars 0 must be >= 1" in capsys.readouterr().err
+    assert main([str(tmp_path), "--threads", "0"]) == 2
+    assert "--threads 0: must be >= 1" in capsys.readouterr().err
+    assert main([str(tmp_path), "--threads", "2", "--replicas", "2"]) == 2
+    assert "--replica_cpus" in capsys.readouterr().err
+
+
+def test_cpu_threads_leave_a_core_to_the_front_end():
+    from biglm.serving.cli import ServeArgs, cpu_threads
+
+    args = ServeArgs(checkpoint="m", device="cpu")
+    assert [cpu_threads(args, cores=n) for n in (1, 2, 16)] == [1, 1, 15]
+    assert cpu_threads(ServeArgs(checkpoint="m", device="cpu", threads=2), cores=2) == 2
 
 
 def test_serve_decodes_a_fine_tuned_model_with_its_saved_settings_as_generate_does(checkpoint, tmp_path, capsys):
@@ -439,3 +451,13 @@ def test_a_refused_saved_setting_names_the_servers_flag(checkpoint):
     with pytest.raises(DecodingError, match="model's saved decoding setting") as e:
         server_defaults(model.config, args, given=["strategy", "draft_length"])
     assert str(e.value).endswith("clear it with --decoding.steps none.")
+
+
+def test_ignore_eos_is_accepted_and_fills_max_tokens(served):
+    """``ignore_eos`` (sent by benchmark clients, accepted by vLLM): the answer runs to max_tokens."""
+    r = httpx.post(served.url + "/v1/completions", json={"model": NAME, "prompt": PROMPTS[0], "max_tokens": 6,
+                                                         "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 6
+    assert httpx.post(served.url + "/v1/completions", json={"model": NAME, "prompt": "hi", "ignore_eos": "maybe"}
+                      ).status_code == 400

@@ -107,6 +107,9 @@ class DecodingConfig:
     early_stop: bool = False
     """mask-predict only: end a row once an iteration changes none of its tokens (fewer than T calls;
     off = the published algorithm)"""
+    ignore_eos: bool = False
+    """never write the end-of-text token: every answer runs to max_new_tokens (what benchmark clients send, as vLLM
+    accepts it, so that every server writes the same number of tokens)"""
     draft_length: int = 0
     """speculative decoding (`generation.speculative`): every model call checks this many drafted tokens against
     the model's own one-token-per-call prediction and commits the run that agrees plus one more. The answer is the one

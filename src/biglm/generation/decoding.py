@@ -369,6 +369,8 @@ class DecodeRun:
         self.mask_id = model_config.mask_token_id
         self.eos_id, self.pad_id = model_config.eos_token_id, model_config.pad_token_id
         banned = {self.mask_id, *suppress_ids}
+        if config.ignore_eos and self.eos_id is not None:
+            banned.add(self.eos_id)
         if self.pad_id is not None and self.pad_id != self.eos_id:
             banned.add(self.pad_id)  # a pad in the middle of an answer is never what a user wants
         self.banned = torch.tensor(sorted(i for i in banned if 0 <= i < model_config.vocab_size), dtype=torch.long,

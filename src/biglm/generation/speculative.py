@@ -103,6 +103,8 @@ def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
     mask_id, eos_id, pad_id = mc.mask_token_id, mc.eos_token_id, mc.pad_token_id
     banned = {mask_id, *suppress_ids}
+    if cfg.ignore_eos and eos_id is not None:
+        banned.add(eos_id)
     if pad_id is not None and pad_id != eos_id:
         banned.add(pad_id)
     banned = torch.tensor(sorted(i for i in banned if 0 <= i < mc.vocab_size), dtype=torch.long, device=device)
