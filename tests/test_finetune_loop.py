@@ -410,3 +410,18 @@ def test_one_token_label_words_keep_the_single_pass_numbers(pretrained):
         assert torch.equal(task.loss(model, batch), F.cross_entropy(single, batch["labels"], reduction="sum"))
         chain = torch.from_numpy(task.word_scores(model, task._val[:8], batch_size=3)).float()
     torch.testing.assert_close(torch.log_softmax(chain, -1), torch.log_softmax(single, -1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["empty", "missing", "unfinished-finetune"])
+def test_a_model_folder_that_holds_no_model_leaves_no_locked_output(tmp_path, capsys, kind):
+    """`biglm finetune mnli --model DIR` where DIR holds no model: one line, and no output folder holding a lock."""
+    model = tmp_path / "model"
+    if kind != "missing":
+        model.mkdir()
+    if kind == "unfinished-finetune":
+        (model / "task.json").write_text("{}")
+    out = tmp_path / "out"
+    assert biglm_main(["finetune", "mnli", "--model", str(model), "--out_dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(model) in err[0] and "Traceback" not in err[0]
+    assert not out.exists()

@@ -54,6 +54,26 @@ def read_checkpoint_model(ckpt: Path):
     return model.eval(), tokenizer
 
 
+def check_model_path(path: str | Path) -> None:
+    """Refuse (`FileNotFoundError`, one line) a ``path`` `load_model` cannot read, without reading any weights: what
+    a command checks before it makes or locks its output folder (a `biglm finetune` run's best epoch, an exported
+    directory, a checkpoint, or a run holding checkpoints)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no model at {path}: pass a directory written by `biglm export` or `biglm pretrain`.")
+    if (path / "task.json").is_file():
+        if not (path / "best" / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is a `biglm finetune` run without a finished epoch yet ({path / 'best'} "
+                                    "is missing): let it finish an epoch, or pass another model")
+        return
+    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        return
+    if not ((path / META).is_file() or checkpoint_dirs(path)):
+        raise FileNotFoundError(
+            f"{path} holds neither an exported model (config.json + model.safetensors) nor a training checkpoint "
+            "(checkpoints/step_*/meta.json): pass a `biglm export` directory or a `biglm pretrain` run directory.")
+
+
 def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
     """Return ``(model, tokenizer)`` in eval mode from ``path``.
 

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..checkpoint import load_model
+from ..checkpoint import check_model_path, load_model
 from ..checkpoint.export import share_files
 from ..config import ConfigError, to_dict
 from ..model import resolve_attn_backend
@@ -242,6 +242,7 @@ def run_finetune(task: FinetuneTask, cfg: FinetuneConfig, *, echo: Callable[[str
     info = init_distributed(cfg.device)
     try:
         cfg.validate(world_size=info.world_size)  # again only under torchrun: the ranks are news
+        check_model_path(cfg.model)  # a --model that is no model leaves no locked, empty output folder behind
         # the lock before any model or data work, so a second run is refused at once (the loop re-enters it)
         with hold_run_dir(cfg.output_dir(task.name), echo=echo):
             return FineTuner(task, cfg, info=info, echo=echo).train()
