@@ -29,34 +29,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, machine, positive_int
+from common import RESULTS, hf_directory, machine, positive_int
 
 REPO = Path(__file__).resolve().parents[1]
 EVAL = REPO.parent / "shared" / "data" / "eval"
 SUITE_NAMES = {"piqa": "PIQA", "arc_easy": "ARC-E", "sciq": "SciQ", "winogrande": "WinoGrande", "arc_challenge": "ARC-C",
                "hellaswag": "HellaSwag", "openbookqa": "OBQA", "siqa": "SIQA", "race": "RACE", "logiqa": "LogiQA",
                "boolq": "BoolQ", "copa": "COPA", "lambada_openai": "LAMBADA", "commonsense_qa": "CSQA"}
-
-
-def hf_directory(source: Path, work: Path) -> Path:
-    """A transformers directory of ``source`` (a GGUF file is dequantized and saved once; a directory is itself)."""
-    if source.is_dir():
-        return source
-    out = work / "source-hf"
-    if (out / "config.json").is_file():
-        return out
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-
-    kw = {"gguf_file": source.name}
-    cfg = AutoConfig.from_pretrained(source.parent, **kw)
-    loaded = AutoModelForCausalLM.from_pretrained(source.parent, **kw)
-    if hasattr(cfg, "quantization_config"):  # a GGUF-loaded model refuses save_pretrained: rebuild it plainly
-        del cfg.quantization_config
-    plain = LlamaForCausalLM(cfg)
-    plain.load_state_dict(loaded.state_dict())
-    plain.save_pretrained(out)
-    AutoTokenizer.from_pretrained(source.parent, **kw).save_pretrained(out)
-    return out
 
 
 def accuracies(results_dir: Path) -> dict[str, dict[str, float]]:

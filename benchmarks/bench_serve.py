@@ -78,7 +78,8 @@ def wait_healthy(httpx, url: str, proc: subprocess.Popen, timeout: float = 300.0
     raise RuntimeError("the server did not become healthy in time")
 
 
-def level(httpx, url: str, *, clients: int, seconds: float, body: dict, first: int) -> dict:
+def level(httpx, url: str, *, clients: int, seconds: float, body: dict, first: int,
+          prompts: list[str] = PROMPTS) -> dict:
     """``clients`` threads sending requests back to back for ``seconds``; per-request latency and tokens."""
     latencies: list[float] = []
     tokens: list[int] = []
@@ -88,7 +89,7 @@ def level(httpx, url: str, *, clients: int, seconds: float, body: dict, first: i
     deadline = [0.0]
 
     def one(client, i: int) -> tuple[bool, float, int, str]:
-        req = dict(body, prompt=PROMPTS[i % len(PROMPTS)], seed=i)
+        req = dict(body, prompt=prompts[i % len(prompts)], seed=i)
         t0 = time.perf_counter()
         r = client.post(url + "/v1/completions", json=req)
         dt = time.perf_counter() - t0
@@ -132,7 +133,8 @@ def level(httpx, url: str, *, clients: int, seconds: float, body: dict, first: i
                 wall_s=wall, requests_per_s=len(latencies) / wall, completion_tokens_per_s=sum(tokens) / wall,
                 latency_p50_s=_percentile(latencies, 50) if latencies else None,
                 latency_p99_s=_percentile(latencies, 99) if latencies else None,
-                latency_mean_s=statistics.mean(latencies) if latencies else None, next_seed=counter[0])
+                latency_mean_s=statistics.mean(latencies) if latencies else None,
+                latency_p95_s=_percentile(latencies, 95) if latencies else None, next_seed=counter[0])
 
 
 def random_copy(checkpoint: str, out: Path) -> str:

@@ -106,3 +106,25 @@ def markdown_header(title: str, report: dict, *, load_note: str = "") -> list[st
             f"{m['load_avg_1m_at_start']} at start{load_note})" + (f", GPU {m['gpu']}" if m["gpu"] else ""),
             f"- torch {m['torch']}, transformers {m['transformers']}, python {m['python']}, git {m['git_commit'][:12]}"
             + (" (dirty)" if m["git_dirty"] else "")]
+
+
+def hf_directory(source: Path, work: Path) -> Path:
+    """A transformers directory of ``source`` (a GGUF file is dequantized and saved once into ``work/source-hf``,
+    what lm-eval's `hf` model and vLLM load; a directory is itself)."""
+    if source.is_dir():
+        return source
+    out = work / "source-hf"
+    if (out / "config.json").is_file():
+        return out
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    kw = {"gguf_file": source.name}
+    cfg = AutoConfig.from_pretrained(source.parent, **kw)
+    loaded = AutoModelForCausalLM.from_pretrained(source.parent, **kw)
+    if hasattr(cfg, "quantization_config"):  # a GGUF-loaded model refuses save_pretrained: rebuild it plainly
+        del cfg.quantization_config
+    plain = LlamaForCausalLM(cfg)
+    plain.load_state_dict(loaded.state_dict())
+    plain.save_pretrained(out)
+    AutoTokenizer.from_pretrained(source.parent, **kw).save_pretrained(out)
+    return out

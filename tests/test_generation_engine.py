@@ -169,3 +169,21 @@ def test_bad_requests_fail_at_submit(model):
     with pytest.raises(TypeError, match="must be a DecodingConfig"):
         engine.submit("y", [5], {"max_new_tokens": 4})
     assert engine.num_waiting == 1
+
+
+def test_positions_count_what_the_merged_calls_compute(model, monkeypatch):
+    """``engine.positions`` (the server's /health ``stats.positions``, a benchmark's cost per token) is the sum over
+    calls of rows x width of the query the model was given."""
+    seen: list[int] = []
+    real = model.forward
+
+    def spy(input_ids, *args, **kwargs):
+        if kwargs.get("prefix_cache") is not None:  # a merged decoding call (not a prompt's encode)
+            seen.append(input_ids.numel())
+        return real(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy)
+    engine = DecodeEngine(model)
+    cfg = DecodingConfig(max_new_tokens=8, steps=4)
+    _drain(engine, {0: [("a", PROMPTS[0], cfg)], 1: [("b", PROMPTS[1], cfg)]})
+    assert engine.positions == sum(seen) > 0

@@ -100,6 +100,7 @@ class DecodeEngine:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.tokenizer = tokenizer
         self.suppress = list(range(len(tokenizer), model.config.vocab_size)) if tokenizer is not None else []
+        self.positions = 0  # query positions the merged calls have computed (padding included): a cost counter
         self._waiting: OrderedDict[str, _Request] = OrderedDict()
         self._running: OrderedDict[str, _Request] = OrderedDict()
         self._cancelled: list[EngineEvent] = []
@@ -190,6 +191,7 @@ class DecodeEngine:
             lead.append(torch.full((rows,), h, dtype=torch.long, device=self.device))
         cache = PrefixCache.merge([r.decode.denoise.cache for r in reqs])
         where_all = torch.cat(where)
+        self.positions += sum(x.shape[0] for x in ids) * width
         folded = any(held)
         # prefix_len counts keys from the merged cache's start: a row's held block is prefix, the rest suffix
         out = self.model(torch.cat(ids), prefix_cache=cache, attention_mask=torch.cat(valid).long(),

@@ -182,6 +182,7 @@ class Scheduler:
             self._in_engine.add(job.request_id)
         events = engine.step() if engine.num_running or engine.num_waiting else []
         self.stats["steps"] += bool(events)
+        self.stats["positions"] = getattr(engine, "positions", 0)  # what the steps computed (benchmarks' cost)
         for event in events:
             if event.finished:
                 self._in_engine.discard(event.request_id)
