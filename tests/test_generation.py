@@ -627,17 +627,17 @@ def test_cli_options_are_the_decoding_config_fields(saved, capsys, monkeypatch):
     seen = _spy_decoder(monkeypatch)
     expected = DecodingConfig(max_new_tokens=7, steps=3, strategy="confidence", temperature=0.5, top_k=4, top_p=0.9,
                               seed=11, length_beam=2, block_length=4, threshold=0.3, stop=["x", "y"], use_cache=False,
-                              block_suffix="rest", block_cache="append", length_head=False)
+                              block_suffix="rest", block_cache="append", length_head=False, ignore_eos=True)
     argv = [str(saved[0]), "--prompt", "a dog", "--max-new-tokens", "7", "--steps", "3", "--strategy", "confidence",
             "--temperature", "0.5", "--top-k", "4", "--top_p", "0.9", "--seed", "11", "--length-beam", "2",
             "--block-length", "4", "--threshold", "0.3", "--stop", "x", "--stop", "y", "--use_cache", "false",
-            "--block-suffix", "rest", "--block-cache", "append", "--length-head", "false"]
+            "--block-suffix", "rest", "--block-cache", "append", "--length-head", "false", "--ignore_eos"]
     assert cli_main(argv) == 0
     assert seen == [expected]
     assert {f.name for f in dataclasses.fields(DecodingConfig)} == {
         "max_new_tokens", "steps", "strategy", "temperature", "top_k", "top_p", "seed", "length_beam", "block_length",
-        "threshold", "stop", "use_cache", "early_stop", "block_suffix", "block_cache", "length_head", "draft_length",
-        "draft_accept"}
+        "threshold", "stop", "use_cache", "early_stop", "block_suffix", "block_cache", "length_head", "ignore_eos",
+        "draft_length", "draft_accept"}
 
 
 # --- the strategy registry ----------------------------------------------------------------------------------
