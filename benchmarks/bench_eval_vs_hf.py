@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--work", default=str(REPO / "runs" / "bench-eval-vs-hf"))
     ap.add_argument("--tag", default="", help="a word for the results file name")
     args = ap.parse_args()
+    at_start = machine()  # the load average before the runs (each run's own threads: --threads)
     tasks = args.tasks.split(",")
     unknown = [t for t in tasks if t not in SUITE_NAMES]
     if unknown:
@@ -116,7 +117,7 @@ def main() -> None:
             rows.append({"round": r, "model": f"biglm eval scorer={scorer}", "seconds": round(sec, 1),
                          "ratio": round(sec / hf_sec, 2), "scores": accuracies(out)})
             print(f"round {r} biglm {scorer}: {sec:.1f} s ({sec / hf_sec:.2f}x hf) {rows[-1]['scores']}", flush=True)
-    result = {"date": dt.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
+    result = {"date": dt.datetime.now().isoformat(timespec="seconds"), "machine": at_start,
               "command": " ".join(sys.argv), "source": source.name, "biglm": biglm_dir.name, "tasks": tasks,
               "limit": args.limit, "threads": args.threads, "runs": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
