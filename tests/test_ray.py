@@ -281,18 +281,22 @@ def test_a_killed_launchers_ray_processes_are_stopped_by_the_next(tmp_path, monk
 
 def test_shutdown_drains_in_flight_requests_and_refuses_new_ones(served):
     """As the single-process server: on shutdown new requests get 503 while those in flight finish (200)."""
-    def ask(i: int, tokens: int = 200) -> int:
+    def ask(i: int, tokens: int = 200, beam: int = 8) -> int:
+        # 200 steps x 8 length candidates fill a replica's 8 rows for ~1.3 s on an idle CPU: 8 such requests keep
+        # both replicas busy for several seconds, so the drain is still on when the probe arrives (on a fast machine
+        # a lighter load finished first, the application was gone, and the probe met Ray's 404)
         r = httpx.post(served.url + "/v1/completions", timeout=120,
-                       json={"model": NAME, "prompt": f"Long {i}:", "max_tokens": tokens, "steps": tokens})
+                       json={"model": NAME, "prompt": f"Long {i}:", "max_tokens": tokens, "steps": tokens,
+                             "length_beam": beam})
         return r.status_code
 
-    with ThreadPoolExecutor(5) as pool:
-        long = [pool.submit(ask, i) for i in range(4)]
+    with ThreadPoolExecutor(10) as pool:
+        long = [pool.submit(ask, i) for i in range(8)]
         time.sleep(0.5)
         closing = pool.submit(served.deployed.shutdown, 60.0)
         time.sleep(1.0)  # the replicas have read the phase; the long requests are still running
-        assert pool.submit(ask, 99, 4).result(timeout=60) == 503
-        assert [f.result(timeout=120) for f in long] == [200] * 4
+        assert pool.submit(ask, 99, 4, 1).result(timeout=60) == 503
+        assert [f.result(timeout=120) for f in long] == [200] * 8
         assert closing.result(timeout=120) == 0  # none left to cancel
 
 
