@@ -292,7 +292,7 @@ def _check_gguf_logits(gguf_file: Path, out: Path, *, length: int = 12, atol: fl
 def test_gguf_file_converts_with_equal_logits(tmp_path, tok_without_mask, tied, capsys):
     import json
 
-    from biglm.checkpoint.source import file_sha256
+    from biglm.checkpoint.layout import file_sha256
     from biglm.cli import main
 
     f = tmp_path / "tiny-llama.F32.gguf"

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .layout import file_sha256
+
 SOURCE_FILE = "biglm_source.json"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
@@ -52,14 +54,6 @@ class ResolvedSource:
 
     def load_kwargs(self) -> dict[str, Any]:
         return {"gguf_file": self.gguf_file} if self.gguf_file else {}
-
-
-def file_sha256(path: Path, *, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _dir_sha256(folder: Path) -> str | None:
