@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from ..model import count_parameters
-from .source import _HUB_ID, SourceRef, lineage_root
+from .source import SourceRef, base_of
 
 DEFAULT_LICENSE = "apache-2.0"
 # the task metric of a fine-tuning kind, when task.json does not name it (finetune/ owns the tasks; this mirrors them)
@@ -65,33 +65,25 @@ def _dataset_names(folders: list[str], hub_sources: dict[str, str]) -> tuple[lis
             sources = hub_sources.get(folder, "").split() or [folder]
         for s in map(str, sources):
             if s.startswith("hf:"):
-                _add(hub, s[3:].split("@")[0].split(":")[0])
+                hub.append(_hub_dataset_id(s))
             else:
-                _add(local, Path(s.rstrip("/")).name or s)
-    return hub, local
-
-
-def _add(items: list[str], item: str) -> None:
-    if item not in items:
-        items.append(item)
+                local.append(Path(s.rstrip("/")).name or s)
+    return _unique(hub), _unique(local)
 
 
 def _unique(items: list[str]) -> list[str]:
-    out: list[str] = []
-    for item in items:
-        _add(out, item)
-    return out
+    return list(dict.fromkeys(items))
+
+
+def _hub_dataset_id(source: str) -> str:
+    """``hf:ORG/NAME[:CONFIG][@SPLIT]`` -> ``ORG/NAME``."""
+    return source[3:].split("@")[0].split(":")[0]
 
 
 def _base(explicit: str | None, lineage_of: Path | None) -> tuple[str | None, str | None]:
-    """(the card's ``base_model`` — a hub id or nothing —, the phrase naming it in the text). ``explicit`` (export's
-    ``--base_model``) wins when it is a hub id; a local folder given there, or found as the run's start, is followed
-    back to the pretrained model it descends from (`lineage_root`), which is named by hub id or file name + sha256."""
-    if explicit and not Path(explicit).exists() and _HUB_ID.match(explicit):
-        return explicit, f"`{explicit}`"
-    root: SourceRef | None = lineage_root(explicit) if explicit else None
-    if root is None and lineage_of is not None:
-        root = lineage_root(lineage_of)
+    """(the card's ``base_model`` — a hub id or nothing —, the phrase naming it in the text): `base_of`, named by hub
+    id or file name + sha256; a start with no such root is named by its folder's name, never its path."""
+    root = base_of(lineage_of, explicit)
     if root is not None:
         return root.hub_id, root.describe()
     start = explicit
@@ -228,7 +220,7 @@ def finetune_card(run_dir: Path, *, config, name: str, license: str, base_model:
     if hub_base:
         front["base_model"] = hub_base
     data = [str(settings[k]) for k in ("data", "dataset", "train") if isinstance(settings.get(k), str)]
-    hub_data = _unique([d[3:].split("@")[0].split(":")[0] for d in data if d.startswith("hf:")])
+    hub_data = _unique([_hub_dataset_id(d) for d in data if d.startswith("hf:")])
     if hub_data:
         front["datasets"] = hub_data
     body = [f"# {name}", "", f"A BiGLM fine-tuned with `biglm finetune` on the task `{task_name}`"

@@ -128,13 +128,17 @@ def lineage_root(path: str | Path | None, *, _depth: int = 0) -> SourceRef | Non
     return None
 
 
+def base_of(run: Path | None, explicit: str | None = None) -> SourceRef | None:
+    """The pretrained model a run's model descends from: ``explicit`` (export's ``--base_model``) when it is a hub id,
+    else the root of its lineage (a local folder given there followed back, then the run's own start)."""
+    if explicit and not Path(explicit).exists() and _HUB_ID.match(explicit):
+        return SourceRef("hub", explicit)
+    return (lineage_root(explicit) if explicit else None) or (lineage_root(run) if run is not None else None)
+
+
 def keep_lineage(out: Path, run: Path, *, base_model: str | None = None) -> None:
-    """Copy the root of ``run``'s lineage (or of export's ``base_model``: a hub id, or a local folder followed back)
-    into an export ``out`` (`SOURCE_FILE`), so the exported model still names the pretrained model it descends from
-    once the run folders are gone; nothing when it was trained from scratch."""
-    if base_model and not Path(base_model).exists() and _HUB_ID.match(base_model):
-        root: SourceRef | None = SourceRef("hub", base_model)
-    else:
-        root = lineage_root(base_model) if base_model else lineage_root(run)
+    """Copy `base_of` the run into an export ``out`` (`SOURCE_FILE`), so the exported model still names the
+    pretrained model it descends from once the run folders are gone; nothing when it was trained from scratch."""
+    root = base_of(run, base_model)
     if root is not None:
         write_source(out, root)
