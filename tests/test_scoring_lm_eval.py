@@ -277,3 +277,12 @@ def test_prefix_token_auto_follows_how_the_model_was_made(checkpoint, tmp_path, 
     assert conv._encode_pair("", "the cat")[0] == [eos]
     assert sum("chat template" in r.message for r in caplog.records) == 1
     assert BiGLMLM(pretrained=str(shifted), device="cpu", prefix_token="eos").prefix_ids == [eos]
+
+
+@pytest.mark.parametrize("bad, said", [("scorer=foo", "scorer='foo'"), ("scorer=blocks,score_block=0", "score_block=0"),
+                                       ("scorr=chain", "did you mean scorer")])
+def test_bad_model_args_are_one_line(checkpoint, capsys, bad, said):
+    """A --model_args value the adapter refuses ends `biglm eval` in one line (exit 2), never lm-eval's traceback."""
+    assert cli.main(["--model_args", f"pretrained={checkpoint},{bad}", "--tasks", "arc_easy"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("biglm eval:")]
+    assert len(err) == 1 and said in err[0]

@@ -203,6 +203,7 @@ def main(argv: list[str]) -> int:
     except SystemExit as e:  # --help (0) or a bad option (2, already reported)
         return e.code if isinstance(e.code, int) else 0
     setup_logging()  # lm-eval's progress lines, as its own CLI shows them
+    from ..integrations.lm_eval.adapter import ModelArgsError  # the adapter's refusal of a --model_args value
     common = dict(limit=args.limit, num_fewshot=args.num_fewshot, batch_size=args.batch_size, device=args.device,
                   output_path=args.output_path, log_samples=args.log_samples)
     if args.suite == "multitask":
@@ -215,11 +216,15 @@ def main(argv: list[str]) -> int:
             model_args = parse_model_args(args.model_args)
             results = run_suite(model_args.pop("pretrained"), data_dir=data_dir, suite=args.suite,
                                 only=args.suite_tasks, model_args=model_args, **common)
-        except FileNotFoundError as e:  # no column of the suite has data
+        except (FileNotFoundError, ModelArgsError) as e:  # no column of the suite has data; a bad model_arg
             print(f"biglm eval: {e}", file=sys.stderr)
             return 2
     else:
-        results = evaluate(model_args=args.model_args, tasks=args.tasks, include_path=args.include_path, **common)
+        try:
+            results = evaluate(model_args=args.model_args, tasks=args.tasks, include_path=args.include_path, **common)
+        except ModelArgsError as e:
+            print(f"biglm eval: {e}", file=sys.stderr)
+            return 2
     if not results:  # not rank 0 under torchrun
         return 0
     results.pop("samples", None)

@@ -107,6 +107,10 @@ def _as_int(value: Any, default: int) -> int:
     return int(value)
 
 
+class ModelArgsError(ValueError):
+    """A ``--model_args`` value the adapter refuses (one line naming it); `biglm eval` prints it as such."""
+
+
 @register_model("biglm")
 class BiGLMLM(LM):
     """A BiGLM as an lm-eval model.
@@ -162,16 +166,18 @@ class BiGLMLM(LM):
             known += list(MODEL_ARG_DECODING)
             hints = [f"{k} (did you mean {c[0]}?)" if (c := difflib.get_close_matches(k, known, n=1)) else k
                      for k in sorted(kwargs)]
-            raise ValueError(f"biglm: unknown model_args {', '.join(hints)}; accepted: {', '.join(known)}")
+            raise ModelArgsError(f"biglm: unknown model_args {', '.join(hints)}; accepted: {', '.join(known)}")
         # checked now, before the model loads and before any request runs
         try:
             self.decoding = DecodingConfig(max_new_tokens=int(max_gen_toks), seed=int(seed), **decoding)
         except ValueError as e:
-            raise ValueError(f"biglm model_args: {e}") from None
+            raise ModelArgsError(f"biglm model_args: {e}") from None
         if scorer not in ESTIMATORS:
-            raise ValueError(f"scorer={scorer!r}: choose one of {', '.join(ESTIMATORS)}.")
+            raise ModelArgsError(f"scorer={scorer!r}: choose one of {', '.join(ESTIMATORS)}.")
+        if int(score_block) < 1:
+            raise ModelArgsError(f"score_block={score_block}: must be >= 1 (tokens per block of scorer=blocks).")
         if dtype is not None and str(dtype) not in _DTYPES:
-            raise ValueError(f"dtype={dtype!r}: choose one of {', '.join(_DTYPES)}.")
+            raise ModelArgsError(f"dtype={dtype!r}: choose one of {', '.join(_DTYPES)}.")
         if _in_memory is not None:  # `from_model`: this process alone, on the model's own device and dtype
             self.model, self.tokenizer = _in_memory
             self._device = next(self.model.parameters()).device
@@ -187,19 +193,17 @@ class BiGLMLM(LM):
         self.row_batch_size = int(row_batch_size)
         self.mc_samples = int(mc_samples)
         self.score_block = int(score_block)
-        if self.score_block < 1:
-            raise ValueError(f"score_block={score_block}: must be >= 1 (tokens per block of scorer=blocks).")
         self.seed = int(seed)
         self.rolling_chunk = int(rolling_chunk)
         self._max_length = int(max_length or self.model.config.max_position_embeddings)
         if self._max_length > self.model.config.max_position_embeddings:
-            raise ValueError(f"max_length={self._max_length} exceeds the model's max_position_embeddings="
-                             f"{self.model.config.max_position_embeddings}.")
+            raise ModelArgsError(f"max_length={self._max_length} exceeds the model's max_position_embeddings="
+                                 f"{self.model.config.max_position_embeddings}.")
         choices = {"eos": self.tokenizer.eos_token_id, "bos": self.tokenizer.bos_token_id, "none": None}
         if prefix_token == "auto":
             prefix_token = "none" if getattr(self.model.config, "shift_logits", False) else "eos"
         if prefix_token not in choices:
-            raise ValueError(f"prefix_token={prefix_token!r}: choose auto, eos, bos or none.")
+            raise ModelArgsError(f"prefix_token={prefix_token!r}: choose auto, eos, bos or none.")
         self.prefix_token = prefix_token
         self.prefix_ids = [] if choices[prefix_token] is None else [int(choices[prefix_token])]
         if getattr(self.tokenizer, "chat_template", None) and self.rank == 0:
