@@ -11,8 +11,8 @@ also restarts a replica that dies, scales between ``--min_replicas`` and ``--max
 Notable features
 - ``GET /health`` adds the application's state (Ray Serve's, "RUNNING" when every replica is up), the replica that
   answered, and ``replicas``: ``{"id", "state", "served", "pid", "node"}`` for each replica the Serve controller
-  lists, ``served`` counting the completions and chat requests that replica answered. The counts live in one small
-  actor (`ServedBoard`), since a replica can only see its own. Its status is `replica_health`'s: "degraded" (200)
+  lists, ``served`` counting the completions and chat requests that replica answered with a success. The counts
+  live in one small actor (`ServedBoard`), since a replica can only see its own. Its status is `replica_health`'s: "degraded" (200)
   while some replicas serve and another is starting or being replaced, so a load balancer keeps a service that
   answers; 503 only when none serves.
 - Faults: a killed replica's requests end as Ray Serve's proxy ends them (a 500, which the `openai` client retries;
@@ -87,14 +87,26 @@ class ServedBoard:
 
 
 class _CountServed:
-    """ASGI middleware: after a completions or chat request is answered (a stream: to its end), ``on_served()``."""
+    """ASGI middleware: after a completions or chat request is answered with a success (a stream: to its end),
+    ``on_served()``; a refusal (429, 400, ...) is not counted."""
 
     def __init__(self, app: Any, on_served: Any) -> None:
         self.app, self.on_served = app, on_served
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        await self.app(scope, receive, send)
-        if scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path") in SERVED_PATHS:
+        if not (scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path") in SERVED_PATHS):
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def send_seen(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, send_seen)
+        if 200 <= status < 300:
             self.on_served()
 
 
