@@ -12,8 +12,8 @@ Notable features
 - ``GET /health`` adds the application's state (Ray Serve's, "RUNNING" when every replica is up), the replica that
   answered, and ``replicas``: ``{"id", "state", "served", "pid", "node"}`` for each replica the Serve controller
   lists, ``served`` counting the completions and chat requests that replica answered with a success. The counts
-  live in one small actor (`ServedBoard`), since a replica can only see its own. Its status is `replica_health`'s: "degraded" (200)
-  while some replicas serve and another is starting or being replaced, so a load balancer keeps a service that
+  live in one small actor (`ServedBoard`), since a replica can only see its own. Its status is `replica_health`'s:
+  "degraded" (200) while some replicas serve and another is starting or being replaced, so a load balancer keeps a service that
   answers; 503 only when none serves.
 - Faults: a killed replica's requests end as Ray Serve's proxy ends them (a 500, which the `openai` client retries;
   a stream already started is cut); the controller notices the death within ``HEALTH_CHECK_S`` seconds and starts a
