@@ -13,8 +13,8 @@ Notable features
   answered, and ``replicas``: ``{"id", "state", "served", "pid", "node"}`` for each replica the Serve controller
   lists, ``served`` counting the completions and chat requests that replica answered with a success. The counts
   live in one small actor (`ServedBoard`), since a replica can only see its own. Its status is `replica_health`'s:
-  "degraded" (200) while some replicas serve and another is starting or being replaced, so a load balancer keeps a service that
-  answers; 503 only when none serves.
+  "degraded" (200) while some replicas serve and another is starting or being replaced, so a load balancer keeps a
+  service that answers; 503 only when none serves.
 - Faults: a killed replica's requests end as Ray Serve's proxy ends them (a 500, which the `openai` client retries;
   a stream already started is cut); the controller notices the death within ``HEALTH_CHECK_S`` seconds and starts a
   replacement while the others keep serving. A replica whose engine broke fails its health check and is replaced.
