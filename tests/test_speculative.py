@@ -49,6 +49,55 @@ def test_tree_rule_equals_hand_written():
     assert tree_offsets(pending=0, width=2).tolist() == [0, 0, 1]
 
 
+def test_shift_tree_layout_equals_hand_written():
+    """A shift model (logits of a row = the previous row's hidden state) needs no check rows: group j is a block of
+    W masks from the slot after d_j, and its check is read at row j + 1 (pending token j's hidden state)."""
+    T, F = True, False
+    expected = torch.tensor([
+        # c  d1 b00 b01 b10 b11
+        [T, F, F, F, F, F],  # c: itself
+        [T, T, F, F, F, F],  # d1: c and itself
+        [T, F, T, T, F, F],  # block 0 (slots 0, 1): c and the block
+        [T, F, T, T, F, F],
+        [T, T, F, F, T, T],  # block 1 (slots 1, 2): c, d1 and the block
+        [T, T, F, F, T, T],
+    ])
+    assert torch.equal(tree_rule(pending=2, width=2, checks=False), expected)
+    assert tree_offsets(pending=2, width=2, checks=False).tolist() == [-1, 0, 0, 1, 1, 2]
+    # check 0 at row 1 (c's hidden), draft at row 3 (b00's); check 1 at row 2 (d1's hidden), draft at row 5
+    assert tree_predictions(pending=2, width=2, checks=False).tolist() == [1, 3, 2, 5]
+    assert torch.equal(tree_rule(pending=0, width=2, checks=False), torch.ones(2, 2, dtype=torch.bool))
+    assert tree_predictions(pending=0, width=2, checks=False).tolist() == [0, 1]  # the prompt's last position
+
+
+def test_shift_call_checks_each_draft_under_the_one_token_condition():
+    """For a shift model, the logits a speculative call reads as check j equal the one-token-per-call forward's
+    logits at the slot after d_j (prompt + c + d_1..d_j + one mask, blocks of 1), and group j's drafts equal that
+    forward's with a block of W masks."""
+    model = _blocks_model(shift_logits=True)
+    mask_id, V = model.config.mask_token_id, model.config.vocab_size
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(5, V, (1, 6), generator=g)
+    pending = torch.randint(5, V, (1, 3), generator=g)  # c (answer slot 0), d_1, d_2
+    W, P = 3, prompt.shape[1]
+    with torch.inference_mode():
+        cache = model.encode_prefix(prompt)
+        rule = tree_rule(pending=W, width=W, checks=False)
+        L = rule.shape[0]
+        full_rule = torch.cat((torch.ones(L, P, dtype=torch.bool), rule), 1)[None]
+        ids = torch.cat((pending, torch.full((1, L - W), mask_id)), 1)
+        out = model(ids, prefix_cache=cache, position_ids=P + 1 + tree_offsets(pending=W, width=W, checks=False)[None],
+                    attention_rule=full_rule)
+        read = out.logits[0, tree_predictions(pending=W, width=W, checks=False)].view(W, W, -1)
+        for j in range(W):
+            answer = torch.cat((prompt, pending[:, :j + 1], torch.full((1, W), mask_id)), 1)
+            split = P + j + 1
+            one = model(answer[:, :split + 1], prefix_len=split, prompt_len=P, block_len=1).logits[0, -1]
+            block = model(answer, prefix_len=split, prompt_len=P, block_len=1).logits[0, split + 1:]
+            torch.testing.assert_close(read[j, 0], one, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(read[j, 1:], block, atol=1e-5, rtol=1e-5)
+
+
 def test_one_call_checks_each_draft_under_the_one_token_condition():
     """A speculative call's check after d_1..d_j equals the one-token-per-call forward on prompt + c + d_1..d_j +
     one mask; its drafts equal that forward with a block of masks; the pending tokens' keys/values equal a from-scratch
@@ -81,24 +130,28 @@ def test_one_call_checks_each_draft_under_the_one_token_condition():
             torch.testing.assert_close(mine[:, :, :W], ref[:, :, P:], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
 @pytest.mark.parametrize("m", [1, 2, 4])
-def test_greedy_speculative_equals_one_token_per_call(m):
-    """Token for token, a left-padded batch of different prompt lengths, in fewer calls than tokens."""
-    model = _blocks_model()
+def test_greedy_speculative_equals_one_token_per_call(m, shift):
+    """Token for token, a left-padded batch of different prompt lengths, in fewer calls than tokens; a shift model
+    (converted from an AR checkpoint) needs no check rows: W fewer positions per group."""
+    model = _blocks_model(shift_logits=shift)
     ids, mask = _batch(model)
     kw = dict(max_new_tokens=24, strategy="confidence", suppress_ids=[7])
     ref = generate_ids(model, ids, mask, block_length=1, **kw)
     out = generate_ids(model, ids, mask, draft_length=m, **kw)
     assert ref.steps == 24 and out.token_lists() == ref.token_lists()
     assert out.steps <= 24 and out.forward_calls == out.steps + 1  # + the prompt's pass
-    L = (m + 1) + (m + 1) * (m + 2)
-    assert out.positions == ids.numel() + ids.shape[0] * ((m + 2) + (out.steps - 1) * L)
+    size = m + 1 + (not shift)  # a group: (the check,) then the block of W = m + 1 masks
+    L = (m + 1) + (m + 1) * size
+    assert out.positions == ids.numel() + ids.shape[0] * (size + (out.steps - 1) * L)
 
 
-def test_every_draft_kept_writes_m_plus_one_tokens_per_call():
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+def test_every_draft_kept_writes_m_plus_one_tokens_per_call(shift):
     """With draft_accept near 0 every draft is kept: the first call writes one token, every later one m + 1 (EOS
     suppressed, so no row stops early)."""
-    model = _blocks_model()
+    model = _blocks_model(shift_logits=shift)
     ids, mask = _batch(model)
     for m, N in ((2, 24), (3, 10)):
         out = generate_ids(model, ids, mask, max_new_tokens=N, strategy="confidence", draft_length=m,
@@ -154,9 +207,6 @@ def test_bad_speculative_settings_are_refused():
         generate_ids(model, ids, mask, config=cfg, lengths=[4])
     with pytest.raises(ValueError, match="server"):
         Decode(model, ids, mask, config=cfg)
-    shifted = _blocks_model(shift_logits=True)
-    with pytest.raises(ValueError, match="shift_logits"):
-        generate_ids(shifted, ids, mask, config=cfg)
     torch.manual_seed(0)
     paper = BiGLMForMaskedLM(BiGLMConfig.from_preset("tiny")).eval()
     with pytest.warns(UserWarning, match="approximation"):

@@ -22,6 +22,11 @@ the one-token-per-call distribution), group a's masks give the next drafts, and 
 call writes a + 1 tokens and runs W + W(W + 1) positions (logits at W² of them). The first call has no pending tokens
 and one group.
 
+A shift model (``shift_logits``: converted from an autoregressive checkpoint, a row's logits are the previous row's
+hidden state) needs no check rows: one-token-per-call decoding predicts the slot after a token from that token's own
+row (it sees the cache and itself), so pending token j's row is check j, read one row later; group j is the block of
+W masks alone, its drafts read at its rows 1..m. A call then runs W + W·W positions.
+
 Greedy with ``draft_accept=1`` the answer equals confidence decoding at blocks of 1, one token per call (tested token
 for token, batches of different prompt lengths included), in float32. In bfloat16 a call of 24 positions rounds
 differently from a call of 3, so a near-tie can flip and the two answers part from there (docs/LOG.md, 2026-11-26).
@@ -42,11 +47,12 @@ from .decoding import GenerationOutput, StepCallback, StepInfo, _unchecked
 from .sampling import filter_logits
 
 
-def tree_rule(*, pending: int, width: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def tree_rule(*, pending: int, width: int, checks: bool = True, device: torch.device | str = "cpu") -> torch.Tensor:
     """(L, L) bool: which of a speculative call's own rows each row may see (module docstring); every row also sees
-    the whole cache. Rows: ``pending`` tokens (0 on the first call, else ``width``), then max(pending, 1) groups of
-    1 + ``width`` rows: the check, then a block of ``width`` masks (the first at the check's slot)."""
-    groups, size = max(pending, 1), width + 1
+    the whole cache. Rows: ``pending`` tokens (0 on the first call, else ``width``), then max(pending, 1) groups:
+    with ``checks``, 1 + ``width`` rows (the check, then a block of ``width`` masks, the first at the check's slot);
+    without (a shift model, whose checks are the pending tokens' own rows), the block of ``width`` masks alone."""
+    groups, size = max(pending, 1), width + int(checks)
     L = pending + groups * size
     rule = torch.zeros(L, L, dtype=torch.bool, device=device)
     k = torch.arange(pending, device=device)
@@ -55,28 +61,41 @@ def tree_rule(*, pending: int, width: int, device: torch.device | str = "cpu") -
         start = pending + j * size
         if pending:
             rule[start:start + size, :j + 1] = True  # the answer as it is if d_1..d_j are right
-        rule[start, start] = True  # the check: its own slot only
-        rule[start + 1:start + size, start + 1:start + size] = True  # the drafts: a block of masks
+        if checks:
+            rule[start, start] = True  # the check: its own slot only
+        block = start + int(checks)
+        rule[block:start + size, block:start + size] = True  # the drafts: a block of masks
     return rule
 
 
-def tree_offsets(*, pending: int, width: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def tree_offsets(*, pending: int, width: int, checks: bool = True, device: torch.device | str = "cpu") -> torch.Tensor:
     """(L,) long: each row's position relative to the first unwritten slot (pending token i: i - 1; group j: its
-    check j, then its block j, j + 1, ..., j + width - 1)."""
+    check j (with ``checks``), then its block j, j + 1, ..., j + width - 1)."""
     groups = max(pending, 1)
     own = torch.arange(pending, device=device) - 1
     block = torch.arange(groups, device=device)[:, None] + torch.arange(width, device=device)[None, :]
-    grid = torch.cat((torch.arange(groups, device=device)[:, None], block), 1)
+    grid = torch.cat((torch.arange(groups, device=device)[:, None], block), 1) if checks else block
     return torch.cat((own, grid.reshape(-1)))
 
 
-def tree_predictions(*, pending: int, width: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """(G * width,) long: the rows whose logits a call reads, group by group: the check, then the block's masks after
-    the check's slot (the drafts; the block's first mask only gives them context)."""
-    groups, size = max(pending, 1), width + 1
+def tree_predictions(*, pending: int, width: int, checks: bool = True, device: torch.device | str = "cpu"
+                     ) -> torch.Tensor:
+    """(G * width,) long: the rows whose logits a call reads, group by group: the check, then the drafts (the
+    block's masks after the check's slot; the block's first mask only gives them context).
+
+    Without ``checks`` (a shift model: a row's logits are the previous row's hidden state, the first row's the
+    cache's last), group j's check is the logits of row j + 1: those of pending token j, the answer's last token if
+    d_1..d_j are right (row ``pending`` is group 0's first mask, whose logits are pending token m's), or row 0 on the
+    first call (the prompt's last position); its drafts are the logits of its block's rows 1..width-1, i.e. its
+    masks at slots j..j+width-2 predicting the slots after them."""
+    groups, size = max(pending, 1), width + int(checks)
     starts = pending + torch.arange(groups, device=device)[:, None] * size
-    within = torch.cat((torch.zeros(1, dtype=torch.long, device=device), torch.arange(2, size, device=device)))
-    return (starts + within[None, :]).reshape(-1)
+    if checks:
+        within = torch.cat((torch.zeros(1, dtype=torch.long, device=device), torch.arange(2, size, device=device)))
+        return (starts + within[None, :]).reshape(-1)
+    check = (torch.arange(groups, device=device) + 1 if pending else torch.zeros(1, dtype=torch.long, device=device))
+    drafts = starts + torch.arange(1, width, device=device)[None, :]
+    return torch.cat((check[:, None], drafts), 1).reshape(-1)
 
 
 @torch.inference_mode()
@@ -87,9 +106,7 @@ def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
     the module docstring). `decoding.generate_ids` calls it for such a config."""
     cfg = for_model(config, model.config)
     mc = model.config
-    if getattr(mc, "shift_logits", False):
-        raise ValueError("speculative decoding checks each draft with a mask at its slot; this model predicts from the "
-                         "previous position (shift_logits): decode it with draft_length=0.")
+    checks = not getattr(mc, "shift_logits", False)  # a shift model's checks are its pending tokens' own rows
     B, P = prompt_ids.shape
     N, m = cfg.max_new_tokens, cfg.draft_length
     W = m + 1
@@ -115,8 +132,10 @@ def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
     active = torch.ones(B, dtype=torch.bool, device=device)
     rows = torch.arange(B, device=device)
     slots = torch.arange(W, device=device)[None, :]
-    layouts = {n: (tree_rule(pending=n, width=W, device=device), tree_offsets(pending=n, width=W, device=device),
-                   tree_predictions(pending=n, width=W, device=device)) for n in (0, W)}  # first call, later ones
+    layouts = {n: (tree_rule(pending=n, width=W, checks=checks, device=device),
+                   tree_offsets(pending=n, width=W, checks=checks, device=device),
+                   tree_predictions(pending=n, width=W, checks=checks, device=device))
+               for n in (0, W)}  # first call, later ones
     calls = forward_calls = positions = 0
     with _unchecked(model):
         if P:
