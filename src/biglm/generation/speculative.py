@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -98,116 +99,194 @@ def tree_predictions(*, pending: int, width: int, checks: bool = True, device: t
     return torch.cat((check[:, None], drafts), 1).reshape(-1)
 
 
+class TreeCall(NamedTuple):
+    """One speculative call's input for the rows of a `SpeculativeDecode`, as `SpeculativeDecode.segment` gives it
+    (whoever makes the call may merge it with other requests' rows)."""
+
+    ids: torch.Tensor
+    """(B, L) the pending tokens, then mask tokens."""
+    positions: torch.Tensor
+    """(B, L) each row's RoPE positions."""
+    rule: torch.Tensor
+    """(B, L, C + L) bool, which keys each query sees: the decode's own cache (C keys), then the call's rows."""
+    read: torch.Tensor
+    """(B * G * W,) long, the rows whose logits `answered` wants, as indices into the flattened (B * L) call."""
+    lead: int
+    """Leading tokens whose keys/values may join the cache (the pending ones; 0 on the first call): `answered`
+    wants the call's cache of at least these positions."""
+
+
+class SpeculativeDecode:
+    """Speculative decoding of B left-padded prompts as a state machine (the module docstring), independent of who
+    calls the model: `segment` gives the pending call, `answered` takes its logits and cache, `finished` says when
+    to stop and `output` gives the answers. The same contract as `decoding.Decode`, so the server's
+    `engine.DecodeEngine` runs one per request inside merged calls, and `speculative_generate` one over a batch with
+    calls of its own (`step`): one implementation of the step logic for both.
+
+    Set-up: the prompt encoded into the decode's own `PrefixCache` (one pass, counted in `output`'s work), the
+    sampler's stream (``generator``, default seeded with ``config.seed``)."""
+
+    def __init__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None, *,
+                 config: DecodingConfig, generator: torch.Generator | None = None, suppress_ids: Sequence[int] = (),
+                 on_step: StepCallback | None = None) -> None:
+        self.config = cfg = for_model(config, model.config)
+        self.model, self.on_step = model, on_step
+        mc = model.config
+        if not cfg.draft_length:
+            raise ValueError("SpeculativeDecode runs speculative decoding: set draft_length >= 1 (iterative unmasking "
+                             "is decoding.Decode).")
+        self.checks = not getattr(mc, "shift_logits", False)  # a shift model's checks are its pending tokens' own rows
+        B, P = prompt_ids.shape
+        N, m = cfg.max_new_tokens, cfg.draft_length
+        self.B, self.P, self.N, self.m, self.W = B, P, N, m, m + 1
+        W = self.W
+        device = self.device = prompt_ids.device
+        if P + N > mc.max_position_embeddings:
+            raise ValueError(f"prompt ({P}) + answer ({N}) tokens exceed max_position_embeddings="
+                             f"{mc.max_position_embeddings}: shorten the prompt or max_new_tokens.")
+        if prompt_mask is None:
+            prompt_mask = torch.ones_like(prompt_ids)
+        self.generator = generator if generator is not None else torch.Generator(device=device).manual_seed(cfg.seed)
+        self.mask_id, self.eos_id, pad_id = mc.mask_token_id, mc.eos_token_id, mc.pad_token_id
+        banned = {self.mask_id, *suppress_ids}
+        if cfg.ignore_eos and self.eos_id is not None:
+            banned.add(self.eos_id)
+        if pad_id is not None and pad_id != self.eos_id:
+            banned.add(pad_id)
+        self.banned = torch.tensor(sorted(i for i in banned if 0 <= i < mc.vocab_size), dtype=torch.long, device=device)
+        self.fill = pad_id if pad_id is not None else (self.eos_id if self.eos_id is not None else 0)
+        self.answer = torch.full((B, N + W), self.mask_id, dtype=torch.long, device=device)  # a last call's overshoot
+        self.logprobs = torch.zeros(B, N + W, dtype=torch.float32, device=device)
+        self.written = torch.zeros(B, dtype=torch.long, device=device)  # tokens committed per row
+        self.active = torch.ones(B, dtype=torch.bool, device=device)
+        self.rows = torch.arange(B, device=device)
+        self.slots = torch.arange(W, device=device)[None, :]
+        self.layouts = {n: (tree_rule(pending=n, width=W, checks=self.checks, device=device),
+                            tree_offsets(pending=n, width=W, checks=self.checks, device=device),
+                            tree_predictions(pending=n, width=W, checks=self.checks, device=device))
+                        for n in (0, W)}  # first call, later ones
+        self.calls = self.forward_calls = self.positions = 0
+        with _unchecked(model):
+            if P:
+                padded = not bool(prompt_mask.all())
+                self.cache = model.encode_prefix(prompt_ids, prompt_mask if padded else None)
+                self.forward_calls, self.positions = 1, B * P
+            else:
+                param = next(model.parameters())
+                self.cache = PrefixCache.empty(mc, batch=B, device=device, dtype=param.dtype)
+        self.pending = prompt_ids[:, :0]  # (B, 0) on the first call, then (B, W): the last token and m drafts
+        self.finished = False
+
+    def segment(self) -> TreeCall:
+        """The pending call over this decode's rows and its own cache (`TreeCall`)."""
+        n = self.pending.shape[1]
+        tail, offsets, read = self.layouts[n]
+        B, L, C = self.B, tail.shape[0], self.cache.length
+        rule = torch.cat((tail.new_ones(L, C), tail), 1).expand(B, L, C + L)
+        ids = torch.cat((self.pending, self.pending.new_full((B, L - n), self.mask_id)), 1)
+        return TreeCall(ids=ids, positions=self.P + self.written[:, None] + offsets, rule=rule,
+                        read=(self.rows[:, None] * L + read).reshape(-1), lead=n)
+
+    def step(self) -> None:
+        """Make the pending call alone (this decode's rows only) and take its answer."""
+        call = self.segment()
+        out = self.model(call.ids, prefix_cache=self.cache, position_ids=call.positions, attention_rule=call.rule,
+                         logits_positions=call.read, return_cache=call.lead > 0)
+        self.answered(out.logits, out["cache"] if call.lead else None)
+
+    def answered(self, logits: torch.Tensor, block: PrefixCache | None = None) -> None:
+        """The pending call answered (made here or merged elsewhere): its logits at `TreeCall.read`, (B * G * W, V),
+        and, after the first call, the call's keys/values of this decode's rows (their first `TreeCall.lead`
+        positions at least). Keeps the drafts the checks accept, writes one more token, lets the kept pending tokens'
+        keys/values join the cache and takes the next drafts (the module docstring)."""
+        if self.finished:
+            raise RuntimeError("the decode is finished: nothing is pending.")
+        cfg, B, N, m, W = self.config, self.B, self.N, self.m, self.W
+        rows, slots, active, generator = self.rows, self.slots, self.active, self.generator
+        pending = self.pending
+        n = pending.shape[1]
+        if n and block is None:
+            raise ValueError("the pending tokens' keys/values join the cache: pass the call's cache for this decode.")
+        L, G = self.layouts[n][0].shape[0], max(n, 1)
+        self.calls, self.forward_calls, self.positions = self.calls + 1, self.forward_calls + 1, self.positions + B * L
+        logits = logits.float().view(B, G, W, -1).index_fill_(-1, self.banned, float("-inf"))
+        checks = logits[:, :, 0]  # (B, G, V): p_j, what one-token-per-call decoding writes after d_1..d_j
+        logp = checks.log_softmax(-1)
+        if n:
+            drafts = pending[:, 1:]  # (B, m): d_1..d_m
+            kept, rejected = _accept(checks[:, :m], drafts, cfg, generator)
+        else:
+            kept, rejected = torch.zeros(B, dtype=torch.long, device=self.device), None
+        bonus = _one_more(checks[rows, kept], cfg, generator, kept=kept, rejected=rejected, m=m)
+        bonus_logp = logp[rows, kept, bonus][:, None]
+        if n:  # this call's tokens: d_1..d_a, then the bonus at slot a (slots past a are not taken)
+            new = torch.cat((drafts, bonus[:, None]), 1).scatter(1, kept[:, None], bonus[:, None])
+            new_logp = torch.cat((logp[:, :m].gather(-1, drafts[..., None]).squeeze(-1), bonus_logp), 1)
+            new_logp = new_logp.scatter(1, kept[:, None], bonus_logp)
+        else:
+            new, new_logp = bonus[:, None], bonus_logp
+        take = (slots[:, :new.shape[1]] <= kept[:, None]) & active[:, None]
+        cols = (self.written[:, None] + slots[:, :new.shape[1]]).clamp(max=N + W - 1)  # a finished row writes nothing
+        answer = self.answer
+        before = answer[:, :N].clone() if self.on_step else None
+        answer.scatter_(1, cols, torch.where(take, new, answer.gather(1, cols)))
+        self.logprobs.scatter_(1, cols, torch.where(take, new_logp, self.logprobs.gather(1, cols)))
+        if n:  # pending tokens 0..a are final: their keys/values join the cache (a narrower row's extra ones as padding)
+            width = int(kept[active].max()) + 1
+            block = block.first(width)
+            block.key_valid = (slots[:, :width] <= kept[:, None]) & active[:, None]
+            block.padded = not bool(block.key_valid.all())
+            self.cache = self.cache.extend(block)
+        count = torch.where(active, kept + 1, 0)
+        written = self.written = self.written + count
+        done = written >= N
+        if self.eos_id is not None:
+            done |= (answer[:, :N] == self.eos_id).any(1)
+        if self.on_step:
+            at = torch.arange(N, device=self.device)[None, :]
+            wrote = (at >= (written - count)[:, None]) & (at < written[:, None])  # this call's slots
+            self.on_step(StepInfo(strategy=cfg.strategy, step=self.calls, total_steps=N, block=0, input_ids=before,
+                                  output_ids=answer[:, :N].clone(), predicted=wrote, committed=wrote,
+                                  probs=torch.where(wrote, self.logprobs[:, :N].exp(), 0.0),
+                                  num_masked=(before == self.mask_id).sum(1), valid=torch.ones_like(wrote),
+                                  prompt_index=rows, candidate_length=torch.full((B,), N, device=self.device)))
+        self.active = active = active & ~done
+        self.finished = not bool(active.any())
+        self.pending = torch.cat((bonus[:, None], logits[rows, kept, 1:].argmax(-1)), 1)  # group a's masks: drafts
+
+    def written_ids(self, row: int = 0) -> list[int]:
+        """Row ``row``'s committed tokens so far: final, never rewritten (what a server may stream)."""
+        return self.answer[row, :min(int(self.written[row]), self.N)].tolist()
+
+    def output(self) -> GenerationOutput:
+        """Each row's answer, cut at its first EOS, with the work done (calls, positions, the prompt's pass)."""
+        N, device = self.N, self.device
+        n_written = self.written.clamp(max=N)
+        tokens = self.answer[:, :N]
+        in_answer = torch.arange(N, device=device)[None, :] < n_written[:, None]
+        lengths = n_written
+        if self.eos_id is not None:
+            is_eos = (tokens == self.eos_id) & in_answer
+            lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1), n_written)
+        avg = torch.where(in_answer, self.logprobs[:, :N], 0.0).sum(1) / n_written.clamp(min=1)
+        return GenerationOutput(tokens=torch.where(in_answer, tokens, self.fill), lengths=lengths,
+                                candidate_length=torch.full((self.B,), N, device=device), avg_logprob=avg,
+                                steps=self.calls, forward_calls=self.forward_calls, positions=self.positions)
+
+
 @torch.inference_mode()
 def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None,
                          *, config: DecodingConfig, generator: torch.Generator | None = None,
                          suppress_ids: Sequence[int] = (), on_step: StepCallback | None = None) -> GenerationOutput:
     """Answers for left-padded prompts ``prompt_ids`` (B, P) by speculative decoding (``config.draft_length`` >= 1;
-    the module docstring). `decoding.generate_ids` calls it for such a config."""
-    cfg = for_model(config, model.config)
-    mc = model.config
-    checks = not getattr(mc, "shift_logits", False)  # a shift model's checks are its pending tokens' own rows
-    B, P = prompt_ids.shape
-    N, m = cfg.max_new_tokens, cfg.draft_length
-    W = m + 1
-    device = prompt_ids.device
-    if P + N > mc.max_position_embeddings:
-        raise ValueError(f"prompt ({P}) + answer ({N}) tokens exceed max_position_embeddings={mc.max_position_embeddings}: "
-                         "shorten the prompt or max_new_tokens.")
-    if prompt_mask is None:
-        prompt_mask = torch.ones_like(prompt_ids)
-    if generator is None:
-        generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    mask_id, eos_id, pad_id = mc.mask_token_id, mc.eos_token_id, mc.pad_token_id
-    banned = {mask_id, *suppress_ids}
-    if cfg.ignore_eos and eos_id is not None:
-        banned.add(eos_id)
-    if pad_id is not None and pad_id != eos_id:
-        banned.add(pad_id)
-    banned = torch.tensor(sorted(i for i in banned if 0 <= i < mc.vocab_size), dtype=torch.long, device=device)
-    fill = pad_id if pad_id is not None else (eos_id if eos_id is not None else 0)
-    answer = torch.full((B, N + W), mask_id, dtype=torch.long, device=device)  # room for a last call's overshoot
-    logprobs = torch.zeros(B, N + W, dtype=torch.float32, device=device)
-    written = torch.zeros(B, dtype=torch.long, device=device)  # tokens committed per row
-    active = torch.ones(B, dtype=torch.bool, device=device)
-    rows = torch.arange(B, device=device)
-    slots = torch.arange(W, device=device)[None, :]
-    layouts = {n: (tree_rule(pending=n, width=W, checks=checks, device=device),
-                   tree_offsets(pending=n, width=W, checks=checks, device=device),
-                   tree_predictions(pending=n, width=W, checks=checks, device=device))
-               for n in (0, W)}  # first call, later ones
-    calls = forward_calls = positions = 0
+    the module docstring): one `SpeculativeDecode` over the batch, one call of its own per step. `decoding.generate_ids`
+    calls it for such a config."""
+    decode = SpeculativeDecode(model, prompt_ids, prompt_mask, config=config, generator=generator,
+                               suppress_ids=suppress_ids, on_step=on_step)
     with _unchecked(model):
-        if P:
-            padded = not bool(prompt_mask.all())
-            cache = model.encode_prefix(prompt_ids, prompt_mask if padded else None)
-            forward_calls, positions = 1, B * P
-        else:
-            param = next(model.parameters())
-            cache = PrefixCache.empty(mc, batch=B, device=device, dtype=param.dtype)
-        pending = prompt_ids[:, :0]  # (B, 0) on the first call, then (B, W): the last token and m drafts
-        while bool(active.any()):
-            n = pending.shape[1]
-            tail, offsets, read = layouts[n]
-            L, G = tail.shape[0], max(n, 1)
-            rule = torch.cat((tail.new_ones(L, cache.length), tail), 1).expand(B, L, cache.length + L)
-            ids = torch.cat((pending, pending.new_full((B, L - n), mask_id)), 1)
-            out = model(ids, prefix_cache=cache, position_ids=P + written[:, None] + offsets, attention_rule=rule,
-                        logits_positions=(rows[:, None] * L + read).reshape(-1), return_cache=n > 0)
-            calls, forward_calls, positions = calls + 1, forward_calls + 1, positions + B * L
-            logits = out.logits.float().view(B, G, W, -1).index_fill_(-1, banned, float("-inf"))
-            checks = logits[:, :, 0]  # (B, G, V): p_j, what one-token-per-call decoding writes after d_1..d_j
-            logp = checks.log_softmax(-1)
-            if n:
-                drafts = pending[:, 1:]  # (B, m): d_1..d_m
-                kept, rejected = _accept(checks[:, :m], drafts, cfg, generator)
-            else:
-                kept, rejected = torch.zeros(B, dtype=torch.long, device=device), None
-            bonus = _one_more(checks[rows, kept], cfg, generator, kept=kept, rejected=rejected, m=m)
-            bonus_logp = logp[rows, kept, bonus][:, None]
-            if n:  # this call's tokens: d_1..d_a, then the bonus at slot a (slots past a are not taken)
-                new = torch.cat((drafts, bonus[:, None]), 1).scatter(1, kept[:, None], bonus[:, None])
-                new_logp = torch.cat((logp[:, :m].gather(-1, drafts[..., None]).squeeze(-1), bonus_logp), 1)
-                new_logp = new_logp.scatter(1, kept[:, None], bonus_logp)
-            else:
-                new, new_logp = bonus[:, None], bonus_logp
-            take = (slots[:, :new.shape[1]] <= kept[:, None]) & active[:, None]
-            cols = (written[:, None] + slots[:, :new.shape[1]]).clamp(max=N + W - 1)  # a finished row writes nothing
-            before = answer[:, :N].clone() if on_step else None
-            answer.scatter_(1, cols, torch.where(take, new, answer.gather(1, cols)))
-            logprobs.scatter_(1, cols, torch.where(take, new_logp, logprobs.gather(1, cols)))
-            if n:  # pending tokens 0..a are final: their keys/values join the cache
-                width = int(kept[active].max()) + 1
-                block = out["cache"].first(width)
-                block.key_valid = (slots[:, :width] <= kept[:, None]) & active[:, None]
-                block.padded = not bool(block.key_valid.all())
-                cache = cache.extend(block)
-            count = torch.where(active, kept + 1, 0)
-            written = written + count
-            done = written >= N
-            if eos_id is not None:
-                done |= (answer[:, :N] == eos_id).any(1)
-            if on_step:
-                at = torch.arange(N, device=device)[None, :]
-                wrote = (at >= (written - count)[:, None]) & (at < written[:, None])  # this call's slots
-                on_step(StepInfo(strategy=cfg.strategy, step=calls, total_steps=N,
-                                 block=0, input_ids=before, output_ids=answer[:, :N].clone(), predicted=wrote,
-                                 committed=wrote, probs=torch.where(wrote, logprobs[:, :N].exp(), 0.0),
-                                 num_masked=(before == mask_id).sum(1), valid=torch.ones_like(wrote),
-                                 prompt_index=rows, candidate_length=torch.full((B,), N, device=device)))
-            active &= ~done
-            pending = torch.cat((bonus[:, None], logits[rows, kept, 1:].argmax(-1)), 1)  # group a's masks: drafts
-    n_written = written.clamp(max=N)
-    tokens = answer[:, :N]
-    in_answer = torch.arange(N, device=device)[None, :] < n_written[:, None]
-    lengths = n_written
-    if eos_id is not None:
-        is_eos = (tokens == eos_id) & in_answer
-        lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1), n_written)
-    avg = torch.where(in_answer, logprobs[:, :N], 0.0).sum(1) / n_written.clamp(min=1)
-    return GenerationOutput(tokens=torch.where(in_answer, tokens, fill), lengths=lengths,
-                            candidate_length=torch.full((B,), N, device=device), avg_logprob=avg, steps=calls,
-                            forward_calls=forward_calls, positions=positions)
+        while not decode.finished:
+            decode.step()
+    return decode.output()
 
 
 def _one_more(check: torch.Tensor, cfg: DecodingConfig, generator: torch.Generator, *, kept: torch.Tensor,
