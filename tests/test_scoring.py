@@ -1,4 +1,5 @@
-"""Likelihood estimators (biglm.scoring.estimators): exactness, cache equivalence, grouping, bad input."""
+"""Likelihood estimators (biglm.scoring.estimators): exactness, cache equivalence, grouping, bad input; ``append``
+against one-token-per-call decoding (`generate_ids`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 import torch
 
 from biglm import BiGLMConfig, BiGLMForMaskedLM
+from biglm.generation import generate_ids, left_pad
 from biglm.scoring import ESTIMATORS, rolling_requests, score_requests, score_rolling
+from biglm.scoring.estimators import append_layout
 
 MASK = 4
 
@@ -66,6 +69,7 @@ def _requests() -> list[tuple[list[int], list[int]]]:
     return reqs
 
 
+@pytest.mark.filterwarnings("ignore:the append scorer:UserWarning")  # tested in test_append_warns_once_...
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_cache_equals_full_sequence(model, estimator):
     reqs = _requests()
@@ -93,6 +97,7 @@ def test_one_pass_chain_pll_match_manual(model):
         assert p == pytest.approx(manual_pll, abs=1e-4)
 
 
+@pytest.mark.filterwarnings("ignore:the append scorer:UserWarning")  # tested in test_append_warns_once_...
 def test_single_token_estimators_coincide(model):
     """With |Y| = 1 every estimator is log P(y | X) exactly (mc: k = 1 always, weight 1)."""
     reqs = [([9, 10, 11], [t]) for t in (12, 13, 40)]
@@ -199,6 +204,7 @@ def test_blocks_spans_chain_to_one_pass_and_matches_manual(model):
         score_requests(model, reqs, estimator="blocks", score_block=0)
 
 
+@pytest.mark.filterwarnings("ignore:the append scorer:UserWarning")  # tested in test_append_warns_once_...
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_batched_equals_one_request_at_a_time(model, estimator):
     """Batching across requests and answer choices (contexts grouped, one encode per context, rows of several
@@ -211,3 +217,101 @@ def test_batched_equals_one_request_at_a_time(model, estimator):
         [(alone, alone_greedy)] = score_requests(model, [req], estimator=estimator, batch_size=1, row_batch_size=1,
                                                  mc_samples=4, score_block=2)
         assert ll == pytest.approx(alone, abs=1e-4) and greedy == alone_greedy
+
+
+def _blocks_model(*, shift: bool = False, seed: int = 0, **overrides) -> BiGLMForMaskedLM:
+    """A random tiny `biglm-blocks` model trained (by its config) on blocks of 1, 4, 8, as tests/test_speculative.py
+    builds; ``shift``: its shift_logits variant (a model converted from an AR checkpoint)."""
+    torch.manual_seed(seed)
+    overrides = {"prefix_block_lengths": [1, 4, 8], "attn_backend": "eager", "initializer_range": 0.2, **overrides}
+    cfg = BiGLMConfig.from_preset("tiny", prefix_attention="blocks", shift_logits=shift, **overrides)
+    return BiGLMForMaskedLM(cfg).eval()
+
+
+def _never_proposes(model: BiGLMForMaskedLM, ids: list[int]) -> None:
+    """Give ``ids`` logit -inf in the head. Decoding renormalises over the tokens it may write (mask, pad and
+    suppressed ids banned), every estimator over the whole vocabulary: with a head that never proposes the banned ids
+    the two are the same number, so decoding's log-probs can be compared with the scorer's exactly."""
+    banned = torch.tensor(sorted(set(ids)))
+    model.lm_head.register_forward_hook(lambda _m, _i, out: out.index_fill(-1, banned, float("-inf")))
+
+
+def test_append_layout_equals_hand_written():
+    T, F = True, False
+    # no shift, n = 3: tokens y0 y1, then checks k0 k1 k2 (slots 0, 1, 2)
+    expected = torch.tensor([
+        # y0 y1 k0 k1 k2
+        [T, F, F, F, F],  # y0: itself (a block of one)
+        [T, T, F, F, F],  # y1: y0, itself
+        [F, F, T, F, F],  # k0: itself only (slot 0 after the context)
+        [T, F, F, T, F],  # k1: y0, itself
+        [T, T, F, F, T],  # k2: y0, y1, itself
+    ])
+    rule, slots = append_layout(tokens=2, length=5)
+    assert torch.equal(rule, expected) and slots.tolist() == [0, 1, 0, 1, 2]
+    rule, slots = append_layout(tokens=3, length=3)  # shift: tokens only, causal
+    assert torch.equal(rule, torch.ones(3, 3, dtype=torch.bool).tril()) and slots.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_append_equals_one_token_per_call_decoding(shift):
+    """Greedy confidence decoding at block_length=1 (the append cache) of a left-padded batch writes Y with
+    avg_logprob; ``append`` scores (X, Y) as exactly N * avg_logprob and greedy, and no longer greedy once a token of
+    Y changes. For the shift_logits variant too (decoding supports it at block_length=1)."""
+    model = _blocks_model(shift=shift)
+    c = model.config
+    _never_proposes(model, [c.mask_token_id, c.pad_token_id, c.eos_token_id])
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(5, c.vocab_size, (n,), generator=g).tolist() for n in (7, 3, 11)]
+    ids, mask = left_pad(prompts, pad_id=c.pad_token_id)
+    N = 6
+    out = generate_ids(model, ids, mask, max_new_tokens=N, strategy="confidence", block_length=1,
+                       suppress_ids=[c.eos_token_id])
+    answers = out.tokens.tolist()
+    assert out.steps == N and out.lengths.tolist() == [N] * 3  # one token per call, all of them written
+    scores = score_requests(model, list(zip(prompts, answers)), estimator="append", batch_size=2)
+    for (ll, greedy), avg in zip(scores, out.avg_logprob.tolist()):
+        assert ll == pytest.approx(avg * N, abs=1e-4) and greedy
+    changed = [a[:2] + [a[2] + 1 if a[2] + 1 < c.vocab_size else 5] + a[3:] for a in answers]
+    assert not any(g for _, g in score_requests(model, list(zip(prompts, changed)), estimator="append"))
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_append_is_a_distribution(shift):
+    """exp(append) over all 8² continuations of a vocabulary-8 blocks model sums to 1, and exactly one is greedy."""
+    model = _blocks_model(shift=shift, vocab_size=8, mask_token_id=MASK, initializer_range=0.5)
+    conts = [[a, b] for a in range(8) for b in range(8)]
+    scores = score_requests(model, [([1, 5, 6, 7, 2], y) for y in conts], estimator="append", row_batch_size=512)
+    assert abs(sum(math.exp(ll) for ll, _ in scores) - 1.0) < 1e-4
+    assert sum(g for _, g in scores) == 1
+
+
+def test_append_shift_cache_and_batching():
+    """The shift_logits layout (tokens only, logits from the row before) through the ESTIMATORS-wide checks above:
+    the cache equals the full sequence, and batching changes no score."""
+    model = _blocks_model(shift=True, vocab_size=64)
+    reqs = _requests() + [(_requests()[0][0], [7, 8, 9, 10])]
+    cached = score_requests(model, reqs, estimator="append", batch_size=2, row_batch_size=5)
+    full = score_requests(model, reqs, estimator="append", batch_size=3, row_batch_size=7, use_cache=False)
+    for req, (a, ga), (b, gb) in zip(reqs, cached, full):
+        [(alone, galone)] = score_requests(model, [req], estimator="append", batch_size=1, row_batch_size=1)
+        assert a == pytest.approx(b, abs=1e-4) and a == pytest.approx(alone, abs=1e-4) and ga == gb == galone
+
+
+def test_append_warns_once_on_a_model_never_trained_on_blocks_of_1(model):
+    """``append`` reads answer tokens as blocks of 1: a paper model (bidirectional prefix) or a blocks model without 1
+    in its prefix_block_lengths gets one warning per call naming the adaptation that trains them; a model trained on
+    them, or another estimator, gets none."""
+    reqs = _requests()
+    for untrained, command in [(model, "1,8,16,32"), (_blocks_model(prefix_block_lengths=[4, 8], vocab_size=64), "1,4,8")]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            score_requests(untrained, reqs, estimator="append", batch_size=1, row_batch_size=1)
+        said = [str(w.message) for w in caught]
+        assert len(said) == 1 and said[0].startswith("the append scorer reads every answer token as a block of 1")
+        assert f"biglm pretrain blocks-adapt --init_from MODEL --objective.prefix_blocks {command}" in said[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails
+        score_requests(_blocks_model(vocab_size=64), reqs, estimator="append")
+        score_requests(_blocks_model(shift=True, vocab_size=64), reqs, estimator="append")
+        score_requests(model, reqs, estimator="chain")

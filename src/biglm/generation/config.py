@@ -275,15 +275,18 @@ def for_model(config: DecodingConfig, model_config: Any) -> DecodingConfig:
     return dataclasses.replace(config, **changes) if changes else config
 
 
-def untrained_blocks_of_one(model_config: Any) -> str:
-    """The warning for speculative decoding on a `biglm-blocks` model whose training never drew blocks of 1 (the
-    objective's default block lengths are 8, 16 and 32): decoding then runs a condition the model never saw."""
+def untrained_blocks_of_one(model_config: Any, *,
+                            use: str = "speculative decoding (draft_length) checks every token as a block of 1") -> str:
+    """The warning for running a model at blocks of 1 (``use`` says what does: speculative decoding, or the ``append``
+    scorer) when its training never drew them (the biglm-blocks objective's default block lengths are 8, 16 and 32; a
+    paper model's prefix is bidirectional): it then runs a condition the model never saw. One text, one remedy."""
     lengths = sorted(model_config.prefix_block_lengths)
-    return (f"speculative decoding (draft_length) checks every token as a block of 1, but this model was trained on "
-            f"prefix blocks of {', '.join(map(str, lengths))} only (prefix_block_lengths in its config.json; the "
-            "biglm-blocks objective's default is 8, 16, 32): blocks of 1 are a condition its training never drew. To "
+    trained = (f"prefix blocks of {', '.join(map(str, lengths))} only (prefix_block_lengths in its config.json; the "
+               "biglm-blocks objective's default is 8, 16, 32)" if lengths else
+               "a bidirectional prefix (prefix_attention in its config.json), so its answer keys never learned to be causal")
+    return (f"{use}, but this model was trained on {trained}: blocks of 1 are a condition its training never drew. To "
             "train it on them, adapt it with blocks of 1 included: biglm pretrain blocks-adapt --init_from MODEL "
-            f"--objective.prefix_blocks {','.join(map(str, [1, *lengths]))}")
+            f"--objective.prefix_blocks {','.join(map(str, [1, *(lengths or [8, 16, 32])]))}")
 
 
 @functools.cache

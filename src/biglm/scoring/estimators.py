@@ -1,7 +1,7 @@
-"""log P(continuation | context) for a BiGLM: five estimators (below), batched over an exact prefix cache.
+"""log P(continuation | context) for a BiGLM: six estimators (below), batched over an exact prefix cache.
 
 Notable features
-- One engine, five estimators. Each estimator turns a request (context X, continuation Y) into
+- One engine, six estimators. Each estimator turns a request (context X, continuation Y) into
   *variants*: a copy of Y with some positions replaced by the mask token, the positions scored in
   that copy, and a weight. The engine encodes every distinct context once (`encode_prefix`), repeats
   its cache rows for all variants of all continuations of that context (`PrefixCache.select`), and
@@ -29,8 +29,18 @@ Notable features
     an unbiased estimate of the ELBO ≤ log P(Y | X). Seeded per request from (seed, token ids), so a
     score does not depend on batching or order. is_greedy: every scored slot in every sample holds
     its argmax (slots no sample masked are not checked).
-- Cost in suffix token-positions per request: one-pass n, blocks n·ceil(n/b), chain and pll n², mc m·n. Measured numbers
-  are in docs/scoring.md and benchmarks/bench_scoring.py.
+  * ``append``: the autoregressive distribution of one-token-per-call decoding with the append cache (confidence
+    decoding at block_length=1): Σ_t log P(y_t | X, y_<t as blocks of one, one mask at slot t). Each committed token
+    is a block of one (it sees X, the tokens before it and itself, so its keys/values are final) and slot t's mask
+    sees all of those and itself. So the whole continuation is ONE row, teacher-forced like an AR model's: without
+    ``shift_logits``, y_0..y_{n-2} as blocks of one, then n check masks (check t at slot t sees y_<t and itself),
+    logits read at the checks; with ``shift_logits`` (row t's logits are row t-1's hidden state, row 0's the
+    context's last), y_0..y_{n-1} as blocks of one and no masks, logits read at every row (a mask there would be
+    predicted from the wrong row). A distribution over continuations of length n (tested like ``chain``); exact
+    for a `biglm-blocks` model trained on blocks of 1, which is the only kind it does not warn about.
+    is_greedy: greedy one-token-per-call decoding writes Y (tested against `generate_ids`).
+- Cost in suffix token-positions per request: one-pass n, append 2n - 1 (n with shift_logits) in one row,
+  blocks n·ceil(n/b), chain and pll n², mc m·n. Measured numbers are in docs/scoring.md and benchmarks/bench_scoring.py.
 - Window: context + continuation must fit `max_length` (default the model's
   max_position_embeddings). Longer requests lose context from the LEFT (a warning says how many);
   a continuation that alone does not fit is an error, since scoring part of it would change the
@@ -49,28 +59,38 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..generation.config import untrained_blocks_of_one
 from ..model.modeling import BiGLMForMaskedLM, PrefixCache
 
-ESTIMATORS: tuple[str, ...] = ("chain", "one-pass", "pll", "mc", "blocks")
+ESTIMATORS: tuple[str, ...] = ("chain", "one-pass", "pll", "mc", "blocks", "append")
 
 
 @dataclass(frozen=True)
 class _Variant:
     """One suffix pass row: ``tokens`` (Y with some slots masked), ``slots`` scored with their true
-    ``targets``, each log-prob multiplied by ``weight``."""
+    ``targets``, each log-prob multiplied by ``weight``. ``slots`` index the row (a row entry's answer slot is its
+    index, except in an ``append`` row). ``blocks_of_one`` None: the row sees itself bidirectionally (every estimator
+    but ``append``); k: the row's first k entries are answer tokens y_0..y_{k-1} as blocks of one and the rest are
+    checks, one mask per slot (`append_layout`)."""
 
     request: int
     tokens: tuple[int, ...]
     slots: tuple[int, ...]
     targets: tuple[int, ...]
     weight: float
+    blocks_of_one: int | None = None
 
 
 def _variants(estimator: str, request: int, context: Sequence[int], cont: Sequence[int], *, mask_id: int,
-              mc_samples: int, seed: int, score_block: int = 8) -> list[_Variant]:
-    """The rows an estimator needs for one request (see the module docstring for the definitions)."""
+              mc_samples: int, seed: int, score_block: int = 8, shift: bool = False) -> list[_Variant]:
+    """The rows an estimator needs for one request (see the module docstring for the definitions); ``shift``: the
+    model's ``shift_logits``, which only ``append`` lays out differently."""
     n = len(cont)
     y = tuple(int(t) for t in cont)
+    if estimator == "append" and shift:  # row t's logits are token t-1's hidden state: no masks
+        return [_Variant(request, y, tuple(range(n)), y, 1.0, blocks_of_one=n)]
+    if estimator == "append":  # y_0..y_{n-2}, then check t (a mask at slot t) at row entry n - 1 + t
+        return [_Variant(request, y[:-1] + (mask_id,) * n, tuple(range(n - 1, 2 * n - 1)), y, 1.0, blocks_of_one=n - 1)]
     if estimator == "one-pass":
         return [_Variant(request, (mask_id,) * n, tuple(range(n)), y, 1.0)]
     if estimator == "blocks":
@@ -100,6 +120,21 @@ def chain_rows(continuation: Sequence[int], *, mask_id: int) -> list[tuple[tuple
     visible and y_>=t masked, slot t scored. What `score_requests` runs for ``chain``; fine-tuning trains on the same
     rows with gradients (classification by prompt with multi-token label words)."""
     return [(v.tokens, v.slots[0]) for v in _variants("chain", 0, (), continuation, mask_id=mask_id, mc_samples=1, seed=0)]
+
+
+def append_layout(*, tokens: int, length: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """An ``append`` row of ``length`` entries whose first ``tokens`` are answer tokens: ``(rule, slots)``, the
+    (length, length) bool of which entries each entry sees (every entry also sees the whole context) and each entry's
+    answer slot (its position past the context). Token i sits at slot i and sees tokens 0..i (a block of one, as the
+    append cache commits it); check t (entry tokens + t) sits at slot t and sees tokens 0..t-1 and itself, exactly the
+    mask one-token-per-call decoding predicts slot t with."""
+    i = torch.arange(length, device=device)
+    is_token = i < tokens
+    slots = torch.where(is_token, i, i - tokens)
+    # only tokens are keys to others (j < tokens): token i sees j <= i, check t sees j < t; everyone sees itself
+    sees_token = (i[None, :] < tokens) & torch.where(is_token[:, None], i[None, :] <= i[:, None],
+                                                      i[None, :] < slots[:, None])
+    return sees_token | (i[:, None] == i[None, :]), slots
 
 
 def fit_window(context: Sequence[int], continuation: Sequence[int], *, max_length: int) -> tuple[list[int], int]:
@@ -134,7 +169,8 @@ def score_requests(
 
     Args:
         model: a BiGLM in eval mode (any device/dtype; log-softmax runs in fp32).
-        estimator: ``chain`` | ``one-pass`` | ``pll`` | ``mc`` (module docstring).
+        estimator: ``chain`` | ``one-pass`` | ``pll`` | ``mc`` | ``blocks`` | ``append`` (module docstring). ``append``
+            on a model not trained on prefix blocks of 1 warns once per call (it scores a condition never trained).
         batch_size: distinct contexts encoded together (one `encode_prefix` call per batch).
         row_batch_size: suffix rows (variants) per forward pass.
         mc_samples: samples per request for ``mc``.
@@ -157,6 +193,12 @@ def score_requests(
     config = model.config
     if config.mask_token_id is None:
         raise ValueError("model.config.mask_token_id is None: a BiGLM scorer needs a mask token.")
+    if estimator == "append" and not (getattr(config, "prefix_attention", "bidirectional") == "blocks"
+                                      and 1 in config.prefix_block_lengths):
+        # a shift_logits model's AR source was causal, but its BiGLM training is what the config records: one rule
+        warnings.warn(untrained_blocks_of_one(config, use="the append scorer reads every answer token as a block of 1"),
+                      stacklevel=3)  # past no_grad's wrapper
+    shift = bool(getattr(config, "shift_logits", False))
     window = int(max_length or config.max_position_embeddings)
     pad_id = int(config.pad_token_id if config.pad_token_id is not None else 0)
     device = next(model.parameters()).device
@@ -194,7 +236,8 @@ def score_requests(
         for b, c in enumerate(ctx_batch):
             for r in groups[c]:
                 rows += [(b, v) for v in _variants(estimator, r, c, fitted[r][1], mask_id=int(config.mask_token_id),
-                                                   mc_samples=mc_samples, seed=seed, score_block=score_block)]
+                                                   mc_samples=mc_samples, seed=seed, score_block=score_block,
+                                                   shift=shift)]
         rows.sort(key=lambda bv: len(bv[1].tokens))  # similar suffix lengths per pass: less right padding
         for r0 in range(0, len(rows), row_batch_size):
             chunk = rows[r0:r0 + row_batch_size]
@@ -247,15 +290,33 @@ def _run_rows(model: BiGLMForMaskedLM, chunk: list[tuple[int, _Variant]], *, cac
         owners += [v.request] * len(v.slots)
     index = torch.tensor([b for b, _ in chunk], dtype=torch.long, device=device)
     ids, mask, score = ids.to(device), mask.to(device), score.to(device)
+    P = ctx_ids.shape[1]
+    rule = positions = None
+    if chunk[0][1].blocks_of_one is not None:  # append rows (one estimator per call): rule and slots given outright
+        rule = torch.eye(S, dtype=torch.bool).expand(R, S, S).clone()  # a padding entry sees itself only
+        slots = torch.arange(S).expand(R, S).clone()
+        for i, (_, v) in enumerate(chunk):
+            n = len(v.tokens)
+            rule[i, :n, :n], slots[i, :n] = append_layout(tokens=v.blocks_of_one, length=n)
+        rule, positions = rule.to(device), P + slots.to(device)
     if cache is not None:
-        logits = model(ids, prefix_cache=cache.select(index), attention_mask=mask, logits_positions=score).logits
+        if rule is not None:
+            rule = torch.cat((rule.new_ones(R, S, P), rule), dim=2)
+        logits = model(ids, prefix_cache=cache.select(index), attention_mask=mask, logits_positions=score,
+                       attention_rule=rule, position_ids=positions).logits
     else:
-        # reference path: the whole sequence under the BiGLM mask (prefix cannot see the suffix)
-        P = ctx_ids.shape[1]
+        # reference path: the whole sequence, the context seeing only itself (the BiGLM mask, or the append rule)
         full = torch.cat((ctx_ids.index_select(0, index), ids), dim=1)
         full_mask = torch.cat((ctx_mask.index_select(0, index), mask), dim=1)
         full_score = torch.cat((torch.zeros_like(ctx_mask, dtype=torch.bool).index_select(0, index), score), dim=1)
-        logits = model(full, prefix_len=P, attention_mask=full_mask, logits_positions=full_score).logits
+        if rule is None:
+            logits = model(full, prefix_len=P, attention_mask=full_mask, logits_positions=full_score).logits
+        else:
+            top = torch.cat((rule.new_ones(R, P, P), rule.new_zeros(R, P, S)), dim=2)
+            full_rule = torch.cat((top, torch.cat((rule.new_ones(R, S, P), rule), dim=2)), dim=1)
+            full_positions = torch.cat((torch.arange(P, device=device).expand(R, P), positions), dim=1)
+            logits = model(full, attention_rule=full_rule, position_ids=full_positions, attention_mask=full_mask,
+                           logits_positions=full_score).logits
     logp = torch.log_softmax(logits.float(), dim=-1)  # (M, V)
     tgt = torch.tensor(targets, dtype=torch.long, device=logp.device)
     lp = logp.gather(1, tgt[:, None]).squeeze(1).double().cpu().numpy()

@@ -118,7 +118,7 @@ class BiGLMLM(LM):
     Args (``--model_args key=value,...``):
         pretrained: directory written by `biglm export` / ``save_pretrained`` (or a training checkpoint
             that `biglm.checkpoint.load_model` accepts).
-        scorer: ``chain`` | ``one-pass`` | ``pll`` | ``mc`` | ``blocks`` (see `biglm.scoring.estimators`).
+        scorer: ``chain`` | ``one-pass`` | ``pll`` | ``mc`` | ``blocks`` | ``append`` (see `biglm.scoring.estimators`).
         batch_size: contexts encoded per batch (``auto`` = 16).
         row_batch_size: suffix rows per forward pass.
         device: ``cpu``, ``cuda``, ``cuda:1``... (under torchrun: ``cuda:LOCAL_RANK``).
