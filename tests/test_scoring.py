@@ -303,7 +303,8 @@ def test_append_warns_once_on_a_model_never_trained_on_blocks_of_1(model):
     in its prefix_block_lengths gets one warning per call naming the adaptation that trains them; a model trained on
     them, or another estimator, gets none."""
     reqs = _requests()
-    for untrained, command in [(model, "1,8,16,32"), (_blocks_model(prefix_block_lengths=[4, 8], vocab_size=64), "1,4,8")]:
+    without_1 = _blocks_model(prefix_block_lengths=[4, 8], vocab_size=64)
+    for untrained, command in [(model, "1,8,16,32"), (without_1, "1,4,8")]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             score_requests(untrained, reqs, estimator="append", batch_size=1, row_batch_size=1)

@@ -40,7 +40,7 @@ Notable features
     for a `biglm-blocks` model trained on blocks of 1, which is the only kind it does not warn about.
     is_greedy: greedy one-token-per-call decoding writes Y (tested against `generate_ids`).
 - Cost in suffix token-positions per request: one-pass n, append 2n - 1 (n with shift_logits) in one row,
-  blocks n·ceil(n/b), chain and pll n², mc m·n. Measured numbers are in docs/scoring.md and benchmarks/bench_scoring.py.
+  blocks n·ceil(n/b), chain and pll n², mc m·n. Measured numbers: docs/scoring.md, benchmarks/bench_scoring.py.
 - Window: context + continuation must fit `max_length` (default the model's
   max_position_embeddings). Longer requests lose context from the LEFT (a warning says how many);
   a continuation that alone does not fit is an error, since scoring part of it would change the
