@@ -13,6 +13,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -117,6 +118,33 @@ def test_openai_client_equals_the_biglm_generate_command(served, checkpoint, cap
     assert streamed == _biglm_generate(checkpoint, render_chat(served.tok, messages), capsys, **flags)
 
 
+def test_speculative_completion_equals_the_biglm_generate_command(served, checkpoint, capsys):
+    """A request with ``draft_length`` runs speculative decoding in the engine: the completion is what `biglm generate`
+    prints with the same flags (greedy; sampled with a seed), streamed chunks add up to it, and /health's
+    ``stats.positions`` grows by the positions its calls computed (generate_ids' count less the prompt's pass)."""
+    from biglm.generation import DecodingConfig, generate_ids
+
+    for flags in (dict(max_new_tokens=12, strategy="confidence", draft_length=2),
+                  dict(max_new_tokens=12, strategy="confidence", draft_length=2, temperature=0.9, seed=6)):
+        extra = {k: flags[k] for k in ("strategy", "draft_length")}
+        sampling = {"max_tokens": 12, **{k: flags[k] for k in ("temperature", "seed") if k in flags}}
+        with pytest.warns(UserWarning, match="approximation"):  # a paper model, as `biglm generate` warns too
+            want = _biglm_generate(checkpoint, PROMPTS[0], capsys, **flags)
+        before = _healthy(served.url)["stats"].get("positions", 0)  # (none before the first step)
+        text = served.client.completions.create(model=NAME, prompt=PROMPTS[0], extra_body=extra, **sampling)
+        after = _healthy(served.url)["stats"]["positions"]
+        assert text.choices[0].text == want
+        ids = served.tok(PROMPTS[0], add_special_tokens=False)["input_ids"]
+        cfg = DecodingConfig(**{k: v for k, v in flags.items()})
+        with pytest.warns(UserWarning, match="approximation"):
+            alone = generate_ids(served.model, torch.tensor([ids]), config=cfg,
+                                 suppress_ids=range(len(served.tok), served.model.config.vocab_size))
+        assert after - before == alone.positions - len(ids) > 0
+        streamed = served.client.completions.create(model=NAME, prompt=PROMPTS[0], extra_body=extra, stream=True,
+                                                    **sampling)
+        assert "".join(c.choices[0].text for c in streamed) == want
+
+
 def test_n_choices_and_stop(served):
     out = served.client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=10, temperature=1.0, seed=5,
                                            n=3, extra_body={"steps": 4})
@@ -162,7 +190,10 @@ def _error(r) -> dict:
     ({"prompt": "hi", "strategy": "beam"}, 400, "strategy"),
     ({"prompt": "hi", "threshold": 2}, 400, "threshold"),
     ({"prompt": "hi", "block_length": 0}, 400, "block_length"),
-    ({"prompt": "hi", "strategy": "confidence", "draft_length": 2}, 400, "draft_length"),  # not in the engine
+    ({"prompt": "hi", "draft_length": 2}, 400, "strategy"),  # speculative decoding is confidence decoding's
+    ({"prompt": "hi", "strategy": "confidence", "draft_length": 2, "steps": 4}, 400, "steps"),
+    ({"prompt": "hi", "strategy": "confidence", "draft_length": 2, "draft_accept": 0.5, "temperature": 1}, 400,
+     "draft_accept"),  # below 1: greedy only
     ({"prompt": "hi", "draft_accept": 0.5}, 400, "draft_accept"),
     ({"prompt": "hi", "logprobs": 2}, 400, "logprobs"),  # unsupported: refused, not ignored
     ({"max_tokens": 4}, 400, "prompt"),

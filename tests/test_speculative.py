@@ -205,7 +205,7 @@ def test_bad_speculative_settings_are_refused():
     cfg = DecodingConfig(strategy="confidence", draft_length=2)
     with pytest.raises(ValueError, match="candidate lengths"):
         generate_ids(model, ids, mask, config=cfg, lengths=[4])
-    with pytest.raises(ValueError, match="server"):
+    with pytest.raises(ValueError, match="SpeculativeDecode"):
         Decode(model, ids, mask, config=cfg)
     torch.manual_seed(0)
     paper = BiGLMForMaskedLM(BiGLMConfig.from_preset("tiny")).eval()
@@ -228,16 +228,115 @@ def test_attention_rule_is_refused_with_a_prefix_split_or_a_wrong_shape():
     torch.testing.assert_close(model(ids, attention_rule=hand).logits, blocks, atol=1e-5, rtol=1e-5)
 
 
-def test_engine_refuses_and_batch_files_run_speculative_rows_alone():
-    """The server's engine merges requests into shared calls, which speculative decoding does not: refused at submit.
-    A batch file's sampled speculative rows run one at a time, each with its own seed: the answer it gets alone."""
+ENGINE_PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12], [14, 15, 16, 17], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40],
+                  [20, 21], [44, 45, 46]]
+ENGINE_CONFIGS = [
+    DecodingConfig(strategy="confidence", draft_length=2, max_new_tokens=14),  # greedy
+    DecodingConfig(strategy="confidence", draft_length=2, max_new_tokens=12, temperature=1.0, seed=3),  # sampled
+    DecodingConfig(strategy="confidence", block_length=4, steps=6, max_new_tokens=12, block_cache="append"),
+    DecodingConfig(max_new_tokens=10, steps=5, temperature=0.9, seed=5),  # Mask-Predict, one block
+    DecodingConfig(strategy="confidence", draft_length=2, max_new_tokens=9, draft_accept=1e-30),  # every draft kept
+    DecodingConfig(strategy="confidence", block_length=3, max_new_tokens=9, block_cache="append", length_beam=2),
+]
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+def test_engine_merges_speculative_and_ordinary_requests_each_as_alone(shift, monkeypatch):
+    """The server's engine runs speculative requests (m = 2: greedy, seeded sampling, every draft kept) in the same
+    model calls as ordinary ones (blocks with the append cache, whose held blocks ride on the next step; Mask-Predict;
+    a length beam), arriving at different steps: each answer is token for token what `generate_ids` gives it alone
+    with the same config and seed, each step is one model call, a speculative request takes generate_ids' calls, its
+    stable part is what it wrote so far, and ``engine.positions`` is what the calls computed."""
     from biglm.generation import DecodeEngine
+
+    model = _blocks_model(shift_logits=shift)
+    alone = [generate_ids(model, torch.tensor([p]), config=c) for p, c in zip(ENGINE_PROMPTS, ENGINE_CONFIGS)]
+    seen: list[int] = []
+    real = model.forward
+
+    def spy(input_ids, *args, **kwargs):
+        if kwargs.get("prefix_cache") is not None:  # a merged decoding call (a prompt's encode runs the inner model)
+            seen.append(input_ids.numel())
+        return real(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy)
+    engine = DecodeEngine(model, max_batch_rows=5)  # the length beam's 2 rows make some requests wait
+    arrivals = {0: [0, 2], 1: [1, 5], 3: [3, 4]}
+    spec = {str(i) for i, c in enumerate(ENGINE_CONFIGS) if c.draft_length}
+    events: dict[str, list] = {}
+    t = mixed = 0
+    while t <= max(arrivals) or engine.num_running or engine.num_waiting:
+        for i in arrivals.get(t, []):
+            engine.submit(str(i), ENGINE_PROMPTS[i], ENGINE_CONFIGS[i])
+        before = len(seen)
+        out = engine.step()
+        assert len(seen) - before == (1 if out else 0)  # one merged call for every running request
+        ids = {e.request_id for e in out}
+        mixed += bool(ids & spec and ids - spec)
+        for e in out:
+            events.setdefault(e.request_id, []).append(e)
+        t += 1
+        assert t < 200
+    assert mixed >= 3  # speculative and ordinary requests really shared calls
+    for i, want in enumerate(alone):
+        got = events[str(i)]
+        assert got[-1].finished and got[-1].token_ids == want.token_lists()[0], i
+        if ENGINE_CONFIGS[i].draft_length:
+            assert got[-1].steps == want.steps
+            for a, b in zip(got, got[1:]):
+                assert b.stable_ids[:len(a.stable_ids)] == a.stable_ids  # written tokens are final
+            assert all(e.stable_ids == e.token_ids for e in got)
+    kept = [len(e.stable_ids) for e in events["4"]]
+    assert kept == [1, 4, 7, 9] and alone[4].steps == 4  # m + 1 tokens a call after the first
+    assert engine.positions == sum(seen)
+
+
+def test_engine_finishes_a_speculative_request_at_eos_and_at_a_stop_string():
+    """EOS made likely: the engine's answer is generate_ids' (cut at the EOS, finish "stop"); a stop string in the
+    written tokens finishes the request there, before max_new_tokens."""
+    from biglm.generation import DecodeEngine
+
+    model = _blocks_model()
+    eos = model.config.eos_token_id
+    cfg = DecodingConfig(strategy="confidence", draft_length=2, max_new_tokens=20)
+    likely = generate_ids(model, torch.tensor([ENGINE_PROMPTS[0]]), config=cfg).token_lists()[0][3]
+    with torch.no_grad():
+        model.lm_head.weight[eos] = model.lm_head.weight[likely] * 1.5  # EOS behaves like a likely token
+    want = generate_ids(model, torch.tensor([ENGINE_PROMPTS[0]]), config=cfg)
+    assert int(want.lengths[0]) < 20  # the answer does hold an EOS
+    engine = DecodeEngine(model)
+    engine.submit("a", ENGINE_PROMPTS[0], cfg)
+    last = None
+    while engine.num_running or engine.num_waiting:
+        (last,) = engine.step()
+    assert last.token_ids == want.token_lists()[0] and last.finish_reason == "stop"
+
+    class Tok:
+        def __len__(self):
+            return model.config.vocab_size
+
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids)) + " "
+
+    plain = _blocks_model()
+    full = generate_ids(plain, torch.tensor([ENGINE_PROMPTS[2]]), config=cfg, suppress_ids=[eos]).token_lists()[0]
+    i = next(i for i in range(4, 20) if full[i] not in full[:i])
+    stop = f" {full[i]} "  # a written token's text (its first time): the request stops once it is written
+    engine = DecodeEngine(plain, tokenizer=Tok())
+    engine.submit("b", ENGINE_PROMPTS[2], cfg.override(stop=[stop], ignore_eos=True))
+    events = []
+    while engine.num_running or engine.num_waiting:
+        events += engine.step()
+    assert events[-1].finish_reason == "stop" and events[-1].token_ids == full[:len(events[-1].token_ids)]
+    assert i + 1 <= len(events[-1].token_ids) <= i + 3 < 20  # the call that wrote it writes at most m + 1 tokens
+
+
+def test_batch_files_run_sampled_speculative_rows_in_the_engine():
+    """A batch file's sampled rows, speculative and ordinary, go through the engine together, each with its own
+    seed: each row's text is the answer it gets alone."""
     from biglm.generation.batch import BatchAnswerer, BatchRow
 
     model = _blocks_model()
-    cfg = DecodingConfig(strategy="confidence", draft_length=2, max_new_tokens=8)
-    with pytest.raises(ValueError, match="engine"):
-        DecodeEngine(model).submit("a", [5, 6, 7], cfg)
 
     class Tok:
         def __len__(self):
@@ -247,25 +346,34 @@ def test_engine_refuses_and_batch_files_run_speculative_rows_alone():
             return " ".join(map(str, ids))
 
     answerer = BatchAnswerer(model, Tok())
-    sampled = [cfg.override(temperature=1.0, seed=s) for s in (1, 2)]
-    rows = [BatchRow(line=i, id=str(i), prompt_ids=[5 + i, 6, 7], config=c) for i, c in enumerate(sampled)]
-    got = answerer(rows)
+    spec = DecodingConfig(strategy="confidence", draft_length=2, max_new_tokens=8, temperature=1.0)
+    configs = [spec.override(seed=1), spec.override(seed=2), DecodingConfig(max_new_tokens=8, steps=4, temperature=1.0)]
+    rows = [BatchRow(line=i, id=str(i), prompt_ids=[5 + i, 6, 7], config=c) for i, c in enumerate(configs)]
+    calls: list[int] = []
+    hook = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        got = answerer(rows)
+    finally:
+        hook.remove()
     for row, out in zip(rows, got):
         alone = generate_ids(model, torch.tensor([row.prompt_ids]), config=row.config, suppress_ids=answerer.suppress)
         assert out["text"] == " ".join(map(str, alone.token_lists()[0]))
+    assert len(calls) <= 8  # merged: no more calls than the longest row's (alone they would add up)
 
 
-def test_serve_refuses_draft_length_at_start(checkpoint, capsys):
+def test_serve_takes_draft_length_as_a_served_default(checkpoint, capsys):
+    """`biglm serve --decoding.draft_length 2` is a served default (the engine runs it); one that does not fit the
+    other options is refused at start, naming the option."""
     from biglm.serving.cli import ServeArgs, main, server_defaults
 
-    assert main([str(checkpoint), "--decoding.strategy", "confidence", "--decoding.draft_length", "2"]) == 2
-    err = capsys.readouterr().err  # an option error, said as one (the model itself loads)
-    assert "--decoding.draft_length" in err and "cannot load" not in err
+    assert main([str(checkpoint), "--decoding.draft_length", "2"]) == 2  # speculative decoding needs confidence
+    err = capsys.readouterr().err
+    assert "draft_length" in err and "strategy='confidence'" in err and "cannot load" not in err
 
     model = _blocks_model()
     args = ServeArgs(checkpoint="unused", decoding=DecodingConfig(strategy="confidence", draft_length=2))
-    with pytest.raises(ValueError, match="--decoding.draft_length"):
-        server_defaults(model.config, args, given=["strategy", "draft_length"])
+    defaults = server_defaults(model.config, args, given=["strategy", "draft_length"])
+    assert (defaults.strategy, defaults.draft_length) == ("confidence", 2)
     assert server_defaults(model.config, args, given=["strategy"]).draft_length == 0
 
 

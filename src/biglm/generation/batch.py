@@ -268,8 +268,6 @@ class BatchAnswerer:
             return []
         if rows[0].config.temperature == 0.0 and len({settings_key(r.config) for r in rows}) == 1:
             return self._padded(rows)
-        if any(r.config.draft_length for r in rows):  # speculative decoding never runs in the engine: sampled rows
-            return [out for r in rows for out in self._padded([r])]  # alone, each with its own seeded stream
         return self._engine(rows)
 
     def _padded(self, rows: Sequence[BatchRow]) -> list[dict[str, Any]]:

@@ -58,10 +58,10 @@ class DecodingError(ValueError):
         self.option = option
 
 
-# why speculative decoding is refused by the engine and the server (their calls merge requests), said once
-SPECULATIVE_ALONE = ("speculative decoding (draft_length) runs in generate_ids / generate / biglm generate, one batch "
-                     "per call: the server's engine, which merges requests into shared model calls, does not run it; "
-                     "set draft_length=0.")
+# why `decoding.Decode` (iterative unmasking) refuses speculative decoding, and where that runs, said once
+SPECULATIVE_ALONE = ("speculative decoding (draft_length) is a state machine of its own, speculative.SpeculativeDecode,"
+                     " which generate_ids / generate / biglm generate and the server's engine build for such a config; "
+                     "Decode runs iterative unmasking only: set draft_length=0 here.")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ Notable features
 - Options arrive as one validated `config.DecodingConfig`; `generate_ids` takes no loose option
   keywords except as overrides that build that object once at its entry.
 - Speculative decoding (``draft_length``: the answer of confidence decoding at blocks of 1, one token per call, in
-  fewer calls) is a loop of its own (`speculative`); `generate_ids` hands such a config to it.
+  fewer calls) is a state machine of its own (`speculative.SpeculativeDecode`, the same contract as `Decode`);
+  `generate_ids` hands such a config to it, and the server's engine runs one per speculative request.
 """
 
 from __future__ import annotations
@@ -472,9 +473,7 @@ def generate_ids(
         raise ValueError(f"prompt_ids must be a non-empty (batch, length) tensor, got shape {tuple(prompt_ids.shape)}.")
     check_prompt_ids(model.config, prompt_ids)
     if cfg.draft_length:
-        if lengths is not None or uses_length_head(model, cfg):
-            raise ValueError("speculative decoding (draft_length) writes up to max_new_tokens left to right and stops at "
-                             "EOS: it takes no candidate lengths (set length_head=False, pass no lengths).")
+        check_speculative(model, cfg, lengths=lengths)
         from .speculative import speculative_generate
 
         return speculative_generate(model, prompt_ids, prompt_mask, config=cfg, generator=generator,
@@ -492,6 +491,15 @@ def require_mask_token(model_config: Any) -> None:
     if getattr(model_config, "mask_token_id", None) is None:
         raise ValueError("the model has no mask_token_id: set model.config.mask_token_id = tokenizer.mask_token_id "
                          "(iterative unmasking starts from an all-mask answer).")
+
+
+def check_speculative(model: torch.nn.Module, config: DecodingConfig, *,
+                      lengths: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None) -> None:
+    """Refuse candidate lengths (given, or the model's length head's by default) with speculative decoding: it writes
+    up to max_new_tokens left to right and stops at EOS (`generate_ids` and the server's engine ask the same)."""
+    if config.draft_length and (lengths is not None or uses_length_head(model, config)):
+        raise ValueError("speculative decoding (draft_length) writes up to max_new_tokens left to right and stops at "
+                         "EOS: it takes no candidate lengths (set length_head=False, pass no lengths).")
 
 
 def check_prompt_ids(model_config: Any, prompt_ids: torch.Tensor) -> None:

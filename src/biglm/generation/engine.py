@@ -17,6 +17,12 @@ Notable features
   (`decoding.Decode.settle`, as in `generate_ids`), so later steps run only the suffix. With
   ``block_cache="append"`` the block is held and rides on the request's next step as its leading prefix
   tokens (they see the cache and themselves; their keys/values extend the cache): one call per block saved.
+- Speculative decoding (``draft_length``): such a request is a `speculative.SpeculativeDecode` (one row, its own
+  cache and sampler), and its drafted branches ride in the same merged call as everyone else's rows. Its call needs
+  an explicit attention rule, and the model takes a rule or a prefix split, not both, so a step holding one says
+  every row as a rule (an ordinary row: its queries see its cache; its held block's queries see the block, the
+  others the whole segment), each request's cache columns at the right end of the merged cache's; a step without
+  one keeps the prefix-split call. Its stable part is every token written so far (written tokens are final).
 - Events: after each step, one `EngineEvent` per request that took part, with the answer so far
   and ``stable_ids``, its leading part that can no longer change (what a server may stream).
 - Early finish: with one candidate, once the stable part holds an EOS (or, given a tokenizer, a
@@ -35,8 +41,9 @@ import torch
 from ..model.modeling import PrefixCache
 from .api import cut_at_stop
 from .config import DecodingConfig
-from .decoding import (SPECULATIVE_ALONE, Decode, DecodeRun, _unchecked, check_prompt_ids, require_mask_token,
+from .decoding import (Decode, DecodeRun, _unchecked, check_prompt_ids, check_speculative, require_mask_token,
                        uses_length_head)
+from .speculative import SpeculativeDecode, TreeCall
 
 
 @dataclass
@@ -63,18 +70,34 @@ class EngineEvent:
 
 
 class _Request:
-    """One submitted request: its prompt and, once admitted, its `Decode` (state machine and growing cache)."""
+    """One submitted request: its prompt and, once admitted, its `Decode` or `SpeculativeDecode` (state machine and
+    growing cache)."""
 
     def __init__(self, request_id: str, prompt_ids: list[int], config: DecodingConfig) -> None:
         self.id = request_id
         self.prompt_ids = prompt_ids
         self.config = config
-        self.decode: Decode | None = None
+        self.decode: Decode | SpeculativeDecode | None = None
         self.stable: list[int] = []
 
     @property
     def run(self) -> DecodeRun | None:
-        return None if self.decode is None else self.decode.run
+        """The iterative-unmasking run (None before admission, and for a speculative request)."""
+        return self.decode.run if isinstance(self.decode, Decode) else None
+
+    @property
+    def calls(self) -> int:
+        if self.decode is None:
+            return 0
+        return self.decode.calls if isinstance(self.decode, SpeculativeDecode) else self.decode.run.calls
+
+    @property
+    def finished(self) -> bool:
+        return self.decode.finished if isinstance(self.decode, SpeculativeDecode) else self.decode.run.pending is None
+
+    @property
+    def cache(self) -> PrefixCache:
+        return self.decode.cache if isinstance(self.decode, SpeculativeDecode) else self.decode.denoise.cache
 
     @property
     def rows(self) -> int:
@@ -130,9 +153,8 @@ class DecodeEngine:
                              f"{self.max_batch_rows}: lower length_beam.")
         if config.stop and self.tokenizer is None:
             raise ValueError("stop strings need the tokenizer: build DecodeEngine(model, tokenizer=...).")
-        if config.draft_length:
-            raise ValueError(SPECULATIVE_ALONE)
         uses_length_head(self.model, config)  # length_head=True on a model without one fails here
+        check_speculative(self.model, config)
         self._waiting[request_id] = _Request(request_id, ids, config)
 
     def cancel(self, request_id: str) -> None:
@@ -141,7 +163,7 @@ class DecodeEngine:
         req = self._waiting.pop(request_id, None) or self._running.pop(request_id, None)
         if req is not None:
             self._cancelled.append(EngineEvent(request_id, list(req.stable), list(req.stable), True, "cancelled",
-                                               req.run.calls if req.run is not None else 0))
+                                               req.calls))
 
     @torch.inference_mode()
     def step(self) -> list[EngineEvent]:
@@ -171,11 +193,17 @@ class DecodeEngine:
 
     def _start(self, req: _Request) -> None:
         prompt = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
+        if req.config.draft_length:
+            req.decode = SpeculativeDecode(self.model, prompt, config=req.config, suppress_ids=self.suppress)
+            return
         # always cached: the merged call runs every request's suffix over its own cache
         req.decode = Decode(self.model, prompt, config=req.config, suppress_ids=self.suppress, use_cache=True)
 
     def _decode(self, reqs: list[_Request]) -> None:
         """One model call over every request's pending query (each one's held block first, as prefix tokens)."""
+        if any(isinstance(r.decode, SpeculativeDecode) for r in reqs):
+            self._decode_rules(reqs)
+            return
         segments = [r.decode.segment() for r in reqs]
         held = [0 if r.decode.held is None else r.decode.held.end - r.decode.held.start for r in reqs]
         width = max(seg_ids.shape[1] for seg_ids, _, _ in segments)
@@ -208,6 +236,60 @@ class DecodeEngine:
             row += rows
             req.decode.answered(part, block)
 
+    def _decode_rules(self, reqs: list[_Request]) -> None:
+        """One model call over every request's pending query when a speculative one is among them: its drafted
+        branches need an explicit attention rule, and the model takes a rule or a prefix split, not both, so every
+        row is said as a rule (`_as_tree`). Rows are right-padded to the widest (masked keys, queries that see
+        everything, read by no one); each request's cache columns sit at the right end of the merged cache's."""
+        calls = [self._as_tree(r) if isinstance(r.decode, Decode) else (r.decode.segment(), None) for r in reqs]
+        cache = PrefixCache.merge([r.cache for r in reqs])
+        C, width = cache.length, max(call.ids.shape[1] for call, _ in calls)
+        ids, valid, pos, rules, read = [], [], [], [], []
+        base = 0  # merged rows before this request's
+        for call, keys in calls:
+            rows, w = call.ids.shape
+            own = call.rule.shape[2] - w  # the request's own cache length
+            pad = (0, width - w)
+            ids.append(torch.nn.functional.pad(call.ids, pad, value=self.model.config.mask_token_id))
+            keys = torch.ones_like(call.ids, dtype=torch.bool) if keys is None else keys
+            valid.append(torch.nn.functional.pad(keys, pad, value=False))
+            pos.append(torch.nn.functional.pad(call.positions, pad))
+            rule = torch.zeros(rows, width, C + width, dtype=torch.bool, device=self.device)
+            rule[:, w:] = True  # padded queries see everything (so no attention row is empty); no one reads them
+            rule[:, :w, C - own:C] = call.rule[:, :, :own]
+            rule[:, :w, C:C + w] = call.rule[:, :, own:]
+            rules.append(rule)
+            read.append((base + call.read // w) * width + call.read % w)
+            base += rows
+        self.positions += base * width
+        lead = max(call.lead for call, _ in calls)
+        out = self.model(torch.cat(ids), prefix_cache=cache, attention_mask=torch.cat(valid).long(),
+                         position_ids=torch.cat(pos), attention_rule=torch.cat(rules),
+                         logits_positions=torch.cat(read), return_cache=lead > 0)
+        row = 0
+        for req, (call, _), part in zip(reqs, calls, out.logits.split([call.read.numel() for call, _ in calls])):
+            rows = call.ids.shape[0]
+            block = None
+            if call.lead:  # this request's rows, their leading positions (hidden states too, for a shift model)
+                block = out["cache"].select(torch.arange(row, row + rows, device=self.device)).first(call.lead)
+            row += rows
+            req.decode.answered(part, block)
+
+    def _as_tree(self, req: _Request) -> tuple[TreeCall, torch.Tensor]:
+        """An iterative-unmasking request's query said as an attention rule (what its prefix split means): every
+        query sees the request's cache; its held block's queries see the block, the others the whole segment.
+        With it, the segment's key mask (R, w): a shorter length candidate's slots are padding."""
+        ids, valid, where = req.decode.segment()
+        rows, w = ids.shape
+        h = 0 if req.decode.held is None else req.decode.held.end - req.decode.held.start
+        own = req.decode.denoise.cache.length
+        q = torch.arange(w, device=self.device)
+        tail = (q[:, None] >= h) | (q[None, :] < h)  # (w, w): held queries see the held block only
+        rule = torch.cat((tail.new_ones(w, own), tail), 1).expand(rows, w, own + w)
+        positions = (own + q).expand(rows, -1)
+        return TreeCall(ids=ids, positions=positions, rule=rule, read=where.reshape(-1).nonzero().squeeze(1),
+                        lead=h), valid
+
     def _best_row(self, run: DecodeRun) -> int:
         if run.valid.shape[0] == 1:
             return 0
@@ -217,28 +299,38 @@ class DecodeEngine:
         return int(score.argmax())
 
     def _report(self, req: _Request) -> EngineEvent:
-        run = req.run
-        eos = run.eos_id
-        if run.pending is None:  # finished: the answer generate_ids would return
-            out = run.output()
+        if req.finished:  # the answer generate_ids would return
+            out = req.decode.output()
             tokens = out.token_lists()[0]
             reason = "stop" if int(out.lengths[0]) < int(out.candidate_length[0]) else "length"
             if reason == "length" and self._stop_hit(req, tokens):
                 reason = "stop"
             return self._finish(req, tokens, reason)
-        row = self._best_row(run)
-        answer, final, valid = run.progress.answer[row], run.progress.final[row], run.valid[row]
-        shown = answer[valid & (answer != run.mask_id)].tolist()
-        if run.valid.shape[0] == 1:  # with a length beam the winner is open until the end: nothing is stable
-            fixed = (final & valid).long()
-            lead = int(fixed.cumprod(0).sum())  # leading run of final slots
-            stable = answer[:lead].tolist()
+        shown, stable = self._progress(req)
+        if stable is not None:
+            eos = self.model.config.eos_token_id
             if eos is not None and eos in stable:
                 return self._finish(req, stable[: stable.index(eos)], "stop")
             if self._stop_hit(req, stable):
                 return self._finish(req, stable, "stop")
             req.stable = stable
-        return EngineEvent(req.id, shown, list(req.stable), False, None, run.calls)
+        return EngineEvent(req.id, shown, list(req.stable), False, None, req.calls)
+
+    def _progress(self, req: _Request) -> tuple[list[int], list[int] | None]:
+        """A running request's answer so far (its written slots) and its stable part (None: nothing is stable yet,
+        as with a length beam, whose winner is open until the end). A speculative request's written tokens are
+        final; iterative unmasking's stable part is its leading run of final slots."""
+        if isinstance(req.decode, SpeculativeDecode):
+            written = req.decode.written_ids()
+            return written, written
+        run = req.run
+        row = self._best_row(run)
+        answer, final, valid = run.progress.answer[row], run.progress.final[row], run.valid[row]
+        shown = answer[valid & (answer != run.mask_id)].tolist()
+        if run.valid.shape[0] > 1:
+            return shown, None
+        lead = int((final & valid).long().cumprod(0).sum())  # leading run of final slots
+        return shown, answer[:lead].tolist()
 
     def _stop_hit(self, req: _Request, ids: list[int]) -> bool:
         if not req.config.stop or not ids:
@@ -249,4 +341,4 @@ class DecodeEngine:
     def _finish(self, req: _Request, tokens: list[int], reason: str) -> EngineEvent:
         del self._running[req.id]
         req.stable = tokens
-        return EngineEvent(req.id, list(tokens), list(tokens), True, reason, req.run.calls)
+        return EngineEvent(req.id, list(tokens), list(tokens), True, reason, req.calls)

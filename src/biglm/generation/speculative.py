@@ -231,7 +231,7 @@ class SpeculativeDecode:
         before = answer[:, :N].clone() if self.on_step else None
         answer.scatter_(1, cols, torch.where(take, new, answer.gather(1, cols)))
         self.logprobs.scatter_(1, cols, torch.where(take, new_logp, self.logprobs.gather(1, cols)))
-        if n:  # pending tokens 0..a are final: their keys/values join the cache (a narrower row's extra ones as padding)
+        if n:  # pending tokens 0..a are final: their keys/values join the cache (a narrower row's extras: padding)
             width = int(kept[active].max()) + 1
             block = block.first(width)
             block.key_valid = (slots[:, :width] <= kept[:, None]) & active[:, None]

@@ -38,7 +38,7 @@ import torch
 
 from ..config import ConfigError, given_options, parse_cli
 from ..generation.cli import ReplicaOptions, ray_integration
-from ..generation.config import FIELDS, SPECULATIVE_ALONE, DecodingConfig, model_decoding
+from ..generation.config import FIELDS, DecodingConfig, model_decoding
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 log = logging.getLogger(__name__)
@@ -193,8 +193,6 @@ def server_defaults(config: Any, args: ServeArgs, *, given: Collection[str] | No
         given = [name for name in FIELDS if getattr(args.decoding, name) != getattr(plain, name)]
     defaults = model_decoding(config, {name: getattr(args.decoding, name) for name in given},
                               clear="--decoding.{name} {value}")
-    if defaults.draft_length:
-        raise ValueError(f"--decoding.draft_length: {SPECULATIVE_ALONE}")
     window = config.max_position_embeddings
     if defaults.max_new_tokens >= window:
         raise ValueError(f"--decoding.max_new_tokens {defaults.max_new_tokens} leaves no room for a prompt in "

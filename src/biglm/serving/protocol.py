@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
-from ..generation.config import FIELDS, SPECULATIVE_ALONE, DecodingConfig
+from ..generation.config import FIELDS, DecodingConfig
 
 # request field -> DecodingConfig field; OpenAI's names first, then biglm's own
 OPENAI_FIELDS: dict[str, str] = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p",
@@ -139,12 +139,13 @@ def decoding_config(request: _RequestBase, *, base: DecodingConfig, max_steps: i
         config = dataclasses.replace(base, **changes)
     except (ValueError, TypeError) as e:
         message = str(e)
-        param = next((f for f, t in names.items() if message.startswith((f"{t}=", f"{t} "))), None)
+        # the option DecodingConfig names (e.g. steps, refused beside draft_length), else the one the message opens with
+        option = getattr(e, "option", None)
+        param = next((f for f, t in names.items() if t == option), None) or next(
+            (f for f, t in names.items() if message.startswith((f"{t}=", f"{t} "))), None)
         if param is not None and names[param] != param:
             message = message.replace(names[param], param)
         raise APIError(400, message, param=param, code="invalid_value") from None
-    if config.draft_length:  # (draft_accept alone is refused by DecodingConfig: it needs draft_length)
-        raise APIError(400, f"draft_length: {SPECULATIVE_ALONE}", param="draft_length", code="invalid_value")
     steps = config.steps
     if steps is not None and steps > max_steps:
         raise APIError(400, f"steps={steps} is more model calls than this server allows ({max_steps}, the model's "
