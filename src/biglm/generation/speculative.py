@@ -32,6 +32,10 @@ for token, batches of different prompt lengths included), in float32. In bfloat1
 differently from a call of 3, so a near-tie can flip and the two answers part from there (docs/LOG.md, 2026-11-26).
 Rows of a batch keep different numbers of drafts: a call appends the widest row's pending tokens to the cache and
 marks the others' extra ones as padding keys.
+
+The step logic is one state machine, `SpeculativeDecode` (the contract of `decoding.Decode`: `segment`, `answered`,
+`output`): `speculative_generate` runs one over a batch with calls of its own; the server's `engine.DecodeEngine` runs
+one per request and merges its call with other requests' rows (tested token for token against `generate_ids`).
 """
 
 from __future__ import annotations
