@@ -7,8 +7,8 @@ strategy of the ``strategies`` registry: Mask-Predict, confidence-ordered commit
 machine that `decoding.DecodeRun` drives, block by block with a growing prefix cache) -> ``decoding.Decode``
 (the set-up: lengths, sampler, prompt cache, folded block passes) -> ``generate`` (text in, text out) ->
 ``cli.main``; ``engine.DecodeEngine`` drives one `Decode` per request, one merged model call per step (for a
-server). ``speculative`` is a second loop (``draft_length``): one-token-per-call decoding with drafts checked in the
-same pass, reached through ``generate_ids``. A new decoding strategy is one class registered in ``strategies``.
+server). ``speculative`` is a second state machine (``draft_length``, `speculative.SpeculativeDecode`):
+one-token-per-call decoding with drafts checked in the same pass, reached through ``generate_ids`` and the engine. A new decoding strategy is one class registered in ``strategies``.
 Every decoding option lives in one `DecodingConfig`, validated once where it is built and passed
 down unchanged. The default is the published Mask-Predict (T iterations = T model calls);
 ``early_stop`` is opt-in.
