@@ -296,6 +296,28 @@ def test_export_loads_with_auto_class(prepared, tmp_path):
         torch.testing.assert_close(model(ids, prefix_len=8).logits, trainer.raw_model.eval()(ids, prefix_len=8).logits)
 
 
+def test_export_in_bfloat16_is_what_loading_gives_by_default(prepared, tmp_path):
+    """`biglm export --dtype bfloat16`: the floating weights are written in bf16 and config.json says so, so
+    `load_model` (generate, serve) loads bf16 without being told; the weights are the fp32 ones rounded."""
+    import json
+
+    from biglm.checkpoint import load_model
+
+    trainer = Trainer(_cfg(prepared, tmp_path / "run", steps=3), info=SINGLE, echo=lambda s: None)
+    trainer.train()
+    fp32 = export_checkpoint(tmp_path / "run", tmp_path / "fp32")
+    bf16 = export_checkpoint(tmp_path / "run", tmp_path / "bf16", dtype="bfloat16")
+    assert json.loads((bf16 / "config.json").read_text())["dtype"] == "bfloat16"
+    assert (bf16 / "model.safetensors").stat().st_size < 0.6 * (fp32 / "model.safetensors").stat().st_size
+    full, _ = load_model(fp32)
+    half, _ = load_model(bf16)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    for (name, a), (_, b) in zip(full.state_dict().items(), half.state_dict().items()):
+        assert torch.equal(a.to(torch.bfloat16), b), name
+    with pytest.raises(ValueError, match="float64.*choose one of float32, bfloat16, float16"):
+        export_checkpoint(tmp_path / "run", tmp_path / "bad", dtype="float64")
+
+
 @pytest.mark.parametrize(
     "kw, match",
     [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass
@@ -21,6 +22,8 @@ class ExportArgs:
     """the model card's base_model (default: the run's --init_from, or a fine-tuning run's --model); e.g. a hub id"""
     card: bool = True
     """write the model card README.md"""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """the weights' dtype in OUT_DIR, which generate and serve then load by default (unset: the checkpoint's, float32)"""
 
 
 def main(argv: list[str]) -> int:
@@ -30,7 +33,7 @@ def main(argv: list[str]) -> int:
     args = parse_cli(ExportArgs, argv, prog="biglm export", doc=__doc__, positionals=("checkpoint", "out_dir"))
     try:
         out = export_checkpoint(args.checkpoint, args.out_dir, card=args.card, license=args.license,
-                                base_model=args.base_model)
+                                base_model=args.base_model, dtype=args.dtype)
     except (FileNotFoundError, OSError, ValueError) as e:  # a damaged checkpoint (DamagedCheckpointError) included
         print(f"[biglm] error: {e}", file=sys.stderr)
         return 2

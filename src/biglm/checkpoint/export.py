@@ -15,8 +15,11 @@ from .model_card import DEFAULT_LICENSE, finetune_card, pretrain_card
 from .source import keep_lineage
 
 
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
+
+
 def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = True, license: str = DEFAULT_LICENSE,
-                      base_model: str | None = None) -> Path:
+                      base_model: str | None = None, dtype: str | None = None) -> Path:
     """Write a plain Hugging Face directory (config.json, model.safetensors, tokenizer) from a run, with a model card
     (README.md) unless ``card`` is False: ``license`` and ``base_model`` (default: the run's --init_from, or a
     fine-tuning run's --model) go into its front matter.
@@ -24,10 +27,16 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = Tru
     The checkpoint read is verified against its manifest first: a damaged newest step is passed over with a
     warning (the card names the step exported), a damaged checkpoint asked for by name is refused.
 
+    ``dtype`` (one of ``WEIGHT_DTYPES``; default: the checkpoint's, float32 for training checkpoints) is the dtype the
+    floating weights are written in and config.json records, so `load_model`, `biglm generate` and `biglm serve` load
+    the model in it by default (what the hub's bfloat16 releases do: half the bytes to read per call).
+
     Every file gets the mode a plain ``open()`` gives (0644 under the usual umask 022), so the directory can
     be shared as it is: safetensors writes its file through a private temporary file (mode 0600).
     """
     path, out = Path(path), Path(out_dir)
+    if dtype is not None and dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not a weight dtype: choose one of {', '.join(WEIGHT_DTYPES)}.")
     if (path / "task.json").is_file():  # a `biglm finetune` run: its best epoch, with the task's class and template
         best = path / "best"
         if not (best / "config.json").is_file():
@@ -41,6 +50,7 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = Tru
                                  base_model=base_model)
             (out / "README.md").write_text(text)
         keep_lineage(out, path, base_model=base_model)
+        cast_weights(out, dtype)
         share_files(out)
         return out
     ckpt = checkpoint_to_read(path)  # verified (sizes and sha256) before anything is written to OUT_DIR
@@ -56,8 +66,29 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = Tru
                              base_model=base_model)
         (out / "README.md").write_text(text)
     keep_lineage(out, path, base_model=base_model)
+    cast_weights(out, dtype)
     share_files(out)
     return out
+
+
+def cast_weights(out: Path, dtype: str | None) -> None:
+    """Rewrite the floating tensors of OUT's safetensors files in ``dtype`` and record it in config.json (``None``:
+    leave them). Works on the files, so a fine-tuned model of any task class is cast the same way."""
+    if dtype is None:
+        return
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    target = getattr(torch, dtype)
+    for f in sorted(Path(out).glob("*.safetensors")):
+        tensors = {k: v.to(target) if v.is_floating_point() else v for k, v in load_file(f).items()}
+        save_file(tensors, str(f), metadata={"format": "pt"})
+    config_path = Path(out) / "config.json"
+    config = json.loads(config_path.read_text())
+    config["dtype"] = dtype
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def share_files(out: Path) -> None:
