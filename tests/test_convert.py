@@ -333,15 +333,22 @@ def test_gguf_in_a_folder_and_bad_sources_said_in_one_line(tmp_path, tok_without
 REAL_GGUF = Path(__file__).resolve().parents[2] / "shared" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-@pytest.mark.skipif(not REAL_GGUF.is_file(), reason=f"the real SmolLM2 GGUF file is not at {REAL_GGUF}")
-def test_real_smollm2_gguf_converts_with_equal_logits(tmp_path):
+@pytest.fixture(scope="module")
+def real_smol(tmp_path_factory) -> Path:
+    """The shipped SmolLM2-135M-Instruct converted once for this module (shift on, `biglm convert`'s default)."""
+    if not REAL_GGUF.is_file():
+        pytest.skip(f"the real SmolLM2 GGUF file is not at {REAL_GGUF}")
+    return convert_checkpoint(REAL_GGUF, tmp_path_factory.mktemp("real") / "smol", shift=True, log=lambda s: None)
+
+
+def test_real_smollm2_gguf_converts_with_equal_logits(real_smol):
     """The shipped SmolLM2-135M-Instruct (Q4_1, dequantized to float32 by transformers' reader): the converted BiGLM
     (shift on, `biglm convert`'s default) reproduces the source's next-token logits under the causal switch."""
     import json
 
     from transformers import AutoTokenizer
 
-    out = convert_checkpoint(REAL_GGUF, tmp_path / "smol", shift=True, log=lambda s: None)
+    out = real_smol
     _check_gguf_logits(REAL_GGUF, out, length=8, atol=2e-3)  # 30 layers of float32 sums: 2e-3 on logits of ~20
     tok = AutoTokenizer.from_pretrained(out)
     assert tok.mask_token == "<mask>" and tok.pad_token is not None and tok.chat_template
@@ -381,3 +388,33 @@ def test_padless_maskless_llama_through_convert_adapt_export_generate(tmp_path, 
     assert main(["generate", str(export), "--prompt", "the quick brown", "--max_new_tokens", "8"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("### prompt 1: the quick brown\n") and len(out.splitlines()) >= 2
+
+
+def test_bfloat16_decoding_agrees_with_float32_on_the_real_model(real_smol):
+    """A trained model's decodes in bfloat16 (`biglm export --dtype bfloat16`, `--dtype bfloat16`) against the fp32
+    eager path, decision by decision: greedy, one token per call (blocks of 1, the exact cache: the prompt and the
+    answer so far are one bidirectional prefix), 4 prompts x 16 tokens. At each step of the fp32 answer, the bf16
+    model continues the same prefix by one token; the rate is the share of steps where it writes the fp32 token. bf16
+    rounds a logit of ~20 to within ~0.1, so near-ties flip; the unadapted converted model is unsure (its text is poor:
+    the adaptation is issue 32's), which makes near-ties common. Measured on this CPU (AMD EPYC, torch 2.13): 51 of 64
+    (80%). Asserted: >= 70% (a cast gone wrong agrees on few if any)."""
+    from biglm.checkpoint import load_model
+    from biglm.generation import generate_ids, left_pad
+
+    model, tok = load_model(real_smol)
+    texts = ["Once upon a time, there was a little girl named Lily. She loved to",
+             "The sun was shining and the birds were singing. Tom went to the park with his",
+             "Water boils at a lower temperature on a mountain because",
+             "My favourite thing to do on a rainy day is"]
+    prompts = [tok(t)["input_ids"] for t in texts]
+    kw = dict(strategy="confidence", block_length=1, suppress_ids=[model.config.eos_token_id])
+    pad = model.config.pad_token_id
+    full = generate_ids(model, *left_pad(prompts, pad_id=pad), max_new_tokens=16, **kw).token_lists()
+    half = model.to(torch.bfloat16)
+    agree = 0
+    for t in range(16):
+        step = generate_ids(half, *left_pad([p + y[:t] for p, y in zip(prompts, full)], pad_id=pad),
+                            max_new_tokens=1, **kw).token_lists()
+        agree += sum(s[0] == y[t] for s, y in zip(step, full))
+    print(f"bf16 vs fp32: {agree}/64 decisions agree")
+    assert agree >= 45, agree
