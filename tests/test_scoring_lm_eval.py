@@ -279,6 +279,25 @@ def test_prefix_token_auto_follows_how_the_model_was_made(checkpoint, tmp_path, 
     assert BiGLMLM(pretrained=str(shifted), device="cpu", prefix_token="eos").prefix_ids == [eos]
 
 
+def test_scorer_auto_is_append_for_a_model_trained_on_blocks_of_one(checkpoint, tmp_path):
+    """``scorer=auto`` (the default): ``append`` for a biglm-blocks model whose training drew prefix blocks of 1 (one
+    row per answer), ``chain`` for every other BiGLM (a paper model, a blocks model without blocks of 1); a scorer
+    given by name is kept."""
+    from biglm.integrations.lm_eval.adapter import BiGLMLM
+    from biglm.model import BiGLMConfig, BiGLMForMaskedLM
+
+    assert BiGLMLM(pretrained=str(checkpoint), device="cpu").scorer == "chain"  # a paper (bidirectional) model
+    for lengths, want in (([1, 8], "append"), ([8, 16], "chain")):
+        out = tmp_path / f"blocks-{lengths[0]}"
+        cfg = BiGLMConfig.from_pretrained(checkpoint)
+        cfg.prefix_attention, cfg.prefix_block_lengths = "blocks", lengths
+        BiGLMForMaskedLM.from_pretrained(checkpoint, config=cfg).save_pretrained(out)
+        for f in checkpoint.glob("tokenizer*"):
+            (out / f.name).write_bytes(f.read_bytes())
+        assert BiGLMLM(pretrained=str(out), device="cpu").scorer == want
+        assert BiGLMLM(pretrained=str(out), device="cpu", scorer="one-pass").scorer == "one-pass"
+
+
 @pytest.mark.parametrize("bad, said", [("scorer=foo", "scorer='foo'"), ("scorer=blocks,score_block=0", "score_block=0"),
                                        ("scorr=chain", "did you mean scorer")])
 def test_bad_model_args_are_one_line(checkpoint, capsys, bad, said):

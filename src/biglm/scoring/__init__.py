@@ -5,6 +5,6 @@ Nothing here imports lm-eval: the lm-eval model ``biglm`` and the runners that d
 `biglm.integrations.lm_eval`, which `biglm eval` (``cli``, an entry point) calls.
 """
 
-from .estimators import ESTIMATORS, fit_window, rolling_requests, score_requests, score_rolling
+from .estimators import ESTIMATORS, default_estimator, fit_window, rolling_requests, score_requests, score_rolling
 
-__all__ = ["ESTIMATORS", "fit_window", "rolling_requests", "score_requests", "score_rolling"]
+__all__ = ["ESTIMATORS", "default_estimator", "fit_window", "rolling_requests", "score_requests", "score_rolling"]

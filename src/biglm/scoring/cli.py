@@ -53,7 +53,7 @@ class EvalArgs:
 
     model_args: str = ""
     """the biglm adapter's options, key=value,...: pretrained=DIR (required: a `biglm export` directory),
-    scorer=chain|one-pass|pll|mc, row_batch_size, mc_samples, dtype, max_length, ..."""
+    scorer=auto|chain|one-pass|pll|mc|blocks|append, row_batch_size, mc_samples, dtype, max_length, ..."""
     tasks: tuple[str, ...] = ()
     """lm-eval task names, comma-separated (with --suite the suite chooses them)"""
     include_path: Path | None = None

@@ -65,6 +65,16 @@ from ..model.modeling import BiGLMForMaskedLM, PrefixCache
 ESTIMATORS: tuple[str, ...] = ("chain", "one-pass", "pll", "mc", "blocks", "append")
 
 
+def default_estimator(config: object) -> str:
+    """The estimator ``scorer=auto`` picks for a model: ``append`` for a `biglm-blocks` model trained on prefix blocks
+    of 1 (it scores an answer in one row of ~2n positions, or n for a shift model, against ``chain``'s n^2 — on the
+    real SmolLM2-135M adapted so, zero-shot at chain's accuracy in 0.84x the time of lm-eval's `hf` model on the
+    source, docs/LOG.md 2026-11-26), ``chain`` otherwise (exact for every BiGLM; ``append`` would run answer keys as
+    blocks of 1, a condition such a model never trained on)."""
+    blocks = getattr(config, "prefix_attention", "bidirectional") == "blocks"
+    return "append" if blocks and 1 in (getattr(config, "prefix_block_lengths", None) or []) else "chain"
+
+
 @dataclass(frozen=True)
 class _Variant:
     """One suffix pass row: ``tokens`` (Y with some slots masked), ``slots`` scored with their true

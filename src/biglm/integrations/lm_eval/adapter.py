@@ -42,11 +42,11 @@ from tqdm import tqdm
 
 from ...generation import DecodingConfig, generate_from_ids
 from ...generation.config import FIELDS as DECODING_FIELDS
-from ...scoring.estimators import ESTIMATORS, fit_window, score_requests, score_rolling
+from ...scoring.estimators import ESTIMATORS, default_estimator, fit_window, score_requests, score_rolling
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SCORER = "chain"
+DEFAULT_SCORER = "auto"  # `default_estimator`: append for a model trained on blocks of 1, else chain
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -118,7 +118,9 @@ class BiGLMLM(LM):
     Args (``--model_args key=value,...``):
         pretrained: directory written by `biglm export` / ``save_pretrained`` (or a training checkpoint
             that `biglm.checkpoint.load_model` accepts).
-        scorer: ``chain`` | ``one-pass`` | ``pll`` | ``mc`` | ``blocks`` | ``append`` (see `biglm.scoring.estimators`).
+        scorer: ``auto`` | ``chain`` | ``one-pass`` | ``pll`` | ``mc`` | ``blocks`` | ``append`` (see
+            `biglm.scoring.estimators`; auto: ``append`` for a `biglm-blocks` model trained on blocks of 1, else
+            ``chain``, `default_estimator`).
         batch_size: contexts encoded per batch (``auto`` = 16).
         row_batch_size: suffix rows per forward pass.
         device: ``cpu``, ``cuda``, ``cuda:1``... (under torchrun: ``cuda:LOCAL_RANK``).
@@ -172,8 +174,8 @@ class BiGLMLM(LM):
             self.decoding = DecodingConfig(max_new_tokens=int(max_gen_toks), seed=int(seed), **decoding)
         except ValueError as e:
             raise ModelArgsError(f"biglm model_args: {e}") from None
-        if scorer not in ESTIMATORS:
-            raise ModelArgsError(f"scorer={scorer!r}: choose one of {', '.join(ESTIMATORS)}.")
+        if scorer != "auto" and scorer not in ESTIMATORS:
+            raise ModelArgsError(f"scorer={scorer!r}: choose auto or one of {', '.join(ESTIMATORS)}.")
         if int(score_block) < 1:
             raise ModelArgsError(f"score_block={score_block}: must be >= 1 (tokens per block of scorer=blocks).")
         if dtype is not None and str(dtype) not in _DTYPES:
@@ -188,7 +190,9 @@ class BiGLMLM(LM):
             self.model, self.tokenizer = load_model(pretrained, device=self._device,
                                                     dtype=_DTYPES[str(dtype)] if dtype is not None else None)
         self.pretrained = str(pretrained)
-        self.scorer = scorer
+        self.scorer = default_estimator(self.model.config) if scorer == "auto" else scorer
+        if scorer == "auto":
+            log.info("biglm: scorer=auto -> %s", self.scorer)
         self.batch_size = _as_int(batch_size, 16)
         self.row_batch_size = int(row_batch_size)
         self.mc_samples = int(mc_samples)
