@@ -301,7 +301,8 @@ def test_append_shift_cache_and_batching():
 def test_append_warns_once_on_a_model_never_trained_on_blocks_of_1(model):
     """``append`` reads answer tokens as blocks of 1: a paper model (bidirectional prefix) or a blocks model without 1
     in its prefix_block_lengths gets one warning per call naming the adaptation that trains them; a model trained on
-    them, or another estimator, gets none."""
+    them, a model converted from an AR checkpoint (shift_logits, trained on blocks of 1 or not), or another estimator,
+    gets none."""
     reqs = _requests()
     without_1 = _blocks_model(prefix_block_lengths=[4, 8], vocab_size=64)
     for untrained, command in [(model, "1,8,16,32"), (without_1, "1,4,8")]:
@@ -315,4 +316,5 @@ def test_append_warns_once_on_a_model_never_trained_on_blocks_of_1(model):
         warnings.simplefilter("error")  # any warning fails
         score_requests(_blocks_model(vocab_size=64), reqs, estimator="append")
         score_requests(_blocks_model(shift=True, vocab_size=64), reqs, estimator="append")
+        score_requests(_blocks_model(shift=True, vocab_size=64, prefix_block_lengths=[4, 8]), reqs, estimator="append")
         score_requests(model, reqs, estimator="chain")

@@ -281,8 +281,8 @@ def test_prefix_token_auto_follows_how_the_model_was_made(checkpoint, tmp_path, 
 
 def test_scorer_auto_is_append_for_a_model_trained_on_blocks_of_one(checkpoint, tmp_path):
     """``scorer=auto`` (the default): ``append`` for a biglm-blocks model whose training drew prefix blocks of 1 (one
-    row per answer), ``chain`` for every other BiGLM (a paper model, a blocks model without blocks of 1); a scorer
-    given by name is kept."""
+    row per answer) and for a model converted from an AR checkpoint (shift_logits), ``chain`` for every other BiGLM
+    (a paper model, a blocks model without blocks of 1); a scorer given by name is kept."""
     from biglm.integrations.lm_eval.adapter import BiGLMLM
     from biglm.model import BiGLMConfig, BiGLMForMaskedLM
 
@@ -296,6 +296,13 @@ def test_scorer_auto_is_append_for_a_model_trained_on_blocks_of_one(checkpoint, 
             (out / f.name).write_bytes(f.read_bytes())
         assert BiGLMLM(pretrained=str(out), device="cpu").scorer == want
         assert BiGLMLM(pretrained=str(out), device="cpu", scorer="one-pass").scorer == "one-pass"
+    shifted = tmp_path / "shifted"
+    cfg = BiGLMConfig.from_pretrained(checkpoint)
+    cfg.shift_logits = True
+    BiGLMForMaskedLM.from_pretrained(checkpoint, config=cfg).save_pretrained(shifted)
+    for f in checkpoint.glob("tokenizer*"):
+        (shifted / f.name).write_bytes(f.read_bytes())
+    assert BiGLMLM(pretrained=str(shifted), device="cpu").scorer == "append"  # converted from an AR checkpoint
 
 
 @pytest.mark.parametrize("bad, said", [("scorer=foo", "scorer='foo'"), ("scorer=blocks,score_block=0", "score_block=0"),

@@ -37,7 +37,9 @@ Notable features
     logits read at the checks; with ``shift_logits`` (row t's logits are row t-1's hidden state, row 0's the
     context's last), y_0..y_{n-1} as blocks of one and no masks, logits read at every row (a mask there would be
     predicted from the wrong row). A distribution over continuations of length n (tested like ``chain``); exact
-    for a `biglm-blocks` model trained on blocks of 1, which is the only kind it does not warn about.
+    for a `biglm-blocks` model trained on blocks of 1. A model converted from an AR checkpoint (``shift_logits``)
+    reads causal answer keys as its source did: measured as accurate as ``chain`` on SmolLM2-135M converted, adapted
+    with blocks of 1 and without (docs/scoring.md). Every other model (a BiGLM never trained on blocks of 1) is warned.
     is_greedy: greedy one-token-per-call decoding writes Y (tested against `generate_ids`).
 - Cost in suffix token-positions per request: one-pass n, append 2n - 1 (n with shift_logits) in one row,
   blocks n·ceil(n/b), chain and pll n², mc m·n. Measured numbers: docs/scoring.md, benchmarks/bench_scoring.py.
@@ -67,10 +69,13 @@ ESTIMATORS: tuple[str, ...] = ("chain", "one-pass", "pll", "mc", "blocks", "appe
 
 def default_estimator(config: object) -> str:
     """The estimator ``scorer=auto`` picks for a model: ``append`` for a `biglm-blocks` model trained on prefix blocks
-    of 1 (it scores an answer in one row of ~2n positions, or n for a shift model, against ``chain``'s n^2 — on the
-    real SmolLM2-135M adapted so, zero-shot at chain's accuracy in 0.84x the time of lm-eval's `hf` model on the
-    source, docs/LOG.md 2026-11-26), ``chain`` otherwise (exact for every BiGLM; ``append`` would run answer keys as
-    blocks of 1, a condition such a model never trained on)."""
+    of 1 and for a model converted from an AR checkpoint (``shift_logits``: causal answer keys are its source's own
+    condition). It scores an answer in one row of ~2n positions (n for a shift model) against ``chain``'s n rows: on
+    the real SmolLM2-135M, converted, adapted without blocks of 1 and with them, zero-shot at chain's accuracy in
+    0.83-0.84x the time of lm-eval's `hf` model on the source (chain: 2.7-3.7x; docs/scoring.md). ``chain``
+    otherwise: exact for every BiGLM, where ``append`` would run a condition the model never trained on."""
+    if getattr(config, "shift_logits", False):
+        return "append"
     blocks = getattr(config, "prefix_attention", "bidirectional") == "blocks"
     return "append" if blocks and 1 in (getattr(config, "prefix_block_lengths", None) or []) else "chain"
 
@@ -203,9 +208,7 @@ def score_requests(
     config = model.config
     if config.mask_token_id is None:
         raise ValueError("model.config.mask_token_id is None: a BiGLM scorer needs a mask token.")
-    if estimator == "append" and not (getattr(config, "prefix_attention", "bidirectional") == "blocks"
-                                      and 1 in config.prefix_block_lengths):
-        # a shift_logits model's AR source was causal, but its BiGLM training is what the config records: one rule
+    if estimator == "append" and default_estimator(config) != "append":
         warnings.warn(untrained_blocks_of_one(config, use="the append scorer reads every answer token as a block of 1"),
                       stacklevel=3)  # past no_grad's wrapper
     shift = bool(getattr(config, "shift_logits", False))
