@@ -144,7 +144,7 @@ def test_blocks_adapt_turns_a_paper_model_into_a_blocks_model_and_back(synthetic
              "--steps", "2", "--warmup_steps", "1", "--eval_every", "0", "--eval_windows", "8", "--save_every", "2"]
     cfg = resolve_config(["blocks-adapt", "--init_from", str(export), "--out_dir", str(tmp_path / "blocks"), *small])
     trainer = Trainer(cfg, info=SINGLE, **QUIET)
-    blocks = sorted(OBJECTIVES["biglm-blocks"].prefix_blocks)
+    blocks = [1, *sorted(OBJECTIVES["biglm-blocks"].prefix_blocks)]  # the recipe adds blocks of 1 (one token per call)
     assert (trainer.model_config.prefix_attention, trainer.model_config.prefix_block_lengths) == ("blocks", blocks)
     trainer.train()
     adapted, _ = load_model(tmp_path / "blocks")
