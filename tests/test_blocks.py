@@ -241,7 +241,7 @@ def test_pretrain_blocks_records_the_variant_and_decodes_exactly(synthetic_data,
     ids, mask = left_pad([tok("the cat")["input_ids"], tok("a dog and")["input_ids"]], pad_id=tok.pad_token_id)
     kw = dict(max_new_tokens=40, strategy="confidence", steps=20)
     cached = generate_ids(model, ids, mask, **kw)
-    assert for_model(DecodingConfig(**kw), model.config).block_length == 32  # two blocks for 40 slots
+    assert for_model(DecodingConfig(**kw), model.config).block_length == 8  # 2 tokens per call: the smallest trained
     assert torch.equal(cached.tokens, generate_ids(model, ids, mask, use_cache=False, **kw).tokens)
 
 
@@ -319,3 +319,19 @@ def test_engine_folds_blocks_and_equals_generate_ids(shift):
         hook.remove()
     assert got == want
     assert len(calls) == 3 + steps  # three prompt encodings, one merged call per step
+
+
+def test_default_block_is_the_smallest_trained_one_that_holds_a_calls_tokens():
+    """A biglm-blocks model decodes in blocks of the smallest trained length >= ceil(N / steps) (fewer positions per
+    call), the largest when none is that long; a block length given is kept; a paper model keeps one block."""
+    from types import SimpleNamespace
+
+    blocks = SimpleNamespace(prefix_attention="blocks", prefix_block_lengths=[1, 8, 16, 32])
+    for steps, want in ((None, 1), (64, 1), (32, 8), (8, 8), (6, 16), (4, 16), (3, 32), (1, 32)):
+        cfg = DecodingConfig(max_new_tokens=64, strategy="confidence", steps=steps)
+        assert for_model(cfg, blocks).block_length == want, steps
+    assert for_model(DecodingConfig(max_new_tokens=64, steps=32, block_length=4), blocks).block_length == 4
+    without_1 = SimpleNamespace(prefix_attention="blocks", prefix_block_lengths=[8, 16, 32])
+    assert for_model(DecodingConfig(max_new_tokens=64, strategy="confidence"), without_1).block_length == 8
+    paper = SimpleNamespace(prefix_attention="bidirectional", prefix_block_lengths=[])
+    assert for_model(DecodingConfig(max_new_tokens=64, steps=32), paper).block_length is None
