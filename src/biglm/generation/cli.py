@@ -188,7 +188,7 @@ def load_for_cli(path: Path, *, prog: str, device: str | None, dtype: str | None
     from ..checkpoint import load_model
 
     try:
-        return load_model(path, device=device, dtype=_DTYPES.get(dtype) if dtype else None)
+        return load_model(path, device=device, dtype=_DTYPES.get(dtype) if dtype else None, pack=True)
     except (FileNotFoundError, OSError, ValueError) as e:
         print(f"{prog}: cannot load {path}: {e}", file=sys.stderr)
         return None

@@ -35,7 +35,7 @@ class _ModelHolder:
 
         limit_threads(cpus)
         model, tokenizer = load_model(checkpoint, device=replica_device(gpus),
-                                      dtype=_DTYPES.get(dtype) if dtype else None)
+                                      dtype=_DTYPES.get(dtype) if dtype else None, pack=True)
         self.model, self.tokenizer, self.answerer = model, tokenizer, None
 
     def __call__(self, item: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -131,7 +131,7 @@ def run_heldout(pretrained: str | Path, *, data: str | Path, output_path: str | 
     from ..checkpoint import load_model
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load_model(pretrained, device=dev)
+    model, tokenizer = load_model(pretrained, device=dev, pack=True)
     t0 = time.perf_counter()
     values = heldout_metrics(model, data=data, **settings)
     task: dict[str, Any] = {"alias": TASK}

@@ -226,7 +226,8 @@ def build_app(args: ServeArgs, *, given: Collection[str] | None = None, health: 
     from .app import ServeSettings, create_app
 
     path = Path(args.checkpoint)
-    model, tokenizer = load_model(path, device=args.device, dtype=_DTYPES.get(args.dtype) if args.dtype else None)
+    model, tokenizer = load_model(path, device=args.device, dtype=_DTYPES.get(args.dtype) if args.dtype else None,
+                                  pack=True)
     defaults = server_defaults(model.config, args, given=given)
     name = args.model_name or path.resolve().name
     settings = ServeSettings(model_name=name, max_batch_rows=args.max_batch_rows, max_queue=args.max_queue,

@@ -188,7 +188,7 @@ class BiGLMLM(LM):
             from ...checkpoint import load_model
 
             self.model, self.tokenizer = load_model(pretrained, device=self._device,
-                                                    dtype=_DTYPES[str(dtype)] if dtype is not None else None)
+                                                    dtype=_DTYPES[str(dtype)] if dtype is not None else None, pack=True)
         self.pretrained = str(pretrained)
         self.scorer = default_estimator(self.model.config) if scorer == "auto" else scorer
         if scorer == "auto":

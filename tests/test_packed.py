@@ -1,0 +1,58 @@
+"""Prepacked oneDNN linear layers for CPU inference (`biglm.model.packed`): the same model, the same answers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from biglm import BiGLMConfig, BiGLMForMaskedLM
+from biglm.generation import generate_ids, left_pad
+from biglm.model.packed import PackedLinear, pack_linears
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
+
+
+def _model(seed: int = 0, **overrides) -> BiGLMForMaskedLM:
+    torch.manual_seed(seed)
+    config = BiGLMConfig.from_preset("tiny", initializer_range=0.2, prefix_attention="blocks",
+                                     prefix_block_lengths=[1, 4, 8], **overrides)
+    return BiGLMForMaskedLM(config).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_model_gives_the_same_logits_and_answers(dtype):
+    plain = _model().to(dtype)
+    packed = _model().to(dtype)
+    linears = sum(type(m) is nn.Linear for m in packed.modules())
+    assert pack_linears(packed) == linears > 0
+    assert not any(type(m) is nn.Linear for m in packed.modules())
+    assert packed.lm_head.weight is packed.model.embed_tokens.weight  # the tie is kept
+    assert packed.state_dict().keys() == plain.state_dict().keys()
+    ids = torch.randint(5, plain.config.vocab_size, (3, 20), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        a, b = plain(ids, prefix_len=8).logits.float(), packed(ids, prefix_len=8).logits.float()
+    torch.testing.assert_close(b, a, atol=1e-4 if dtype == torch.float32 else 0.05, rtol=1e-4 if dtype == torch.float32 else 0.02)
+    prompts, mask = left_pad([[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]], pad_id=plain.config.pad_token_id)
+    for kw in (dict(strategy="confidence", block_length=1), dict(strategy="confidence", steps=8, block_length=4)):
+        want = generate_ids(plain, prompts, mask, max_new_tokens=16, **kw).token_lists()
+        assert generate_ids(packed, prompts, mask, max_new_tokens=16, **kw).token_lists() == want
+
+
+def test_a_packed_model_still_trains_through_the_plain_path():
+    """With gradients on, `PackedLinear` runs `F.linear` on the live weight, so a gradient reaches it (the packed copy
+    would be stale after a step)."""
+    model = _model()
+    pack_linears(model)
+    model.train()
+    ids = torch.randint(5, model.config.vocab_size, (2, 12))
+    labels = ids.clone()
+    model(ids, prefix_len=4, labels=labels).loss.backward()
+    assert all(m.weight.grad is not None for m in model.modules() if isinstance(m, PackedLinear))
+
+
+def test_load_model_packs_only_when_asked(checkpoint):
+    from biglm.checkpoint import load_model
+
+    assert not any(isinstance(m, PackedLinear) for m in load_model(checkpoint)[0].modules())
+    assert any(isinstance(m, PackedLinear) for m in load_model(checkpoint, pack=True)[0].modules())
