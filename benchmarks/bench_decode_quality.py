@@ -12,7 +12,9 @@ per token, tokens/s in-process (batch 1, one prompt at a time, after a warm-up),
         --settings "blocks:8,T=N/2" "blocks:32,T=N/2" "blocks:1" "spec:2" "spec:4" --dtype float32 bfloat16
 
 A setting is ``blocks:B,T=N/2`` (confidence decoding, blocks of B with the model's cache, N/2 calls), ``blocks:1``
-(one token per call), ``spec:M`` (speculative decoding, M drafts; greedy, it writes what ``blocks:1`` writes).
+(one token per call), ``spec:M`` (speculative decoding, M drafts; greedy, it writes what ``blocks:1`` writes),
+``threshold:TAU[,B]`` (Fast-dLLM's threshold rule in blocks of B, default 8: every prediction above TAU is kept, at
+least one per call).
 EOS is suppressed so every answer is N tokens long. Results: benchmarks/results/<out>.json and .md with machine and
 commit.
 """
@@ -39,6 +41,9 @@ def decoding(setting: str, n: int) -> dict:
     kind, _, rest = setting.partition(":")
     if kind == "spec":
         return dict(strategy="confidence", draft_length=int(rest))
+    if kind == "threshold":
+        tau, _, b = rest.partition(",")
+        return dict(strategy="threshold", threshold=float(tau), block_length=int(b or 8))
     if kind == "blocks":
         b, _, t = rest.partition(",")
         fields = dict(strategy="confidence", block_length=int(b))
@@ -47,7 +52,8 @@ def decoding(setting: str, n: int) -> dict:
         elif t:
             raise SystemExit(f"bench_decode_quality.py: setting {setting!r}: only T=N/2 may follow the block length")
         return fields
-    raise SystemExit(f"bench_decode_quality.py: unknown setting {setting!r} (blocks:B[,T=N/2] or spec:M)")
+    raise SystemExit(f"bench_decode_quality.py: unknown setting {setting!r} (blocks:B[,T=N/2], spec:M or "
+                     "threshold:TAU[,B])")
 
 
 def prompts_from(shard_path: Path, *, count: int, length: int) -> list[list[int]]:
