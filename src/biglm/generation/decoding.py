@@ -136,11 +136,15 @@ class AnswerDenoiser:
     ``prefix_len`` = P + window start (exact), plus ``prompt_len`` = P and ``block_len`` (append: the
     `biglm-blocks` attention rule, which a ``prefix_attention="blocks"`` model was trained with, so there
     append is exact and re-encoding is the approximation).
+
+    ``reserve_cache`` (the append cache with more than one block): the prompt's cache gets room for the whole
+    answer up front (`PrefixCache.reserve`), so each committed block is written into it in place instead of
+    copying the whole cache per block; False keeps the copying cache (the same tokens; for checking).
     """
 
     def __init__(self, model: torch.nn.Module, *, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                  rows: torch.Tensor, valid: torch.Tensor, use_cache: bool, block_length: int | None = None,
-                 block_cache: str = "exact") -> None:
+                 block_cache: str = "exact", reserve_cache: bool = True) -> None:
         self.model = model
         self.prompt_len = prompt_ids.shape[1]
         self.use_cache = use_cache
@@ -155,13 +159,16 @@ class AnswerDenoiser:
         if self.use_cache:
             if self.prompt_len == 0:
                 param = next(model.parameters())
-                self.cache = PrefixCache.empty(model.config, batch=rows.numel(), device=param.device, dtype=param.dtype)
-                return
-            cache = model.encode_prefix(prompt_ids, prompt_mask if prompt_padded else None)
-            self.count(prompt_ids.shape[0], self.prompt_len)
-            # the identity selection is skipped: `select` copies every layer's keys/values
-            same = rows.numel() == prompt_ids.shape[0] and bool((rows == torch.arange(rows.numel(), device=rows.device)).all())
-            self.cache = cache if same else cache.select(rows)
+                cache = PrefixCache.empty(model.config, batch=rows.numel(), device=param.device, dtype=param.dtype)
+            else:
+                cache = model.encode_prefix(prompt_ids, prompt_mask if prompt_padded else None)
+                self.count(prompt_ids.shape[0], self.prompt_len)
+                # the identity selection is skipped: `select` copies every layer's keys/values
+                same = rows.numel() == prompt_ids.shape[0] and bool((rows == torch.arange(rows.numel(), device=rows.device)).all())
+                cache = cache if same else cache.select(rows)
+            # only the append cache grows by extension (the exact one is re-encoded per block): room for the answer
+            grows = block_cache == "append" and self.block_length < valid.shape[1]
+            self.cache = cache.reserve(valid.shape[1]) if reserve_cache and grows else cache
         else:
             self.prompt_ids = prompt_ids.index_select(0, rows)
             self.prompt_mask = prompt_mask.index_select(0, rows)
@@ -447,6 +454,7 @@ def generate_ids(
     suppress_ids: Sequence[int] = (),
     on_step: StepCallback | None = None,
     fold_blocks: bool = True,
+    reserve_cache: bool = True,
     **overrides: Any,
 ) -> GenerationOutput:
     """Generate answers for left-padded prompts ``prompt_ids`` (B, P) by iterative unmasking.
@@ -465,6 +473,9 @@ def generate_ids(
         on_step: called with a `StepInfo` after every model call.
         fold_blocks: with the append cache, a finished block's cache pass shares the next block's first step
             (one call per block saved; the same answer). False runs them apart (for checking).
+        reserve_cache: a cache that grows (the append cache's blocks, speculative decoding's tokens) is allocated
+            for prompt + answer up front and written in place; False copies it per block (the same answer; for
+            checking and timing).
         **overrides: `DecodingConfig` fields changed on top of ``config`` (validated together, once).
     """
     cfg = (config or DecodingConfig()).override(**overrides)
@@ -477,9 +488,9 @@ def generate_ids(
         from .speculative import speculative_generate
 
         return speculative_generate(model, prompt_ids, prompt_mask, config=cfg, generator=generator,
-                                    suppress_ids=suppress_ids, on_step=on_step)
+                                    suppress_ids=suppress_ids, on_step=on_step, reserve_cache=reserve_cache)
     decode = Decode(model, prompt_ids, prompt_mask, config=cfg, lengths=lengths, generator=generator,
-                    suppress_ids=suppress_ids, on_step=on_step, fold_blocks=fold_blocks)
+                    suppress_ids=suppress_ids, on_step=on_step, fold_blocks=fold_blocks, reserve_cache=reserve_cache)
     with _unchecked(model):
         while decode.run.pending is not None:
             decode.step()
@@ -521,12 +532,14 @@ class Decode:
     as its leading prefix tokens (they see the cache and themselves, and their keys/values extend the cache),
     one call per block saved, the same answer. The work done (model calls and positions, prompt and block passes
     included) is counted by the denoiser and reported in `output`. ``use_cache`` (default: ``config.use_cache``)
-    False recomputes the prompt every step."""
+    False recomputes the prompt every step. ``reserve_cache`` False: the append cache copies itself per block
+    instead of growing in place (`AnswerDenoiser`; the same answer)."""
 
     def __init__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None, *,
                  config: DecodingConfig, lengths: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
                  generator: torch.Generator | None = None, suppress_ids: Sequence[int] = (),
-                 on_step: StepCallback | None = None, fold_blocks: bool = True, use_cache: bool | None = None) -> None:
+                 on_step: StepCallback | None = None, fold_blocks: bool = True, use_cache: bool | None = None,
+                 reserve_cache: bool = True) -> None:
         B, P = prompt_ids.shape
         model_cfg = model.config
         device = prompt_ids.device
@@ -552,7 +565,7 @@ class Decode:
         with _unchecked(model):
             self.denoise = AnswerDenoiser(model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, rows=run.rows,
                                           valid=run.valid, use_cache=use_cache, block_length=run.config.block_length,
-                                          block_cache=run.config.block_cache)
+                                          block_cache=run.config.block_cache, reserve_cache=reserve_cache)
         self.fold = fold_blocks and self.denoise.folds
         self.held: Commit | None = None  # a finished block whose cache pass rides on the next step (append cache)
 

@@ -127,12 +127,14 @@ class SpeculativeDecode:
     `engine.DecodeEngine` runs one per request inside merged calls, and `speculative_generate` one over a batch with
     calls of its own (`step`): one implementation of the step logic for both.
 
-    Set-up: the prompt encoded into the decode's own `PrefixCache` (one pass, counted in `output`'s work), the
+    Set-up: the prompt encoded into the decode's own `PrefixCache` (one pass, counted in `output`'s work), with room
+    reserved for the answer and a last call's overshoot (N + W slots, `PrefixCache.reserve`: each call's kept tokens
+    are written in place, not a copy of the whole cache per call; ``reserve_cache`` False copies, for checking), the
     sampler's stream (``generator``, default seeded with ``config.seed``)."""
 
     def __init__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None, *,
                  config: DecodingConfig, generator: torch.Generator | None = None, suppress_ids: Sequence[int] = (),
-                 on_step: StepCallback | None = None) -> None:
+                 on_step: StepCallback | None = None, reserve_cache: bool = True) -> None:
         self.config = cfg = for_model(config, model.config)
         self.model, self.on_step = model, on_step
         mc = model.config
@@ -178,6 +180,10 @@ class SpeculativeDecode:
             else:
                 param = next(model.parameters())
                 self.cache = PrefixCache.empty(mc, batch=B, device=device, dtype=param.dtype)
+        # a row appends at most N + W tokens; a batch's cache grows by its widest row per call, so it may outgrow
+        # this (then one copy into new buffers with N + W free slots again)
+        if reserve_cache:
+            self.cache = self.cache.reserve(N + W)
         self.pending = prompt_ids[:, :0]  # (B, 0) on the first call, then (B, W): the last token and m drafts
         self.finished = False
 
@@ -281,12 +287,13 @@ class SpeculativeDecode:
 @torch.inference_mode()
 def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None,
                          *, config: DecodingConfig, generator: torch.Generator | None = None,
-                         suppress_ids: Sequence[int] = (), on_step: StepCallback | None = None) -> GenerationOutput:
+                         suppress_ids: Sequence[int] = (), on_step: StepCallback | None = None,
+                         reserve_cache: bool = True) -> GenerationOutput:
     """Answers for left-padded prompts ``prompt_ids`` (B, P) by speculative decoding (``config.draft_length`` >= 1;
     the module docstring): one `SpeculativeDecode` over the batch, one call of its own per step. `decoding.generate_ids`
-    calls it for such a config."""
+    calls it for such a config (``reserve_cache``: see `SpeculativeDecode`)."""
     decode = SpeculativeDecode(model, prompt_ids, prompt_mask, config=config, generator=generator,
-                               suppress_ids=suppress_ids, on_step=on_step)
+                               suppress_ids=suppress_ids, on_step=on_step, reserve_cache=reserve_cache)
     with _unchecked(model):
         while not decode.finished:
             decode.step()

@@ -20,7 +20,7 @@ Notable features
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -94,6 +94,26 @@ class BiGLMMLP(nn.Module):
 
 
 @dataclass
+class _CacheBuffers:
+    """The preallocated storage behind a reserved `PrefixCache` (`PrefixCache.reserve`): per-layer key/value buffers
+    (B, Hkv, capacity, D), ``key_valid`` (B, capacity) and, for a shift model, ``hidden`` (B, capacity, h). Every
+    cache viewing them sees their first ``length`` slots. ``filled`` is the longest prefix any view was given: only a
+    view of exactly that length owns the slots after it (may write there), so an older view, extended again, can
+    never overwrite keys a newer one reads. ``extra``: the headroom asked for, granted again when it runs out."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    key_valid: torch.Tensor
+    hidden: torch.Tensor | None
+    filled: int
+    extra: int
+
+    @property
+    def capacity(self) -> int:
+        return self.key_valid.shape[1]
+
+
+@dataclass
 class PrefixCache:
     """Keys/values of an encoded prefix, one (k, v) pair per layer, each (B, Hkv, P, D) after RoPE.
 
@@ -101,6 +121,13 @@ class PrefixCache:
     (`select`) so several continuations share one encoded context. ``hidden`` (B, P, h): the prefix's final
     hidden states, kept only for a model with ``shift_logits`` (the first suffix position's logits come from the
     last prefix position's); every operation (`first`, `extend`, `merge`, `select`) keeps it aligned with the keys.
+
+    Growing a cache block by block (block decoding's append cache, speculative decoding) would copy the whole
+    cache per block with `torch.cat` (O(P) per block, O(N^2) per answer). `reserve` gives a cache whose tensors
+    are views of buffers with room for more slots; `extend` then writes the new block into that room in place and
+    returns a longer view of the same buffers. The rule that keeps this safe: only the newest view (the one as
+    long as the most the buffers were ever filled) owns the room after it; extending any other view (an older
+    state of the same cache) copies, exactly as an unreserved cache does, and never writes into the buffers.
     """
 
     keys: list[torch.Tensor]
@@ -108,6 +135,7 @@ class PrefixCache:
     key_valid: torch.Tensor
     padded: bool = True  # False when every prefix token is real: suffix passes then need no key mask
     hidden: torch.Tensor | None = None
+    _buffers: _CacheBuffers | None = field(default=None, repr=False, compare=False)
 
     @property
     def length(self) -> int:
@@ -116,6 +144,11 @@ class PrefixCache:
     @property
     def batch(self) -> int:
         return self.key_valid.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        """Slots this cache's buffers hold (its length when unreserved): `extend` up to here writes in place."""
+        return self.length if self._buffers is None else self._buffers.capacity
 
     @classmethod
     def empty(cls, config: BiGLMConfig, *, batch: int, device: torch.device | str, dtype: torch.dtype) -> "PrefixCache":
@@ -127,19 +160,75 @@ class PrefixCache:
         return cls(keys=kv, values=list(kv), key_valid=torch.zeros(batch, 0, dtype=torch.bool, device=device),
                    padded=False, hidden=hidden)
 
+    def reserve(self, extra: int) -> "PrefixCache":
+        """This cache copied once into buffers with ``extra`` free slots after it, so that `extend` by up to
+        ``extra`` tokens in all writes in place (no per-block copy of the whole cache); past that, one copy into
+        new buffers with ``extra`` free slots again. A decoding loop reserves prompt + answer (+ overshoot) up
+        front. ``extra`` <= 0 returns this cache as it is."""
+        if extra <= 0:
+            return self
+        n = self.length
+
+        def room(x: torch.Tensor, dim: int) -> torch.Tensor:
+            shape = list(x.shape)
+            shape[dim] += extra
+            buf = x.new_empty(shape)
+            buf.narrow(dim, 0, n).copy_(x)
+            return buf
+
+        buffers = _CacheBuffers(keys=[room(k, 2) for k in self.keys], values=[room(v, 2) for v in self.values],
+                                key_valid=room(self.key_valid, 1),
+                                hidden=None if self.hidden is None else room(self.hidden, 1), filled=n, extra=extra)
+        return PrefixCache._view(buffers, n, padded=self.padded)
+
+    @staticmethod
+    def _view(buffers: _CacheBuffers, n: int, *, padded: bool) -> "PrefixCache":
+        # the first n slots of the buffers, as a cache that can grow into the rest
+        return PrefixCache(keys=[k.narrow(2, 0, n) for k in buffers.keys],
+                           values=[v.narrow(2, 0, n) for v in buffers.values],
+                           key_valid=buffers.key_valid.narrow(1, 0, n), padded=padded,
+                           hidden=None if buffers.hidden is None else buffers.hidden.narrow(1, 0, n), _buffers=buffers)
+
+    def _owns_tail(self) -> bool:
+        """Whether this view may write the slots after it: the newest view of its buffers (nothing wrote past it),
+        still reading them (no tensor replaced since)."""
+        b = self._buffers
+        return (b is not None and b.filled == self.length and self.key_valid.data_ptr() == b.key_valid.data_ptr()
+                and self.keys[0].data_ptr() == b.keys[0].data_ptr())
+
     def first(self, n: int) -> "PrefixCache":
-        """The first ``n`` positions of this cache (a call's keys/values of its leading prefix tokens)."""
+        """The first ``n`` positions of this cache (a call's keys/values of its leading prefix tokens); views of a
+        reserved cache's buffers, which a shorter view never writes (see the class docstring)."""
         return PrefixCache(keys=[k[:, :, :n] for k in self.keys], values=[v[:, :, :n] for v in self.values],
                            key_valid=self.key_valid[:, :n], padded=self.padded and not bool(self.key_valid[:, :n].all()),
-                           hidden=None if self.hidden is None else self.hidden[:, :n])
+                           hidden=None if self.hidden is None else self.hidden[:, :n], _buffers=self._buffers)
 
     def extend(self, other: "PrefixCache") -> "PrefixCache":
-        """This cache followed by ``other`` (keys/values of later prefix tokens, encoded seeing this one)."""
+        """This cache followed by ``other`` (keys/values of later prefix tokens, encoded seeing this one).
+
+        A reserved cache (`reserve`) that is the newest view of its buffers writes ``other`` into them in place and
+        returns the longer view (the same buffers: no copy of what it already holds); past their capacity it moves
+        into new buffers with the reserved headroom again. Any other cache (unreserved, or an older state of a
+        reserved one) is concatenated into new tensors, and the buffers it views stay untouched."""
+        n, total = self.length, self.length + other.length
+        padded = self.padded or other.padded
+        same_hidden = (self.hidden is None) == (other.hidden is None)
+        if self._owns_tail() and same_hidden:
+            b = self._buffers
+            if total > b.capacity:  # out of room: one copy into buffers with the headroom again
+                return self.reserve(b.extra + other.length).extend(other)
+            for buf, new in zip(b.keys + b.values, other.keys + other.values):
+                buf.narrow(2, n, other.length).copy_(new)
+            b.key_valid.narrow(1, n, other.length).copy_(other.key_valid)
+            if b.hidden is not None:
+                b.hidden.narrow(1, n, other.length).copy_(other.hidden)
+            b.filled = total  # this view (and any other of length n) no longer owns the tail: the new one does
+            return PrefixCache._view(b, total, padded=padded)
         return PrefixCache(
             keys=[torch.cat((a, b), dim=2) for a, b in zip(self.keys, other.keys)],
             values=[torch.cat((a, b), dim=2) for a, b in zip(self.values, other.values)],
             key_valid=torch.cat((self.key_valid, other.key_valid), dim=1),
-            padded=self.padded or other.padded,
+            padded=padded,
             hidden=(None if self.hidden is None or other.hidden is None
                     else torch.cat((self.hidden, other.hidden), dim=1)),
         )
