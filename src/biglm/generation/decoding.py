@@ -164,7 +164,8 @@ class AnswerDenoiser:
                 cache = model.encode_prefix(prompt_ids, prompt_mask if prompt_padded else None)
                 self.count(prompt_ids.shape[0], self.prompt_len)
                 # the identity selection is skipped: `select` copies every layer's keys/values
-                same = rows.numel() == prompt_ids.shape[0] and bool((rows == torch.arange(rows.numel(), device=rows.device)).all())
+                same = rows.numel() == prompt_ids.shape[0] and bool(
+                    (rows == torch.arange(rows.numel(), device=rows.device)).all())
                 cache = cache if same else cache.select(rows)
             # only the append cache grows by extension (the exact one is re-encoded per block): room for the answer
             grows = block_cache == "append" and self.block_length < valid.shape[1]
