@@ -51,8 +51,11 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     prompts = [" ".join(doc.split()[:args.prompt_words]) for doc in documents(args.docs)]
-    llm = LLM(model=args.model, dtype="bfloat16", seed=args.seed)
-    params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=args.new_tokens, seed=args.seed)
+    # the CPU backend reserves KV-cache memory by VLLM_CPU_KVCACHE_SPACE (GiB; set it, e.g. 2, as the serving benchmark
+    # does) and checks the machine's free memory against gpu_memory_utilization
+    llm = LLM(model=args.model, dtype="bfloat16", seed=args.seed, max_model_len=1024, gpu_memory_utilization=0.3)
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=args.new_tokens)  # seeded by the engine (LLM seed):
+    # a per-request seed fails on the CPU backend ("CPU Generator does not use offset")
     outputs = llm.generate(prompts, params)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", encoding="utf-8") as f:
