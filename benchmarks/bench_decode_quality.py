@@ -33,6 +33,7 @@ from biglm.checkpoint import load_model
 from biglm.generation import generate_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_speculative import held_out_prompts  # noqa: E402
 from common import hf_directory, machine, markdown_header, positive_int, write_report  # noqa: E402
 
 
@@ -54,16 +55,6 @@ def decoding(setting: str, n: int) -> dict:
         return fields
     raise SystemExit(f"bench_decode_quality.py: unknown setting {setting!r} (blocks:B[,T=N/2], spec:M or "
                      "threshold:TAU[,B])")
-
-
-def prompts_from(shard_path: Path, *, count: int, length: int) -> list[list[int]]:
-    from biglm.data.shards import ShardReader
-
-    shard = ShardReader(shard_path, expected_vocab_size=None)
-    rows = [shard.doc(i)[:length].astype("int64").tolist() for i in range(len(shard)) if len(shard.doc(i)) >= length]
-    if len(rows) < count:
-        raise SystemExit(f"bench_decode_quality.py: only {len(rows)} documents of {shard_path} hold {length} tokens")
-    return rows[:count]
 
 
 @torch.inference_mode()
@@ -104,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
 
     judge = AutoModelForCausalLM.from_pretrained(hf_directory(Path(args.source), Path(args.work)),
                                                  dtype=torch.float32).eval()
-    prompts = prompts_from(Path(args.val_shard), count=args.prompts, length=args.prompt_len)
+    prompts = held_out_prompts(argparse.Namespace(val_shard=args.val_shard, checkpoint=args.biglm, prompts=args.prompts,
+                                                  prompt_len=args.prompt_len)).tolist()
     rows = []
     with torch.inference_mode():
         ref = [judge.generate(torch.tensor([pr]), max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, len(pr):]

@@ -570,6 +570,20 @@ class Decode:
         self.fold = fold_blocks and self.denoise.folds
         self.held: Commit | None = None  # a finished block whose cache pass rides on the next step (append cache)
 
+    @property
+    def calls(self) -> int:
+        """Decoding model calls so far (`SpeculativeDecode` has the same)."""
+        return self.run.calls
+
+    @property
+    def finished(self) -> bool:
+        return self.run.pending is None
+
+    @property
+    def cache(self) -> PrefixCache:
+        """The prefix cache the next call runs over."""
+        return self.denoise.cache
+
     def settle(self) -> None:
         """Finished blocks join the cache: each pending `Commit` is encoded now, or held to fold into the next step
         (a held block followed by another without a step between goes in alone). Then ``run.pending`` is the next

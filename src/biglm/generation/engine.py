@@ -87,17 +87,7 @@ class _Request:
 
     @property
     def calls(self) -> int:
-        if self.decode is None:
-            return 0
-        return self.decode.calls if isinstance(self.decode, SpeculativeDecode) else self.decode.run.calls
-
-    @property
-    def finished(self) -> bool:
-        return self.decode.finished if isinstance(self.decode, SpeculativeDecode) else self.decode.run.pending is None
-
-    @property
-    def cache(self) -> PrefixCache:
-        return self.decode.cache if isinstance(self.decode, SpeculativeDecode) else self.decode.denoise.cache
+        return 0 if self.decode is None else self.decode.calls
 
     @property
     def rows(self) -> int:
@@ -226,15 +216,7 @@ class DecodeEngine:
                          position_ids=torch.cat(pos), logits_positions=where_all,
                          prefix_len=cache.length + torch.cat(lead) if folded else None, return_cache=folded)
         counts = torch.stack([w.sum() for w in where]).tolist()
-        row = 0
-        for req, part, h in zip(reqs, out.logits.split(counts), held):
-            rows = req.run.valid.shape[0]
-            block = None
-            if h:
-                # this request's rows, its held block's leading positions (with their hidden states for a shift model)
-                block = out["cache"].select(torch.arange(row, row + rows, device=self.device)).first(h)
-            row += rows
-            req.decode.answered(part, block)
+        self._hand_out(reqs, out, counts=counts, rows=[x.shape[0] for x in ids], leads=held)
 
     def _decode_rules(self, reqs: list[_Request]) -> None:
         """One model call over every request's pending query when a speculative one is among them: its drafted
@@ -242,7 +224,7 @@ class DecodeEngine:
         row is said as a rule (`_as_tree`). Rows are right-padded to the widest (masked keys, queries that see
         everything, read by no one); each request's cache columns sit at the right end of the merged cache's."""
         calls = [self._as_tree(r) if isinstance(r.decode, Decode) else (r.decode.segment(), None) for r in reqs]
-        cache = PrefixCache.merge([r.cache for r in reqs])
+        cache = PrefixCache.merge([r.decode.cache for r in reqs])
         C, width = cache.length, max(call.ids.shape[1] for call, _ in calls)
         ids, valid, pos, rules, read = [], [], [], [], []
         base = 0  # merged rows before this request's
@@ -266,13 +248,19 @@ class DecodeEngine:
         out = self.model(torch.cat(ids), prefix_cache=cache, attention_mask=torch.cat(valid).long(),
                          position_ids=torch.cat(pos), attention_rule=torch.cat(rules),
                          logits_positions=torch.cat(read), return_cache=lead > 0)
+        self._hand_out(reqs, out, counts=[call.read.numel() for call, _ in calls],
+                       rows=[call.ids.shape[0] for call, _ in calls], leads=[call.lead for call, _ in calls])
+
+    def _hand_out(self, reqs: list[_Request], out, *, counts: list[int], rows: list[int], leads: list[int]) -> None:
+        """Give each request its logits (``counts`` of them, in order) and, when its call led with cache-bound
+        tokens (``leads``: a held block, or speculative pending tokens), their keys/values: its ``rows`` of the
+        merged call's cache, their leading positions (hidden states too, for a shift model)."""
         row = 0
-        for req, (call, _), part in zip(reqs, calls, out.logits.split([call.read.numel() for call, _ in calls])):
-            rows = call.ids.shape[0]
+        for req, part, n, lead in zip(reqs, out.logits.split(counts), rows, leads):
             block = None
-            if call.lead:  # this request's rows, their leading positions (hidden states too, for a shift model)
-                block = out["cache"].select(torch.arange(row, row + rows, device=self.device)).first(call.lead)
-            row += rows
+            if lead:
+                block = out["cache"].select(torch.arange(row, row + n, device=self.device)).first(lead)
+            row += n
             req.decode.answered(part, block)
 
     def _as_tree(self, req: _Request) -> tuple[TreeCall, torch.Tensor]:
@@ -299,7 +287,7 @@ class DecodeEngine:
         return int(score.argmax())
 
     def _report(self, req: _Request) -> EngineEvent:
-        if req.finished:  # the answer generate_ids would return
+        if req.decode.finished:  # the answer generate_ids would return
             out = req.decode.output()
             tokens = out.token_lists()[0]
             reason = "stop" if int(out.lengths[0]) < int(out.candidate_length[0]) else "length"
