@@ -418,3 +418,40 @@ def test_bfloat16_decoding_agrees_with_float32_on_the_real_model(real_smol):
         agree += sum(s[0] == y[t] for s, y in zip(step, full))
     print(f"bf16 vs fp32: {agree}/64 decisions agree")
     assert agree >= 45, agree
+
+
+def test_compiled_decoding_agrees_with_eager_on_the_real_model(real_smol):
+    """`load_model(compile=True)` (`--compile`: each decoder layer under `torch.compile`, dynamic shapes) against the
+    fp32 eager path on the same trained model's decodes, as the bf16 test above: greedy, blocks of 1, exact cache, 4
+    prompts x 12 tokens, the compiled model continuing each prefix of the eager answer by one token. Compilation
+    changes only fp32 summation order (fused kernels), so near-ties alone may flip: measured on this CPU (AMD EPYC,
+    torch 2.13) 48 of 48. Asserted: >= 44 (a wrong fusion agrees on few). The loop compiles once: calls with a
+    growing prompt and cache add no graph after the first few shapes (dynamic shapes), which `unique_graphs` counts."""
+    from torch._dynamo.utils import counters
+
+    from biglm.checkpoint import load_model
+    from biglm.generation import generate_ids, left_pad
+
+    model, tok = load_model(real_smol)
+    texts = ["Once upon a time, there was a little girl named Lily. She loved to",
+             "The sun was shining and the birds were singing. Tom went to the park with his",
+             "Water boils at a lower temperature on a mountain because",
+             "My favourite thing to do on a rainy day is"]
+    prompts = [tok(t)["input_ids"] for t in texts]
+    kw = dict(strategy="confidence", block_length=1, suppress_ids=[model.config.eos_token_id])
+    pad = model.config.pad_token_id
+    n = 12
+    eager = generate_ids(model, *left_pad(prompts, pad_id=pad), max_new_tokens=n, **kw).token_lists()
+    del model
+    torch._dynamo.reset()
+    compiled, _ = load_model(real_smol, compile=True)
+    agree, graphs = 0, []
+    for t in range(n):
+        step = generate_ids(compiled, *left_pad([p + y[:t] for p, y in zip(prompts, eager)], pad_id=pad),
+                            max_new_tokens=1, **kw).token_lists()
+        agree += sum(s[0] == y[t] for s, y in zip(step, eager))
+        graphs.append(counters["stats"]["unique_graphs"])
+    print(f"compiled vs eager: {agree}/{4 * n} decisions agree; graphs after each step: {graphs}")
+    assert graphs[-1] > 0  # it did compile
+    assert graphs[-1] == graphs[n // 2], graphs  # no new graph in the second half: not one compilation per call
+    assert agree >= 4 * n - 4, agree

@@ -75,11 +75,16 @@ def check_model_path(path: str | Path) -> None:
 
 
 def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               pack: bool = False):
+               pack: bool = False, compile: bool = False):
     """Return ``(model, tokenizer)`` in eval mode from ``path``.
 
     ``pack``: on a CPU, hold every linear layer's weight prepacked for oneDNN (`model.packed`: 1.5-3x faster decoding
     calls at a real model's shape); for inference only (generate, serve, eval), never for a model that will train.
+    ``compile``: `torch.compile` each decoder layer in place (dynamic shapes, so a decoding loop's growing cache and
+    changing row counts compile once, not per call; the first call pays the compilation). It replaces ``pack`` (the
+    prepacked kernels do not compile). On this project's CPU at batch 1 it is slower than prepacked eager (a call
+    there is bound by reading the weights: docs/LOG.md 2026-11-27); it is for accelerators, where a small model's
+    call is bound by per-kernel overhead that compilation fuses away.
 
     ``path`` is either a Hugging Face directory (config.json + model.safetensors + tokenizer files, as
     written by `biglm export` or `save_pretrained`), a training run / checkpoint directory written by
@@ -110,7 +115,10 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
         # on a 4x192 model, docs/LOG.md); sdpa applies the same mask (tested for every backend)
         model.set_attn_backend("sdpa")
     model = model.to(device).eval()
-    if pack and torch.device(device).type == "cpu":
+    if compile:
+        for layer in model.model.layers:
+            layer.compile(dynamic=True)  # in place: parameter names and state_dict unchanged
+    elif pack and torch.device(device).type == "cpu":
         from ..model.packed import pack_linears
 
         pack_linears(model)

@@ -106,6 +106,9 @@ class GenerateArgs(ReplicaOptions, DecodingConfig):
     """where the model runs"""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """weights' dtype (unset: the checkpoint's)"""
+    compile: bool = False
+    """torch.compile each decoder layer (dynamic shapes: compiled once, at the first call, instead of the prepacked
+    CPU kernels); for accelerators: on a CPU at batch 1 the default prepacked eager path is faster (docs/LOG.md)"""
     show_steps: bool = False
     """print the answer after every model call, masked slots as _"""
 
@@ -178,7 +181,7 @@ def _step_printer(tokenizer, mask_id: int):
     return show
 
 
-def load_for_cli(path: Path, *, prog: str, device: str | None, dtype: str | None):
+def load_for_cli(path: Path, *, prog: str, device: str | None, dtype: str | None, compile: bool = False):
     """``(model, tokenizer)`` from a command's checkpoint argument, or None after one line on stderr naming the
     problem (a missing path, or a directory that holds no loadable model)."""
     if not path.exists():
@@ -188,7 +191,8 @@ def load_for_cli(path: Path, *, prog: str, device: str | None, dtype: str | None
     from ..checkpoint import load_model
 
     try:
-        return load_model(path, device=device, dtype=_DTYPES.get(dtype) if dtype else None, pack=True)
+        return load_model(path, device=device, dtype=_DTYPES.get(dtype) if dtype else None, pack=True,
+                          compile=compile)
     except (FileNotFoundError, OSError, ValueError) as e:
         print(f"{prog}: cannot load {path}: {e}", file=sys.stderr)
         return None
@@ -204,7 +208,8 @@ def main(argv: list[str]) -> int:
 
     if args.input is not None:
         return _main_file(args, argv)
-    loaded = load_for_cli(Path(args.checkpoint), prog="biglm generate", device=args.device, dtype=args.dtype)
+    loaded = load_for_cli(Path(args.checkpoint), prog="biglm generate", device=args.device, dtype=args.dtype,
+                          compile=args.compile)
     if loaded is None:
         return 2
     model, tokenizer = loaded
@@ -248,7 +253,8 @@ def _main_file(args: GenerateArgs, argv: list[str]) -> int:
             print(f"{prog}: {e}", file=sys.stderr)
             return 2
         backend = ray_data.ray_data_backend(str(Path(args.checkpoint).resolve()), replicas=args.replicas,
-                                            cpus=args.replica_cpus, gpus=args.replica_gpus, dtype=args.dtype)
+                                            cpus=args.replica_cpus, gpus=args.replica_gpus, dtype=args.dtype,
+                                            compile=args.compile)
     try:
         return _run_file(args, given, backend, prog)
     finally:
@@ -262,7 +268,8 @@ def _run_file(args: GenerateArgs, given: dict, backend, prog: str) -> int:
 
     # with replicas, this copy only checks and prepares the rows (the model's settings, token ids): on the cpu
     device = "cpu" if backend is not None else args.device
-    loaded = load_for_cli(Path(args.checkpoint), prog=prog, device=device, dtype=args.dtype)
+    loaded = load_for_cli(Path(args.checkpoint), prog=prog, device=device, dtype=args.dtype,
+                          compile=args.compile and backend is None)  # with replicas, each holder compiles its own
     if loaded is None:
         return 2
     model, tokenizer = loaded

@@ -29,13 +29,13 @@ from .ray_cluster import limit_threads, replica_device
 class _ModelHolder:
     """One actor of the pool: a model, its tokenizer and a `BatchAnswerer`; one planned batch per call."""
 
-    def __init__(self, checkpoint: str, dtype: str | None, cpus: int, gpus: float) -> None:
+    def __init__(self, checkpoint: str, dtype: str | None, cpus: int, gpus: float, compile: bool = False) -> None:
         from ..checkpoint import load_model
         from ..generation.cli import _DTYPES
 
         limit_threads(cpus)
         model, tokenizer = load_model(checkpoint, device=replica_device(gpus),
-                                      dtype=_DTYPES.get(dtype) if dtype else None, pack=True)
+                                      dtype=_DTYPES.get(dtype) if dtype else None, pack=True, compile=compile)
         self.model, self.tokenizer, self.answerer = model, tokenizer, None
 
     def __call__(self, item: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -49,9 +49,9 @@ class _ModelHolder:
 
 
 def ray_data_backend(checkpoint: str, *, replicas: int, cpus: int = 1, gpus: float = 0.0,
-                     dtype: str | None = None) -> Backend:
+                     dtype: str | None = None, compile: bool = False) -> Backend:
     """A `Backend` answering batches on the connected Ray instance with ``replicas`` model holders (each ``cpus``
-    CPUs and torch threads, ``gpus`` GPUs; a model on cuda when ``gpus`` > 0)."""
+    CPUs and torch threads, ``gpus`` GPUs; a model on cuda when ``gpus`` > 0; ``compile``: `load_model`'s)."""
 
     def run(batches: Sequence[Sequence[BatchRow]]) -> Iterator[list[dict[str, Any]]]:
         import ray.data
@@ -68,7 +68,8 @@ def ray_data_backend(checkpoint: str, *, replicas: int, cpus: int = 1, gpus: flo
         answered = ds.map_batches(_ModelHolder, batch_size=1, batch_format="numpy",
                                   compute=ray.data.ActorPoolStrategy(size=replicas),
                                   num_cpus=cpus, num_gpus=gpus,
-                                  fn_constructor_kwargs=dict(checkpoint=checkpoint, dtype=dtype, cpus=cpus, gpus=gpus))
+                                  fn_constructor_kwargs=dict(checkpoint=checkpoint, dtype=dtype, cpus=cpus, gpus=gpus,
+                                                             compile=compile))
         expected = 0
         for row in answered.iter_rows():
             if int(row["batch"]) != expected:

@@ -76,6 +76,9 @@ class ServeArgs(ReplicaOptions):
     tokenizing, as vLLM's CPU build leaves it; with --replicas each replica has --replica_cpus)"""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """weights' dtype (unset: the checkpoint's)"""
+    compile: bool = False
+    """torch.compile each decoder layer (dynamic shapes: compiled once, at the first call, instead of the prepacked
+    CPU kernels); for accelerators: on a CPU at batch 1 the default prepacked eager path is faster (docs/LOG.md)"""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     """uvicorn's log level"""
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
@@ -227,7 +230,7 @@ def build_app(args: ServeArgs, *, given: Collection[str] | None = None, health: 
 
     path = Path(args.checkpoint)
     model, tokenizer = load_model(path, device=args.device, dtype=_DTYPES.get(args.dtype) if args.dtype else None,
-                                  pack=True)
+                                  pack=True, compile=args.compile)
     defaults = server_defaults(model.config, args, given=given)
     name = args.model_name or path.resolve().name
     settings = ServeSettings(model_name=name, max_batch_rows=args.max_batch_rows, max_queue=args.max_queue,
