@@ -148,6 +148,78 @@ def test_decoding_a_shift_model_is_the_same_with_and_without_the_cache(extra):
     assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].lengths, runs[1].lengths)
 
 
+
+def test_a_shift_model_predicts_the_position_after_its_input():
+    """`logits_positions` with one column more than the input: the position after it, from the input's last row (or
+    the cache's last hidden state with no input). Equal to the logits of a mask appended as suffix, which the prefix
+    never sees, so its row changes nothing before it."""
+    _, model = _models()
+    ids = _ids(2, 6)
+    mask = torch.full((2, 1), model.config.mask_token_id)
+    last = torch.zeros(2, 7, dtype=torch.bool)
+    last[:, 6] = True
+    with torch.no_grad():
+        want = model(torch.cat((ids, mask), 1), prefix_len=6, logits_positions=last).logits
+        torch.testing.assert_close(model(ids, prefix_len=6, logits_positions=last).logits, want, **TOL)
+        cache = model.encode_prefix(ids)
+        got = model(ids[:, :0], prefix_cache=cache, logits_positions=last[:, 6:]).logits  # no input: no pass at all
+        torch.testing.assert_close(got, want, **TOL)
+        with pytest.raises(ValueError, match="nothing to predict"):
+            model(ids[:, :0], logits_positions=last[:, 6:])
+
+
+def _blocks_shift(seed: int = 0) -> BiGLMForMaskedLM:
+    torch.manual_seed(seed)
+    return BiGLMForMaskedLM(BiGLMConfig.from_preset("tiny", initializer_range=0.2, shift_logits=True,
+                                                    prefix_attention="blocks", prefix_block_lengths=[1, 4])).eval()
+
+
+@pytest.mark.parametrize("block_cache", ["append", "exact"])
+def test_one_slot_calls_of_a_shift_model_run_one_position_per_token(block_cache, monkeypatch):
+    """Blocks of one slot on a shift model: each call runs the held token only (the slot's own row is read by no
+    one), so the append cache computes one position per written token after the prompt, as an autoregressive model;
+    the tokens are those of calls that run the slot's row too (`AnswerDenoiser.trims` off)."""
+    from biglm.generation import generate_ids, left_pad
+    from biglm.generation.decoding import AnswerDenoiser
+
+    model = _blocks_shift()
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]], pad_id=0)
+    kw = dict(max_new_tokens=10, strategy="confidence", block_length=1, block_cache=block_cache, steps=10)
+    fast = generate_ids(model, ids, mask, **kw)
+    monkeypatch.setattr(AnswerDenoiser, "trims", lambda self, query, commit=None: False)
+    slow = generate_ids(model, ids, mask, **kw)
+    assert torch.equal(fast.tokens, slow.tokens) and torch.equal(fast.lengths, slow.lengths)
+    assert fast.positions == slow.positions - 3 * 10  # one row fewer per call, in each of the 3 rows
+    if block_cache == "append":  # the prompts once, then the 9 held tokens (the last is never encoded)
+        assert fast.positions == 3 * 7 + 3 * 9
+
+
+def test_the_engine_mixes_one_slot_shift_calls_with_others_each_as_alone():
+    """The server's engine merges requests whose calls run without the slot's row (blocks of one on a shift model)
+    with requests that run full windows (blocks of 4, no blocks, a length beam), arriving at different steps: every
+    answer is the one `generate_ids` gives it alone."""
+    from biglm.generation import DecodeEngine, DecodingConfig, generate_ids
+
+    model = _blocks_shift()
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13], [14, 15, 16, 17], [18, 19]]
+    configs = [DecodingConfig(max_new_tokens=8, steps=8, strategy="confidence", block_length=1),
+               DecodingConfig(max_new_tokens=8, steps=4, strategy="confidence", block_length=4),
+               DecodingConfig(max_new_tokens=6, steps=6, strategy="confidence", block_length=1, temperature=1.0, seed=3),
+               DecodingConfig(max_new_tokens=8, steps=4),
+               DecodingConfig(max_new_tokens=8, steps=8, strategy="confidence", block_length=1, length_beam=2,
+                              length_head=False)]
+    alone = [generate_ids(model, torch.tensor([p]), config=c).token_lists()[0] for p, c in zip(prompts, configs)]
+    engine = DecodeEngine(model, max_batch_rows=8)
+    arrivals, done, t = {0: [0, 1], 1: [2], 2: [3, 4]}, {}, 0
+    while t <= max(arrivals) or engine.num_running or engine.num_waiting:
+        for i in arrivals.get(t, []):
+            engine.submit(str(i), prompts[i], configs[i])
+        done.update({e.request_id: e.token_ids for e in engine.step() if e.finished})
+        t += 1
+        assert t < 100
+    assert [done[str(i)] for i in range(len(prompts))] == alone
+
+
 # ---------------------------------------------------------------------------------------- attention annealing
 def test_lookahead_schedule():
     L, N = 32, 5

@@ -188,14 +188,26 @@ class AnswerDenoiser:
         block's keys/values need only the cache and the block, so one call computes them beside the step)."""
         return self.use_cache and self.block_cache == "append"
 
+    def trims(self, query: Query, commit: Commit | None = None) -> bool:
+        """Whether a cached call for ``query`` runs without its one slot's row: a ``shift_logits`` model predicts a
+        slot from the row before it (the held block's last token, or the cache's last hidden state), and with a
+        window of one slot nothing else reads that slot's row (held tokens are prefix: they never see it). The
+        same logits, one position per written token instead of two."""
+        return (self.use_cache and bool(getattr(self.model.config, "shift_logits", False))
+                and query.end - query.start == 1
+                and (commit is not None or (self.cache.hidden is not None and self.cache.length > 0)))
+
     def segment(self, query: Query, commit: Commit | None = None, *, valid: torch.Tensor | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+                trim: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """What a cached call runs for ``query``: ``(ids, valid, where)`` over its slots ``start:end``, the block
         ``commit`` (when folded in) first as prefix tokens that predict nothing. ``valid`` (R, N): the key mask
-        to slice (default: the denoiser's, None when no slot is padding)."""
+        to slice (default: the denoiser's, None when no slot is padding). When the call `trims` (and ``trim``), the
+        slot's own column is left out of ``ids`` and ``valid``: ``where`` then has one column more than ``ids``,
+        the position after the input (`BiGLMForMaskedLM.forward`'s ``logits_positions``)."""
         valid = self.answer_mask if valid is None else valid
-        ids, where = query.inputs[:, query.start:query.end], query.where[:, query.start:query.end]
-        keys = None if valid is None else valid[:, query.start:query.end]
+        cut = query.end - 1 if trim and self.trims(query, commit) else query.end
+        ids, where = query.inputs[:, query.start:cut], query.where[:, query.start:query.end]
+        keys = None if valid is None else valid[:, query.start:cut]
         if commit is not None:
             if not self.folds or commit.end != query.start:
                 raise ValueError(f"a block folds into the next step only with the append cache and when it ends where "
@@ -599,10 +611,11 @@ class Decode:
                 self.denoise.extend(item)
             self.run.advance()
 
-    def segment(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def segment(self, *, trim: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What the pending query runs in a call made elsewhere (the engine merges many decodes into one call):
-        ``(ids, valid, where)``, each (R, held + end - start), the held block first as prefix tokens."""
-        return self.denoise.segment(self.run.pending, self.held, valid=self.run.valid)
+        ``(ids, valid, where)``, each (R, held + end - start), the held block first as prefix tokens; a call that
+        `AnswerDenoiser.trims` (unless ``trim`` is False) leaves the slot's own column out of ``ids`` and ``valid``."""
+        return self.denoise.segment(self.run.pending, self.held, valid=self.run.valid, trim=trim)
 
     def step(self) -> None:
         """Answer the pending query with a model call of its own (the held block folded in), then `settle`."""
@@ -614,7 +627,8 @@ class Decode:
     def answered(self, logits: torch.Tensor, block: PrefixCache | None = None) -> None:
         """The pending query answered by a call made elsewhere over `segment`: its logits, and the held block's
         keys/values that call computed (when a block was held); then `settle`."""
-        width = self.run.pending.end - self.run.pending.start
+        q = self.run.pending
+        width = q.end - q.start - self.denoise.trims(q, self.held)
         if self.held is not None:
             if block is None:
                 raise ValueError("a block was held for this call: pass the keys/values the call computed for it.")

@@ -197,12 +197,15 @@ class DecodeEngine:
         segments = [r.decode.segment() for r in reqs]
         held = [0 if r.decode.held is None else r.decode.held.end - r.decode.held.start for r in reqs]
         width = max(seg_ids.shape[1] for seg_ids, _, _ in segments)
+        # a one-slot query of a shift model runs without the slot's row (`AnswerDenoiser.trims`): its `where` has a
+        # column more than its ids, the position after them; every row's `where` then gets that extra column
+        nxt = int(any(seg_where.shape[1] > seg_ids.shape[1] for seg_ids, _, seg_where in segments))
         ids, valid, where, pos, lead = [], [], [], [], []
         for req, (seg_ids, seg_valid, seg_where), h in zip(reqs, segments, held):
             pad = (0, width - seg_ids.shape[1])
             ids.append(torch.nn.functional.pad(seg_ids, pad, value=req.run.mask_id))
             valid.append(torch.nn.functional.pad(seg_valid, pad, value=False))
-            where.append(torch.nn.functional.pad(seg_where, pad, value=False))
+            where.append(torch.nn.functional.pad(seg_where, (0, width + nxt - seg_where.shape[1]), value=False))
             # each row continues from its own cache: positions cache length onwards
             rows = seg_ids.shape[0]
             pos.append((req.decode.denoise.cache.length + torch.arange(width, device=self.device)).expand(rows, -1))
@@ -267,7 +270,7 @@ class DecodeEngine:
         """An iterative-unmasking request's query said as an attention rule (what its prefix split means): every
         query sees the request's cache; its held block's queries see the block, the others the whole segment.
         With it, the segment's key mask (R, w): a shorter length candidate's slots are padding."""
-        ids, valid, where = req.decode.segment()
+        ids, valid, where = req.decode.segment(trim=False)
         rows, w = ids.shape
         h = 0 if req.decode.held is None else req.decode.held.end - req.decode.held.start
         own = req.decode.denoise.cache.length

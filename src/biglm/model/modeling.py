@@ -554,11 +554,14 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         return new if past is None else past.extend(new)
 
     @staticmethod
-    def _shifted(hidden: torch.Tensor, prefix_cache: PrefixCache | None) -> torch.Tensor:
+    def _shifted(hidden: torch.Tensor, prefix_cache: PrefixCache | None, *, next_position: bool = False) -> torch.Tensor:
         """``shift_logits``: the hidden state each position predicts from, (B, L, h): position i's is i-1's; the
-        first position's is the cached prefix's last (a suffix pass) or its own (the sequence's first token)."""
-        if hidden.shape[1] == 0:
+        first position's is the cached prefix's last (a suffix pass) or its own (the sequence's first token).
+        ``next_position``: (B, L + 1), position L (the one after the input) predicted from the input's last."""
+        if hidden.shape[1] == 0 and not next_position:
             return hidden
+        if next_position and (prefix_cache is None or prefix_cache.length == 0) and hidden.shape[1] == 0:
+            raise ValueError("nothing to predict the next position from: no input and no cached prefix.")
         if prefix_cache is None or prefix_cache.length == 0:
             first = hidden[:, :1]
         elif prefix_cache.hidden is None:
@@ -567,7 +570,7 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
                              "`hidden` when slicing a cache by hand).")
         else:
             first = prefix_cache.hidden[:, -1:].to(hidden.dtype)
-        return torch.cat((first, hidden[:, :-1]), dim=1)
+        return torch.cat((first, hidden if next_position else hidden[:, :-1]), dim=1)
 
     def forward(
         self,
@@ -595,12 +598,24 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         would compute a second, discarded fp32 loss kept alive through backward). A bool mask costs one
         host sync (the number of selected rows); indices cost none (the trainer finds them before it
         queues any forward, where a sync stalls nothing).
+
+        A model with ``shift_logits`` also predicts the position after its input (from the input's last hidden
+        state, or the cached prefix's last with no input): a bool ``logits_positions`` of (B, L + 1) columns selects
+        it in its last. Decoding one slot at a time runs no row for the slot itself (its own row's hidden state
+        predicts the slot after it, which that call does not ask for): one position per written token, as an
+        autoregressive model, where the slot's row would make two.
         """
-        base = self.model(input_ids, prefix_len=prefix_len, attention_mask=attention_mask, doc_ids=doc_ids,
-                          position_ids=position_ids, prefix_cache=prefix_cache, **kwargs)
+        B, L = input_ids.shape
+        next_position = (self.config.shift_logits and logits_positions is not None
+                         and logits_positions.dtype == torch.bool and logits_positions.shape[1] == L + 1)
+        if L == 0 and next_position and prefix_cache is not None and not kwargs.get("return_cache"):
+            base = BaseModelOutput(last_hidden_state=prefix_cache.hidden[:, :0])  # only the cache's last: no pass
+        else:
+            base = self.model(input_ids, prefix_len=prefix_len, attention_mask=attention_mask, doc_ids=doc_ids,
+                              position_ids=position_ids, prefix_cache=prefix_cache, **kwargs)
         hidden = base.last_hidden_state
         if self.config.shift_logits:
-            hidden = self._shifted(hidden, prefix_cache)
+            hidden = self._shifted(hidden, prefix_cache, next_position=next_position)
         select = None
         if labels is not None and self.config.sparse_prediction:
             select = labels != IGNORE_INDEX
