@@ -74,6 +74,33 @@ def test_backends_match_eager_forward(backend, with_docs):
     torch.testing.assert_close(out[valid], ref[valid], atol=2e-5, rtol=1e-4)
 
 
+
+@pytest.mark.parametrize("queries", [1, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_attention_matches_eager_for_few_queries(queries, dtype, monkeypatch):
+    """`grouped_attention` (what sdpa runs for a few queries in bf16/fp16 on a CPU: decoding calls) is the same
+    attention: padding keys, the prefix rule and a cache offset, 3 query heads per key/value head; the eager reference
+    in float32 on the same (rounded) inputs. In bf16 the sdpa backend takes it instead of PyTorch's kernel."""
+    from biglm.model import attention as A
+
+    g = torch.Generator().manual_seed(0)
+    B, H, Hkv, D, Lk = 3, 6, 2, 16, 20
+    q = torch.randn(B, queries, H, D, generator=g).to(dtype).transpose(1, 2)  # the model's (B, H, L, D) layout
+    k, v = (torch.randn(B, Hkv, Lk, D, generator=g).to(dtype) for _ in range(2))
+    valid = torch.ones(B, Lk, dtype=torch.bool)
+    valid[1, :4] = False  # a left-padded row
+    mask = A.AttentionMask(batch=B, q_len=queries, k_len=Lk, q_offset=Lk - queries,
+                           prefix_len=torch.tensor([Lk - queries, Lk - 1, Lk - queries]), key_valid=valid)
+    want = A.eager_attention(q.float(), k.float(), v.float(), mask)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(A.grouped_attention(q, k, v, mask).float(), want, **tol)
+    full = A.AttentionMask(batch=B, q_len=queries, k_len=Lk, q_offset=Lk - queries)
+    torch.testing.assert_close(A.grouped_attention(q, k, v, full).float(),
+                               A.eager_attention(q.float(), k.float(), v.float(), full), **tol)
+    if dtype == torch.bfloat16:
+        monkeypatch.setattr(A.F, "scaled_dot_product_attention", None)  # would fail if called
+        torch.testing.assert_close(A.sdpa_attention(q, k, v, mask).float(), want, **tol)
+
 def test_sdpa_matches_eager_backward():
     config = BiGLMConfig.from_preset("tiny", attn_backend="eager")
     ids, attn, p = _padded_batch()

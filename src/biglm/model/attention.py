@@ -157,9 +157,34 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Att
     return probs @ v
 
 
+# The longest query a CPU call in bfloat16/float16 runs through `grouped_attention` instead of PyTorch's CPU flash
+# kernel, which is slow for a few queries in those dtypes (SmolLM2-135M's heads, 9 query / 3 key-value of 64, bf16, one
+# thread, AMD EPYC: 32 rows x 1 query x 170 keys 4.3 ms vs 0.24 ms; 1 x 1 x 2,000 1.5 ms vs 0.12 ms; 32 x 8 x 170 2.4 vs
+# 0.9 ms; docs/LOG.md 2026-11-27). Decoding calls are such calls; training and prompt encoding are not.
+GROUPED_MAX_QUERIES = 8
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    """Attention for a few queries with grouped key/value heads as two matrix products: the query heads that share a
+    key/value head become rows of one product with it (no key/value copy per head), scores and softmax in float32.
+    q (B, H, Lq, D); k, v (B, Hkv, Lk, D)."""
+    B, H, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    rep = H // Hkv
+    scores = (q.reshape(B, Hkv, rep * Lq, D) @ k.transpose(-1, -2)).float() * D ** -0.5  # (B, Hkv, rep*Lq, Lk)
+    dense = mask.dense(q.device)  # (B, 1, Lq, Lk) or None
+    if dense is not None:
+        scores = scores.view(B, Hkv, rep, Lq, Lk).masked_fill(~dense[:, :, None], float("-inf")).view(B, Hkv, rep * Lq, Lk)
+    return (scores.softmax(dim=-1).to(v.dtype) @ v).view(B, H, Lq, D)
+
+
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
                    dropout_p: float = 0.0) -> torch.Tensor:
-    """PyTorch scaled_dot_product_attention with a boolean mask and native GQA."""
+    """PyTorch scaled_dot_product_attention with a boolean mask and native GQA; a few queries in bfloat16/float16 on
+    a CPU (decoding calls) go through `grouped_attention`, the same attention, faster there."""
+    if (q.shape[2] <= GROUPED_MAX_QUERIES and dropout_p == 0.0 and q.device.type == "cpu"
+            and q.dtype in (torch.bfloat16, torch.float16)):
+        return grouped_attention(q, k, v, mask)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask.dense(q.device), dropout_p=dropout_p, is_causal=False, enable_gqa=True
     )
