@@ -4,6 +4,8 @@ token for token the answer `generate_ids` gives it alone with the same config an
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -98,6 +100,42 @@ def test_mixed_batch_equals_each_request_alone(model):
         hook.remove()
     assert {rid: ev[-1].token_ids for rid, ev in events.items()} == expected
     assert max(sizes) >= 3  # requests really shared model calls
+
+
+def test_the_pooled_cache_serves_calls_in_place_as_requests_come_and_go(model, monkeypatch):
+    """The engine keeps its requests' caches as rows of one pool (`_CachePool`): a step's call reads them in place, no
+    request's cache is copied into a merged one (`PrefixCache.merge` is never called), and rows move up when a request
+    before them finishes or is cancelled (length beams of 2 and 3 rows among them); every answer is its solo decode."""
+    from biglm.model.modeling import PrefixCache
+
+    def refuse(*a, **k):
+        raise AssertionError("merged by copying")
+
+    monkeypatch.setattr(PrefixCache, "merge", staticmethod(refuse))
+    configs = [CONFIGS[8], CONFIGS[0], CONFIGS[9], CONFIGS[1], CONFIGS[3], CONFIGS[10], CONFIGS[6]]
+    prompts = [PROMPTS[i] for i in (0, 1, 2, 4, 0, 1, 2)]
+    engine = DecodeEngine(model, max_batch_rows=8)
+    events: dict[str, list[EngineEvent]] = {}
+    arrivals = {0: [0, 1, 2], 1: [3], 2: [4, 5], 4: [6]}
+    t, moved = 0, 0
+    while t <= max(arrivals) or engine.num_running or engine.num_waiting:
+        for i in arrivals.get(t, []):
+            engine.submit(f"r{i}", prompts[i], configs[i])
+        if t == 3:
+            engine.cancel("r1")
+        slots = {r.id: r.slot for r in engine._pool.members}
+        for e in engine.step():
+            events.setdefault(e.request_id, []).append(e)
+        moved += sum(r.slot < slots.get(r.id, r.slot) for r in engine._pool.members)
+        rows = [r.rows for r in engine._pool.members]
+        assert [r.slot for r in engine._pool.members] == [0, *itertools.accumulate(rows)][:len(rows)]  # from row 0
+        t += 1
+        assert t < 200
+    assert moved >= 2 and not engine._pool.members
+    assert events["r1"][-1].finish_reason == "cancelled"
+    for i, (p, c) in enumerate(zip(prompts, configs)):
+        if i != 1:
+            assert events[f"r{i}"][-1].token_ids == _alone(model, p, c), i
 
 
 def test_stable_ids_grow_and_end_as_the_answer(model):

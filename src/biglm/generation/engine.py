@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model.modeling import PrefixCache
+from ..model.modeling import PrefixCache, _CacheBuffers
 from .api import cut_at_stop
 from .config import DecodingConfig
 from .decoding import (Decode, DecodeRun, _unchecked, check_prompt_ids, check_speculative, require_mask_token,
@@ -79,6 +79,8 @@ class _Request:
         self.config = config
         self.decode: Decode | SpeculativeDecode | None = None
         self.stable: list[int] = []
+        self.slot = 0  # its first row in the engine's `_CachePool` (an iterative-unmasking request)
+        self.pooled: _CacheBuffers | None = None  # the pool's rows its cache views
 
     @property
     def run(self) -> DecodeRun | None:
@@ -92,6 +94,138 @@ class _Request:
     @property
     def rows(self) -> int:
         return self.config.length_beam
+
+
+class _CachePool:
+    """The prefix caches of the running iterative-unmasking requests as rows of one set of buffers, so that a step's
+    call reads them all as one batch in place. (`PrefixCache.merge` copied every request's cache, every layer, at
+    every step: with 32 clients at one position per token, most of a step's time; docs/LOG.md 2026-11-27.)
+
+    A request holds rows ``slot : slot + rows`` and sees them through its own cache, a reserved `PrefixCache` view of
+    its rows (`extend` writes its committed blocks there in place). Rows are right-padded (``key_valid`` False past
+    each row's length), so the batch's cache is a view of the first rows with each row's length in ``ends``. A request
+    whose cache was replaced (the exact cache re-encodes its prefix per block) is copied in again by `sync`; one that
+    leaves frees its rows, and the rows after it move up, so the running rows stay contiguous from row 0. The buffers
+    grow (rows and columns) as requests need them, never past ``max_rows``."""
+
+    def __init__(self, model: torch.nn.Module, *, max_rows: int) -> None:
+        p = next(model.parameters())
+        self.config, self.max_rows, self.device, self.dtype = model.config, max_rows, p.device, p.dtype
+        self.members: list[_Request] = []  # in row order
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.key_valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
+        self.hidden: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.key_valid.shape[0]
+
+    @property
+    def columns(self) -> int:
+        return self.key_valid.shape[1]
+
+    def _ensure(self, rows: int, columns: int, *, keep: _Request | None = None) -> None:
+        """Room for ``rows`` rows of ``columns`` keys: grown (doubling, what is held copied over) when short; every
+        member's view then points at the new buffers, except ``keep``'s (a cache about to be written in)."""
+        if rows <= self.rows and columns <= self.columns:
+            return
+        R = min(self.max_rows, max(rows, 2 * self.rows)) if rows > self.rows else self.rows
+        C = max(columns, 2 * self.columns) if columns > self.columns else self.columns
+        cfg, r, c = self.config, self.rows, self.columns
+        shape = (R, cfg.num_key_value_heads, C, cfg.head_dim)
+
+        def grown(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            new[:r, :, :c].copy_(old)
+            return new
+
+        fresh = lambda: torch.zeros(shape, device=self.device, dtype=self.dtype)  # noqa: E731
+        self.keys = [grown(k, fresh()) if k.numel() else fresh() for k in self.keys] or [
+            fresh() for _ in range(cfg.num_hidden_layers)]
+        self.values = [grown(v, fresh()) if v.numel() else fresh() for v in self.values] or [
+            fresh() for _ in range(cfg.num_hidden_layers)]
+        valid = torch.zeros(R, C, dtype=torch.bool, device=self.device)
+        valid[:r, :c] = self.key_valid
+        self.key_valid = valid
+        if getattr(cfg, "shift_logits", False):
+            hidden = torch.zeros(R, C, cfg.hidden_size, device=self.device, dtype=self.dtype)
+            if self.hidden is not None:
+                hidden[:r, :c] = self.hidden
+            self.hidden = hidden
+        for req in self.members:  # their views read the old buffers: point them at the new ones
+            if req is not keep:
+                self._view(req, req.decode.denoise.cache)
+
+    def _view(self, req: _Request, cache: PrefixCache) -> None:
+        """``req``'s cache becomes a reserved view of its rows, holding ``cache``'s length (already in the rows)."""
+        rows = slice(req.slot, req.slot + req.rows)
+        buffers = _CacheBuffers(keys=[k[rows] for k in self.keys], values=[v[rows] for v in self.values],
+                                key_valid=self.key_valid[rows],
+                                hidden=None if self.hidden is None else self.hidden[rows],
+                                filled=cache.length, extra=self.columns)
+        req.pooled = buffers
+        req.decode.denoise.cache = PrefixCache._view(buffers, cache.length, padded=cache.padded)
+
+    def _write(self, req: _Request, cache: PrefixCache) -> None:
+        n, rows = cache.length, slice(req.slot, req.slot + req.rows)
+        for buf, src in zip(self.keys + self.values, cache.keys + cache.values):
+            buf[rows, :, :n].copy_(src)
+        self.key_valid[rows, :n] = cache.key_valid
+        self.key_valid[rows, n:] = False
+        if self.hidden is not None:
+            self.hidden[rows, :n] = cache.hidden
+        self._view(req, cache)
+
+    def add(self, req: _Request) -> None:
+        """A request just started: its rows after the last member's, its prompt's cache copied in."""
+        cache = req.decode.denoise.cache
+        req.slot = sum(m.rows for m in self.members)
+        self._ensure(req.slot + req.rows, cache.length + req.decode.run.config.max_new_tokens)
+        self.members.append(req)
+        self._write(req, cache)
+
+    def sync(self, req: _Request) -> None:
+        """After a step: a cache that is no longer a view of the request's rows (re-encoded) is copied in again."""
+        cache = req.decode.denoise.cache
+        if cache._buffers is not req.pooled or not cache._owns_tail():
+            self._ensure(req.slot + req.rows, cache.length + req.decode.run.config.max_new_tokens, keep=req)
+            self._write(req, cache)
+
+    @torch.inference_mode()  # (`DecodeEngine.cancel` runs outside a step)
+    def remove(self, req: _Request) -> None:
+        """A request left: the members after it move up into its rows."""
+        if req not in self.members:
+            return
+        i = self.members.index(req)
+        del self.members[i]
+        self.key_valid[req.slot:req.slot + req.rows] = False
+        for m in self.members[i:]:
+            cache = m.decode.denoise.cache
+            old, m.slot = m.slot, m.slot - req.rows
+            n = cache.length
+            for buf in self.keys + self.values:
+                buf[m.slot:m.slot + m.rows, :, :n] = buf[old:old + m.rows, :, :n].clone()
+            self.key_valid[m.slot:m.slot + m.rows] = self.key_valid[old:old + m.rows].clone()
+            if self.hidden is not None:
+                self.hidden[m.slot:m.slot + m.rows, :n] = self.hidden[old:old + m.rows, :n].clone()
+            self._view(m, cache)
+        self.key_valid[sum(m.rows for m in self.members):] = False  # the rows freed at the end
+
+    def batch(self, reqs: list[_Request]) -> PrefixCache | None:
+        """The cache of one call over ``reqs`` (the members, in row order): a view of the first rows, each row's length
+        in ``ends``; None when they are not exactly the members (the caller merges instead)."""
+        if reqs != self.members:
+            return None
+        total = sum(r.rows for r in reqs)
+        lengths = [r.decode.denoise.cache.length for r in reqs]
+        if min(lengths) == 0 and self.hidden is not None:
+            return None  # a shift model's empty prompt predicts from its own first row: not in a right-padded batch
+        width = max(lengths)
+        ends = torch.tensor([n for r, n in zip(reqs, lengths) for _ in range(r.rows)], device=self.device)
+        return PrefixCache(keys=[k[:total, :, :width] for k in self.keys],
+                           values=[v[:total, :, :width] for v in self.values],
+                           key_valid=self.key_valid[:total, :width], padded=True,
+                           hidden=None if self.hidden is None else self.hidden[:total, :width], ends=ends)
 
 
 class DecodeEngine:
@@ -117,6 +251,7 @@ class DecodeEngine:
         self._waiting: OrderedDict[str, _Request] = OrderedDict()
         self._running: OrderedDict[str, _Request] = OrderedDict()
         self._cancelled: list[EngineEvent] = []
+        self._pool = _CachePool(model, max_rows=max_batch_rows)
 
     @property
     def num_running(self) -> int:
@@ -152,6 +287,7 @@ class DecodeEngine:
         An unknown or already finished id is ignored (a client may disconnect after its answer ended)."""
         req = self._waiting.pop(request_id, None) or self._running.pop(request_id, None)
         if req is not None:
+            self._pool.remove(req)
             self._cancelled.append(EngineEvent(request_id, list(req.stable), list(req.stable), True, "cancelled",
                                                req.calls))
 
@@ -186,8 +322,10 @@ class DecodeEngine:
         if req.config.draft_length:
             req.decode = SpeculativeDecode(self.model, prompt, config=req.config, suppress_ids=self.suppress)
             return
-        # always cached: the merged call runs every request's suffix over its own cache
-        req.decode = Decode(self.model, prompt, config=req.config, suppress_ids=self.suppress, use_cache=True)
+        # always cached: the merged call runs every request's suffix over its own cache, a view of the pool's rows
+        req.decode = Decode(self.model, prompt, config=req.config, suppress_ids=self.suppress, use_cache=True,
+                            reserve_cache=False)
+        self._pool.add(req)
 
     def _decode(self, reqs: list[_Request]) -> None:
         """One model call over every request's pending query (each one's held block first, as prefix tokens)."""
@@ -210,7 +348,7 @@ class DecodeEngine:
             rows = seg_ids.shape[0]
             pos.append((req.decode.denoise.cache.length + torch.arange(width, device=self.device)).expand(rows, -1))
             lead.append(torch.full((rows,), h, dtype=torch.long, device=self.device))
-        cache = PrefixCache.merge([r.decode.denoise.cache for r in reqs])
+        cache = self._pool.batch(reqs) or PrefixCache.merge([r.decode.denoise.cache for r in reqs])
         where_all = torch.cat(where)
         self.positions += sum(x.shape[0] for x in ids) * width
         folded = any(held)
@@ -262,9 +400,14 @@ class DecodeEngine:
         for req, part, n, lead in zip(reqs, out.logits.split(counts), rows, leads):
             block = None
             if lead:
-                block = out["cache"].select(torch.arange(row, row + n, device=self.device)).first(lead)
+                c = out["cache"]  # the request's rows of the call's keys/values, as views
+                block = PrefixCache(keys=[k[row:row + n] for k in c.keys], values=[v[row:row + n] for v in c.values],
+                                    key_valid=c.key_valid[row:row + n], padded=c.padded,
+                                    hidden=None if c.hidden is None else c.hidden[row:row + n]).first(lead)
             row += n
             req.decode.answered(part, block)
+            if isinstance(req.decode, Decode):
+                self._pool.sync(req)
 
     def _as_tree(self, req: _Request) -> tuple[TreeCall, torch.Tensor]:
         """An iterative-unmasking request's query said as an attention rule (what its prefix split means): every
@@ -331,5 +474,6 @@ class DecodeEngine:
 
     def _finish(self, req: _Request, tokens: list[int], reason: str) -> EngineEvent:
         del self._running[req.id]
+        self._pool.remove(req)
         req.stable = tokens
         return EngineEvent(req.id, list(tokens), list(tokens), True, reason, req.calls)

@@ -136,6 +136,16 @@ class PrefixCache:
     padded: bool = True  # False when every prefix token is real: suffix passes then need no key mask
     hidden: torch.Tensor | None = None
     _buffers: _CacheBuffers | None = field(default=None, repr=False, compare=False)
+    ends: torch.Tensor | None = None
+    """(B,) long, each row's length when rows are right-padded (the server engine's pooled caches, read by one model
+    call); None: every row ends at the last column (left padding, as everywhere else)"""
+
+    def last_hidden(self) -> torch.Tensor:
+        """(B, 1, h): each row's last prefix token's hidden state (a shift model's prediction for the next slot)."""
+        if self.ends is None:
+            return self.hidden[:, -1:]
+        index = (self.ends - 1).clamp_min(0).view(-1, 1, 1).expand(-1, 1, self.hidden.shape[2])
+        return self.hidden.gather(1, index)
 
     @property
     def length(self) -> int:
@@ -569,7 +579,7 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
                              "no hidden states: build it with this model's encode_prefix / return_cache (or keep its "
                              "`hidden` when slicing a cache by hand).")
         else:
-            first = prefix_cache.hidden[:, -1:].to(hidden.dtype)
+            first = prefix_cache.last_hidden().to(hidden.dtype)
         return torch.cat((first, hidden if next_position else hidden[:, :-1]), dim=1)
 
     def forward(
