@@ -4,9 +4,9 @@ Why: a server receives requests at different times, with different prompts, leng
 strategies. Each request is a `decoding.Decode`, the same set-up `generate_ids` builds (its
 `DecodeRun` state machine, its prefix cache with the prompt encoded, its held block) with its own
 seeded sampler; `step` merges the pending model calls of
-every running request into one padded forward (caches left-padded to a common length, their
-padding masked as keys; answer windows right-padded; each row keeps its own RoPE positions), then
-hands each request its logits. So a request's tokens are those `generate_ids` gives it alone with
+every running request into one padded forward (their caches are rows of one pool, `_CachePool`, read in
+place: right-padded, the padding masked as keys; answer windows right-padded; each row keeps its own RoPE
+positions), then hands each request its logits. So a request's tokens are those `generate_ids` gives it alone with
 the same config and seed, whatever else shares the batch (tested token for token).
 
 Notable features
