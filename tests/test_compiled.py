@@ -33,3 +33,27 @@ def test_generate_compile_writes_what_eager_writes(checkpoint, capsys, extra):
     eager = capsys.readouterr().out
     assert main([*args, "--compile"]) == 0
     assert capsys.readouterr().out == eager
+
+
+def test_serve_compile_answers_what_eager_serves(checkpoint):
+    """`biglm serve --compile`: the served model's layers are compiled, and a completion is the eager server's."""
+    import openai
+
+    from biglm.serving.cli import BiglmServer, ServeArgs, build_app
+
+    torch._dynamo.reset()
+    texts = []
+    for compile in (False, True):
+        app = build_app(ServeArgs(checkpoint=str(checkpoint), device="cpu", compile=compile), given=[])
+        layers = app.state.scheduler.engine.model.model.layers
+        server = BiglmServer(app, port=0).start()
+        try:
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0,
+                                   timeout=120)
+            texts.append(client.completions.create(model=app.state.settings.model_name, prompt="the quick brown",
+                                                   max_tokens=8, temperature=0,
+                                                   extra_body={"strategy": "confidence", "steps": 8}).choices[0].text)
+        finally:
+            server.stop()
+        assert all((layer._compiled_call_impl is not None) == compile for layer in layers)
+    assert texts[1] == texts[0]
