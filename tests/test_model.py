@@ -80,7 +80,7 @@ def test_backends_match_eager_forward(backend, with_docs):
 def test_grouped_attention_matches_eager_for_few_queries(queries, dtype, monkeypatch):
     """`grouped_attention` (what sdpa runs for a few queries in bf16/fp16 on a CPU: decoding calls) is the same
     attention: padding keys, the prefix rule and a cache offset, 3 query heads per key/value head; the eager reference
-    in float32 on the same (rounded) inputs. In bf16 the sdpa backend takes it instead of PyTorch's kernel."""
+    in float32 on the same (rounded) inputs. In bf16 the sdpa backend takes it for several rows, not for one."""
     from biglm.model import attention as A
 
     g = torch.Generator().manual_seed(0)
@@ -98,8 +98,14 @@ def test_grouped_attention_matches_eager_for_few_queries(queries, dtype, monkeyp
     torch.testing.assert_close(A.grouped_attention(q, k, v, full).float(),
                                A.eager_attention(q.float(), k.float(), v.float(), full), **tol)
     if dtype == torch.bfloat16:
+        one = A.AttentionMask(batch=1, q_len=queries, k_len=Lk, q_offset=Lk - queries)
+        kernel = A.sdpa_attention(q[:1], k[:1], v[:1], one)  # one row: PyTorch's kernel
         monkeypatch.setattr(A.F, "scaled_dot_product_attention", None)  # would fail if called
         torch.testing.assert_close(A.sdpa_attention(q, k, v, mask).float(), want, **tol)
+        with pytest.raises(TypeError):
+            A.sdpa_attention(q[:1], k[:1], v[:1], one)
+        torch.testing.assert_close(kernel.float(), A.eager_attention(q[:1].float(), k[:1].float(), v[:1].float(), one),
+                                   **tol)
 
 def test_sdpa_matches_eager_backward():
     config = BiGLMConfig.from_preset("tiny", attn_backend="eager")

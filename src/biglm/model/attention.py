@@ -157,10 +157,12 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Att
     return probs @ v
 
 
-# The longest query a CPU call in bfloat16/float16 runs through `grouped_attention` instead of PyTorch's CPU flash
-# kernel, which is slow for a few queries in those dtypes (SmolLM2-135M's heads, 9 query / 3 key-value of 64, bf16, one
-# thread, AMD EPYC: 32 rows x 1 query x 170 keys 4.3 ms vs 0.24 ms; 1 x 1 x 2,000 1.5 ms vs 0.12 ms; 32 x 8 x 170 2.4 vs
-# 0.9 ms; docs/LOG.md 2026-11-27). Decoding calls are such calls; training and prompt encoding are not.
+# The longest query a batched CPU call in bfloat16/float16 runs through `grouped_attention` instead of PyTorch's CPU
+# flash kernel, which is slow for several rows of a few queries in those dtypes (SmolLM2-135M's heads, 9 query / 3
+# key-value of 64, bf16, one thread, AMD EPYC, rows x queries x keys: 32 x 1 x 170 4.3 ms vs 0.24 ms; 8 x 1 x 120 0.67
+# vs 0.08 ms; 32 x 8 x 170 2.4 vs 0.9 ms; docs/LOG.md 2026-11-27). A single row stays with the kernel: one fused call
+# beats the grouped path's ten small ones there (35 vs 100 us per layer in a decoding loop). Batched decoding calls are
+# such calls; training and prompt encoding are not.
 GROUPED_MAX_QUERIES = 8
 
 
@@ -180,9 +182,10 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: A
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
                    dropout_p: float = 0.0) -> torch.Tensor:
-    """PyTorch scaled_dot_product_attention with a boolean mask and native GQA; a few queries in bfloat16/float16 on
-    a CPU (decoding calls) go through `grouped_attention`, the same attention, faster there."""
-    if (q.shape[2] <= GROUPED_MAX_QUERIES and dropout_p == 0.0 and q.device.type == "cpu"
+    """PyTorch scaled_dot_product_attention with a boolean mask and native GQA; several rows of a few queries in
+    bfloat16/float16 on a CPU (batched decoding calls) go through `grouped_attention`, the same attention, faster
+    there."""
+    if (q.shape[0] > 1 and q.shape[2] <= GROUPED_MAX_QUERIES and dropout_p == 0.0 and q.device.type == "cpu"
             and q.dtype in (torch.bfloat16, torch.float16)):
         return grouped_attention(q, k, v, mask)
     return F.scaled_dot_product_attention(
