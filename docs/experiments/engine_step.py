@@ -28,6 +28,9 @@ def main() -> None:
     p.add_argument("--warm", type=int, default=10)
     p.add_argument("--steps-timed", type=int, default=40)
     args = p.parse_args()
+    if args.warm + args.steps_timed > args.steps:
+        p.error(f"--warm + --steps-timed ({args.warm + args.steps_timed}) must not exceed --steps ({args.steps}): "
+                "the requests would finish inside the timed steps")
     torch.set_num_threads(1)
     model, tok = load_model(args.model, pack=True)
     base = tok(PROMPT, add_special_tokens=False)["input_ids"]
