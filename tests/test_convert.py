@@ -390,67 +390,66 @@ def test_padless_maskless_llama_through_convert_adapt_export_generate(tmp_path, 
     assert out.startswith("### prompt 1: the quick brown\n") and len(out.splitlines()) >= 2
 
 
-def test_bfloat16_decoding_agrees_with_float32_on_the_real_model(real_smol):
-    """A trained model's decodes in bfloat16 (`biglm export --dtype bfloat16`, `--dtype bfloat16`) against the fp32
-    eager path, decision by decision: greedy, one token per call (blocks of 1, the exact cache: the prompt and the
-    answer so far are one bidirectional prefix), 4 prompts x 16 tokens. At each step of the fp32 answer, the bf16
-    model continues the same prefix by one token; the rate is the share of steps where it writes the fp32 token. bf16
-    rounds a logit of ~20 to within ~0.1, so near-ties flip; the unadapted converted model is unsure (its text is poor:
-    the adaptation is issue 32's), which makes near-ties common. Measured on this CPU (AMD EPYC, torch 2.13): 51 of 64
-    (80%). Asserted: >= 70% (a cast gone wrong agrees on few if any)."""
-    from biglm.checkpoint import load_model
+DECODE_TEXTS = ["Once upon a time, there was a little girl named Lily. She loved to",
+                "The sun was shining and the birds were singing. Tom went to the park with his",
+                "Water boils at a lower temperature on a mountain because",
+                "My favourite thing to do on a rainy day is"]
+
+
+def _decisions_agreeing(model, tok, other, *, n: int, after_step=None) -> int:
+    """``model`` answers `DECODE_TEXTS` greedily, one token per call (blocks of 1, the exact cache: the prompt and the
+    answer so far are one bidirectional prefix), ``n`` tokens each; then ``other()`` (built after that answer) continues
+    each prefix of it by one token: how many of its ``4 n`` decisions are ``model``'s. ``after_step`` runs after each."""
     from biglm.generation import generate_ids, left_pad
 
-    model, tok = load_model(real_smol)
-    texts = ["Once upon a time, there was a little girl named Lily. She loved to",
-             "The sun was shining and the birds were singing. Tom went to the park with his",
-             "Water boils at a lower temperature on a mountain because",
-             "My favourite thing to do on a rainy day is"]
-    prompts = [tok(t)["input_ids"] for t in texts]
+    prompts = [tok(t)["input_ids"] for t in DECODE_TEXTS]
     kw = dict(strategy="confidence", block_length=1, suppress_ids=[model.config.eos_token_id])
     pad = model.config.pad_token_id
-    full = generate_ids(model, *left_pad(prompts, pad_id=pad), max_new_tokens=16, **kw).token_lists()
-    half = model.to(torch.bfloat16)
+    reference = generate_ids(model, *left_pad(prompts, pad_id=pad), max_new_tokens=n, **kw).token_lists()
+    other = other()
     agree = 0
-    for t in range(16):
-        step = generate_ids(half, *left_pad([p + y[:t] for p, y in zip(prompts, full)], pad_id=pad),
+    for t in range(n):
+        step = generate_ids(other, *left_pad([p + y[:t] for p, y in zip(prompts, reference)], pad_id=pad),
                             max_new_tokens=1, **kw).token_lists()
-        agree += sum(s[0] == y[t] for s, y in zip(step, full))
+        agree += sum(s[0] == y[t] for s, y in zip(step, reference))
+        if after_step is not None:
+            after_step()
+    return agree
+
+
+def test_bfloat16_decoding_agrees_with_float32_on_the_real_model(real_smol):
+    """A trained model's decodes in bfloat16 (`biglm export --dtype bfloat16`, `--dtype bfloat16`) against the fp32
+    eager path, decision by decision (`_decisions_agreeing`, 4 prompts x 16 tokens): the share of steps where bf16
+    writes the fp32 token. bf16 rounds a logit of ~20 to within ~0.1, so near-ties flip; the unadapted converted model
+    is unsure (its text is poor: the adaptation is issue 32's), which makes near-ties common. Measured on this CPU (AMD
+    EPYC, torch 2.13): 51 of 64 (80%). Asserted: >= 70% (a cast gone wrong agrees on few if any)."""
+    from biglm.checkpoint import load_model
+
+    model, tok = load_model(real_smol)
+    agree = _decisions_agreeing(model, tok, lambda: model.to(torch.bfloat16), n=16)
     print(f"bf16 vs fp32: {agree}/64 decisions agree")
     assert agree >= 45, agree
 
 
 def test_compiled_decoding_agrees_with_eager_on_the_real_model(real_smol):
     """`load_model(compile=True)` (`--compile`: each decoder layer under `torch.compile`, dynamic shapes) against the
-    fp32 eager path on the same trained model's decodes, as the bf16 test above: greedy, blocks of 1, exact cache, 4
-    prompts x 12 tokens, the compiled model continuing each prefix of the eager answer by one token. Compilation
+    fp32 eager path on the same trained model's decodes, as the bf16 test above (4 prompts x 12 tokens). Compilation
     changes only fp32 summation order (fused kernels), so near-ties alone may flip: measured on this CPU (AMD EPYC,
     torch 2.13) 48 of 48. Asserted: >= 44 (a wrong fusion agrees on few). The loop compiles once: calls with a
     growing prompt and cache add no graph after the first few shapes (dynamic shapes), which `unique_graphs` counts."""
     from torch._dynamo.utils import counters
 
     from biglm.checkpoint import load_model
-    from biglm.generation import generate_ids, left_pad
 
     model, tok = load_model(real_smol)
-    texts = ["Once upon a time, there was a little girl named Lily. She loved to",
-             "The sun was shining and the birds were singing. Tom went to the park with his",
-             "Water boils at a lower temperature on a mountain because",
-             "My favourite thing to do on a rainy day is"]
-    prompts = [tok(t)["input_ids"] for t in texts]
-    kw = dict(strategy="confidence", block_length=1, suppress_ids=[model.config.eos_token_id])
-    pad = model.config.pad_token_id
-    n = 12
-    eager = generate_ids(model, *left_pad(prompts, pad_id=pad), max_new_tokens=n, **kw).token_lists()
-    del model
-    torch._dynamo.reset()
-    compiled, _ = load_model(real_smol, compile=True)
-    agree, graphs = 0, []
-    for t in range(n):
-        step = generate_ids(compiled, *left_pad([p + y[:t] for p, y in zip(prompts, eager)], pad_id=pad),
-                            max_new_tokens=1, **kw).token_lists()
-        agree += sum(s[0] == y[t] for s, y in zip(step, eager))
-        graphs.append(counters["stats"]["unique_graphs"])
+    n, graphs = 12, []
+
+    def compiled():
+        torch._dynamo.reset()
+        return load_model(real_smol, compile=True)[0]
+
+    agree = _decisions_agreeing(model, tok, compiled, n=n,
+                                after_step=lambda: graphs.append(counters["stats"]["unique_graphs"]))
     print(f"compiled vs eager: {agree}/{4 * n} decisions agree; graphs after each step: {graphs}")
     assert graphs[-1] > 0  # it did compile
     assert graphs[-1] == graphs[n // 2], graphs  # no new graph in the second half: not one compilation per call
