@@ -112,68 +112,58 @@ class _CachePool:
         p = next(model.parameters())
         self.config, self.max_rows, self.device, self.dtype = model.config, max_rows, p.device, p.dtype
         self.members: list[_Request] = []  # in row order
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.key_valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
-        self.hidden: torch.Tensor | None = None
+        self.buffers = self._allocate(0, 0)
 
     @property
     def rows(self) -> int:
-        return self.key_valid.shape[0]
+        return self.buffers.key_valid.shape[0]
 
     @property
     def columns(self) -> int:
-        return self.key_valid.shape[1]
+        return self.buffers.capacity
+
+    def _allocate(self, rows: int, columns: int) -> _CacheBuffers:
+        cfg = self.config
+        kv = lambda: torch.zeros(rows, cfg.num_key_value_heads, columns, cfg.head_dim, device=self.device,  # noqa: E731
+                                 dtype=self.dtype)
+        hidden = (torch.zeros(rows, columns, cfg.hidden_size, device=self.device, dtype=self.dtype)
+                  if getattr(cfg, "shift_logits", False) else None)
+        return _CacheBuffers(keys=[kv() for _ in range(cfg.num_hidden_layers)],
+                             values=[kv() for _ in range(cfg.num_hidden_layers)],
+                             key_valid=torch.zeros(rows, columns, dtype=torch.bool, device=self.device),
+                             hidden=hidden, filled=0, extra=0)
 
     def _ensure(self, rows: int, columns: int, *, keep: _Request | None = None) -> None:
         """Room for ``rows`` rows of ``columns`` keys: grown (doubling, what is held copied over) when short; every
         member's view then points at the new buffers, except ``keep``'s (a cache about to be written in)."""
-        if rows <= self.rows and columns <= self.columns:
+        r, c = self.rows, self.columns
+        if rows <= r and columns <= c:
             return
-        R = min(self.max_rows, max(rows, 2 * self.rows)) if rows > self.rows else self.rows
-        C = max(columns, 2 * self.columns) if columns > self.columns else self.columns
-        cfg, r, c = self.config, self.rows, self.columns
-        shape = (R, cfg.num_key_value_heads, C, cfg.head_dim)
-
-        def grown(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-            new[:r, :, :c].copy_(old)
-            return new
-
-        fresh = lambda: torch.zeros(shape, device=self.device, dtype=self.dtype)  # noqa: E731
-        self.keys = [grown(k, fresh()) if k.numel() else fresh() for k in self.keys] or [
-            fresh() for _ in range(cfg.num_hidden_layers)]
-        self.values = [grown(v, fresh()) if v.numel() else fresh() for v in self.values] or [
-            fresh() for _ in range(cfg.num_hidden_layers)]
-        valid = torch.zeros(R, C, dtype=torch.bool, device=self.device)
-        valid[:r, :c] = self.key_valid
-        self.key_valid = valid
-        if getattr(cfg, "shift_logits", False):
-            hidden = torch.zeros(R, C, cfg.hidden_size, device=self.device, dtype=self.dtype)
-            if self.hidden is not None:
-                hidden[:r, :c] = self.hidden
-            self.hidden = hidden
+        old, new = self.buffers, self._allocate(min(self.max_rows, max(rows, 2 * r)) if rows > r else r,
+                                                max(columns, 2 * c) if columns > c else c)
+        for dst, src in zip(new.keys + new.values, old.keys + old.values):
+            dst[:r, :, :c] = src
+        new.key_valid[:r, :c] = old.key_valid
+        if new.hidden is not None:
+            new.hidden[:r, :c] = old.hidden
+        self.buffers = new
         for req in self.members:  # their views read the old buffers: point them at the new ones
             if req is not keep:
                 self._view(req, req.decode.denoise.cache)
 
     def _view(self, req: _Request, cache: PrefixCache) -> None:
         """``req``'s cache becomes a reserved view of its rows, holding ``cache``'s length (already in the rows)."""
-        rows = slice(req.slot, req.slot + req.rows)
-        buffers = _CacheBuffers(keys=[k[rows] for k in self.keys], values=[v[rows] for v in self.values],
-                                key_valid=self.key_valid[rows],
-                                hidden=None if self.hidden is None else self.hidden[rows],
-                                filled=cache.length, extra=self.columns)
-        req.pooled = buffers
-        req.decode.denoise.cache = PrefixCache._view(buffers, cache.length, padded=cache.padded)
+        req.pooled = self.buffers.rows(slice(req.slot, req.slot + req.rows), filled=cache.length)
+        req.decode.denoise.cache = PrefixCache._view(req.pooled, cache.length, padded=cache.padded)
 
     def _write(self, req: _Request, cache: PrefixCache) -> None:
-        n, rows = cache.length, slice(req.slot, req.slot + req.rows)
-        for buf, src in zip(self.keys + self.values, cache.keys + cache.values):
-            buf[rows, :, :n].copy_(src)
-        self.key_valid[rows, :n] = cache.key_valid
-        self.key_valid[rows, n:] = False
-        if self.hidden is not None:
-            self.hidden[rows, :n] = cache.hidden
+        b, n, rows = self.buffers, cache.length, slice(req.slot, req.slot + req.rows)
+        for buf, src in zip(b.keys + b.values, cache.keys + cache.values):
+            buf[rows, :, :n] = src
+        b.key_valid[rows, :n] = cache.key_valid
+        b.key_valid[rows, n:] = False
+        if b.hidden is not None:
+            b.hidden[rows, :n] = cache.hidden
         self._view(req, cache)
 
     def add(self, req: _Request) -> None:
@@ -198,18 +188,18 @@ class _CachePool:
             return
         i = self.members.index(req)
         del self.members[i]
-        self.key_valid[req.slot:req.slot + req.rows] = False
+        b = self.buffers
         for m in self.members[i:]:
             cache = m.decode.denoise.cache
             old, m.slot = m.slot, m.slot - req.rows
-            n = cache.length
-            for buf in self.keys + self.values:
-                buf[m.slot:m.slot + m.rows, :, :n] = buf[old:old + m.rows, :, :n].clone()
-            self.key_valid[m.slot:m.slot + m.rows] = self.key_valid[old:old + m.rows].clone()
-            if self.hidden is not None:
-                self.hidden[m.slot:m.slot + m.rows, :n] = self.hidden[old:old + m.rows, :n].clone()
+            src, dst, n = slice(old, old + m.rows), slice(m.slot, m.slot + m.rows), cache.length
+            for buf in b.keys + b.values:
+                buf[dst, :, :n] = buf[src, :, :n].clone()
+            b.key_valid[dst] = b.key_valid[src].clone()
+            if b.hidden is not None:
+                b.hidden[dst, :n] = b.hidden[src, :n].clone()
             self._view(m, cache)
-        self.key_valid[sum(m.rows for m in self.members):] = False  # the rows freed at the end
+        b.key_valid[sum(m.rows for m in self.members):] = False  # the rows freed at the end
 
     def batch(self, reqs: list[_Request]) -> PrefixCache | None:
         """The cache of one call over ``reqs`` (the members, in row order): a view of the first rows, each row's length
@@ -218,14 +208,14 @@ class _CachePool:
             return None
         total = sum(r.rows for r in reqs)
         lengths = [r.decode.denoise.cache.length for r in reqs]
-        if min(lengths) == 0 and self.hidden is not None:
+        if min(lengths) == 0 and self.buffers.hidden is not None:
             return None  # a shift model's empty prompt predicts from its own first row: not in a right-padded batch
         width = max(lengths)
         ends = torch.tensor([n for r, n in zip(reqs, lengths) for _ in range(r.rows)], device=self.device)
-        return PrefixCache(keys=[k[:total, :, :width] for k in self.keys],
-                           values=[v[:total, :, :width] for v in self.values],
-                           key_valid=self.key_valid[:total, :width], padded=True,
-                           hidden=None if self.hidden is None else self.hidden[:total, :width], ends=ends)
+        b = self.buffers
+        return PrefixCache(keys=[k[:total, :, :width] for k in b.keys], values=[v[:total, :, :width] for v in b.values],
+                           key_valid=b.key_valid[:total, :width], padded=True,
+                           hidden=None if b.hidden is None else b.hidden[:total, :width], ends=ends)
 
 
 class DecodeEngine:
@@ -400,10 +390,7 @@ class DecodeEngine:
         for req, part, n, lead in zip(reqs, out.logits.split(counts), rows, leads):
             block = None
             if lead:
-                c = out["cache"]  # the request's rows of the call's keys/values, as views
-                block = PrefixCache(keys=[k[row:row + n] for k in c.keys], values=[v[row:row + n] for v in c.values],
-                                    key_valid=c.key_valid[row:row + n], padded=c.padded,
-                                    hidden=None if c.hidden is None else c.hidden[row:row + n]).first(lead)
+                block = out["cache"].rows(row, n).first(lead)  # the request's rows of the call's keys/values
             row += n
             req.decode.answered(part, block)
             if isinstance(req.decode, Decode):

@@ -112,6 +112,12 @@ class _CacheBuffers:
     def capacity(self) -> int:
         return self.key_valid.shape[1]
 
+    def rows(self, rows: slice, *, filled: int) -> "_CacheBuffers":
+        """Rows ``rows`` of these buffers as buffers of their own (views: writes land here), ``filled`` slots held."""
+        return _CacheBuffers(keys=[k[rows] for k in self.keys], values=[v[rows] for v in self.values],
+                             key_valid=self.key_valid[rows], hidden=None if self.hidden is None else self.hidden[rows],
+                             filled=filled, extra=self.capacity)
+
 
 @dataclass
 class PrefixCache:
@@ -271,6 +277,12 @@ class PrefixCache:
             # (R, C, h) left-padded like the keys: each row's last column stays its last prefix token
             hidden=torch.cat([pad(c.hidden, width - c.length) for c in caches]) if with_hidden else None,
         )
+
+    def rows(self, start: int, n: int) -> "PrefixCache":
+        """Rows ``start : start + n`` of the cache, as views (`select` copies)."""
+        return PrefixCache(keys=[k[start:start + n] for k in self.keys], values=[v[start:start + n] for v in self.values],
+                           key_valid=self.key_valid[start:start + n], padded=self.padded,
+                           hidden=None if self.hidden is None else self.hidden[start:start + n])
 
     def select(self, index: torch.Tensor) -> "PrefixCache":
         """Rows ``index`` of the cache (e.g. ``repeat_interleave`` indices for several choices)."""
