@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
@@ -28,6 +29,8 @@ def main() -> None:
     p.add_argument("--warm", type=int, default=10)
     p.add_argument("--steps-timed", type=int, default=40)
     args = p.parse_args()
+    if not Path(args.model).exists():
+        p.error(f"no model at {args.model}: pass a directory written by `biglm export` or `biglm pretrain`")
     if args.warm + args.steps_timed > args.steps:
         p.error(f"--warm + --steps-timed ({args.warm + args.steps_timed}) must not exceed --steps ({args.steps}): "
                 "the requests would finish inside the timed steps")
