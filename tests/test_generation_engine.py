@@ -225,3 +225,39 @@ def test_positions_count_what_the_merged_calls_compute(model, monkeypatch):
     cfg = DecodingConfig(max_new_tokens=8, steps=4)
     _drain(engine, {0: [("a", PROMPTS[0], cfg)], 1: [("b", PROMPTS[1], cfg)]})
     assert engine.positions == sum(seen) > 0
+
+
+@pytest.fixture(scope="module")
+def shift_model() -> BiGLMForMaskedLM:
+    # a converted (shift) model at its default init: no weights scaled to avoid near-ties (sampled configs below)
+    torch.manual_seed(1)
+    return BiGLMForMaskedLM(BiGLMConfig.from_preset("tiny", shift_logits=True)).eval()
+
+
+SAMPLED = [DecodingConfig(max_new_tokens=8, steps=4, temperature=0.7, seed=1),
+           DecodingConfig(max_new_tokens=9, strategy="confidence", steps=9, temperature=0.7, seed=2),
+           DecodingConfig(max_new_tokens=8, strategy="confidence", steps=8, block_length=2,
+                          temperature=1.0, seed=3)]
+
+
+@pytest.mark.parametrize("k", range(len(SAMPLED)))
+def test_a_shift_models_empty_prompt_gets_its_solo_answer_beside_others(shift_model, k):
+    """A shift model predicts an empty prompt's first slot from that slot's own row (no prompt token to shift from):
+    decoded beside other requests (merged engine calls; a left-padded `generate_ids` batch, cached and not), the empty
+    prompt's sampled answer is the one it gets alone (float32)."""
+    from biglm.generation.decoding import left_pad
+    from biglm.model.modeling import PrefixCache
+
+    cfg = SAMPLED[k]
+    alone = _alone(shift_model, [], cfg)
+    with pytest.MonkeyPatch.context() as mp:  # the empty prompt's rows are read in place in the pool, like any other
+        mp.setattr(PrefixCache, "merge", staticmethod(lambda *a, **kw: pytest.fail("merged by copying")))
+        events = _drain(DecodeEngine(shift_model), {0: [("e", [], cfg), ("o", PROMPTS[0], SAMPLED[0])],
+                                                    1: [("p", PROMPTS[2], cfg)]})
+    assert events["e"][-1].token_ids == alone
+    assert events["o"][-1].token_ids == _alone(shift_model, PROMPTS[0], SAMPLED[0])
+    ids, mask = left_pad([[], PROMPTS[2]], pad_id=0)
+    for use_cache in (True, False):  # (greedy: a batch's rows share one random stream)
+        greedy = cfg.override(temperature=0.0, use_cache=use_cache)
+        out = generate_ids(shift_model, ids, mask, config=greedy).token_lists()
+        assert out[0] == _alone(shift_model, [], greedy), use_cache

@@ -208,8 +208,6 @@ class _CachePool:
             return None
         total = sum(r.rows for r in reqs)
         lengths = [r.decode.denoise.cache.length for r in reqs]
-        if min(lengths) == 0 and self.buffers.hidden is not None:
-            return None  # a shift model's empty prompt predicts from its own first row: not in a right-padded batch
         width = max(lengths)
         ends = torch.tensor([n for r, n in zip(reqs, lengths) for _ in range(r.rows)], device=self.device)
         b = self.buffers

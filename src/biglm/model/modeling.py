@@ -576,10 +576,15 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         return new if past is None else past.extend(new)
 
     @staticmethod
-    def _shifted(hidden: torch.Tensor, prefix_cache: PrefixCache | None, *, next_position: bool = False) -> torch.Tensor:
+    def _shifted(hidden: torch.Tensor, prefix_cache: PrefixCache | None, *, next_position: bool = False,
+                 valid: torch.Tensor | None = None) -> torch.Tensor:
         """``shift_logits``: the hidden state each position predicts from, (B, L, h): position i's is i-1's; the
         first position's is the cached prefix's last (a suffix pass) or its own (the sequence's first token).
-        ``next_position``: (B, L + 1), position L (the one after the input) predicted from the input's last."""
+        ``next_position``: (B, L + 1), position L (the one after the input) predicted from the input's last.
+
+        A row's first real token predicts from its own state whatever pads it (an empty prompt beside others: a
+        cache row with no valid key, or left padding ``valid`` (B, L) before it), as it does alone: padding is
+        never a token to predict from."""
         if hidden.shape[1] == 0 and not next_position:
             return hidden
         if next_position and (prefix_cache is None or prefix_cache.length == 0) and hidden.shape[1] == 0:
@@ -592,7 +597,15 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
                              "`hidden` when slicing a cache by hand).")
         else:
             first = prefix_cache.last_hidden().to(hidden.dtype)
-        return torch.cat((first, hidden if next_position else hidden[:, :-1]), dim=1)
+            if prefix_cache.padded and hidden.shape[1]:  # a row with an empty prefix: its own first state
+                first = torch.where(prefix_cache.key_valid.any(1)[:, None, None], first, hidden[:, :1])
+        rest = hidden if next_position else hidden[:, :-1]
+        if valid is not None and (prefix_cache is None or prefix_cache.length == 0) and hidden.shape[1] > 1:
+            # after left padding, the first real token predicts from itself, not from the padding before it
+            n = hidden.shape[1] - 1
+            after_pad = (valid[:, 1:].bool() & ~valid[:, :-1].bool())[:, :, None]
+            rest = torch.cat((torch.where(after_pad, hidden[:, 1:], rest[:, :n]), rest[:, n:]), dim=1)
+        return torch.cat((first, rest), dim=1)
 
     def forward(
         self,
@@ -637,7 +650,7 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
                               position_ids=position_ids, prefix_cache=prefix_cache, **kwargs)
         hidden = base.last_hidden_state
         if self.config.shift_logits:
-            hidden = self._shifted(hidden, prefix_cache, next_position=next_position)
+            hidden = self._shifted(hidden, prefix_cache, next_position=next_position, valid=attention_mask)
         select = None
         if labels is not None and self.config.sparse_prediction:
             select = labels != IGNORE_INDEX
