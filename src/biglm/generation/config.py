@@ -45,6 +45,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from .strategies import DEFAULT_MASK_PREDICT_STEPS, STRATEGIES, get_strategy  # noqa: F401  (re-exported)
 
+SEEDS = 2**64  # seeds are 0 .. SEEDS - 1
 BlockSuffix = Literal["block", "rest"]
 BlockCache = Literal["exact", "append"]
 
@@ -83,7 +84,7 @@ class DecodingConfig:
     top_p: float | None = None
     """sample from the smallest set of tokens whose probability reaches p, in (0, 1] (unset: no nucleus filter)"""
     seed: int = 0
-    """seed of the sampler's random stream (a run is reproducible)"""
+    """seed of the sampler's random stream (a run is reproducible), in [0, 2**64)"""
     length_beam: int = 1
     """candidate answer lengths in [ceil(N/2), N] decoded side by side; the most likely one is kept"""
     block_length: int | None = None
@@ -132,6 +133,9 @@ class DecodingConfig:
         if self.steps is not None and self.steps < 1:
             raise DecodingError(f"steps={self.steps} must be >= 1 (or unset for the strategy's default).",
                                 option="steps")
+        if not 0 <= self.seed < SEEDS:  # what torch.Generator.manual_seed holds (a 64-bit unsigned integer)
+            raise DecodingError(f"seed={self.seed} must be an integer in [0, 2**64 - 1] (what a 64-bit generator holds).",
+                                option="seed")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise DecodingError(f"temperature={self.temperature} must be a finite number >= 0 (0 = greedy).",
                                 option="temperature")

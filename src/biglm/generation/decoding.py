@@ -98,6 +98,8 @@ class GenerationOutput:
         lengths: (B,) long, answer length after cutting at the first EOS (the EOS excluded).
         candidate_length: (B,) long, the chosen candidate length (the length beam's pick).
         avg_logprob: (B,) float, the chosen candidate's mean log-probability per slot.
+        token_logprobs: (B, N) float, each answer slot's log-probability under the model when its token was written
+            (temperature 1, before top-k/top-p, over the tokens the decoder may write; 0 past the candidate's length).
         steps: denoising steps made (per row set; all candidates run together).
         forward_calls: model forward calls in all: the steps plus the cache's own encoding passes (the prompt,
             and each finished block unless its append pass shares the next block's first step).
@@ -112,6 +114,7 @@ class GenerationOutput:
     steps: int
     forward_calls: int = 0
     positions: int = 0
+    token_logprobs: torch.Tensor | None = None
 
     def token_lists(self) -> list[list[int]]:
         """Each answer as a list of ids, cut at the first EOS."""
@@ -452,7 +455,7 @@ class DecodeRun:
             first = torch.where(is_eos.any(1), is_eos.int().argmax(1), chosen_len)
             out_len = torch.minimum(first, chosen_len)
         return GenerationOutput(tokens=tokens, lengths=out_len, candidate_length=chosen_len, avg_logprob=avg[best],
-                                steps=self.calls)
+                                steps=self.calls, token_logprobs=logp[best])
 
 
 @torch.inference_mode()

@@ -57,8 +57,12 @@ class EngineEvent:
         stable_ids: the leading part of the answer that can no longer change (committed blocks, or the
             committed run from the left); grows monotonically; equals ``token_ids`` when finished.
         finished: no further events follow for this request.
-        finish_reason: "length", "stop" (EOS or a stop string), "cancelled", or None while running.
+        finish_reason: "length", "stop" (EOS or a stop string), "cancelled", "error" (this request alone
+            failed: ``error`` says why), or None while running.
         steps: decoding model calls this request has taken part in.
+        logprobs: the log-probability of each of ``stable_ids`` under the model when it was written (temperature 1,
+            before top-k/top-p; over the tokens the decoder may write), as `GenerationOutput.token_logprobs`.
+        error: why the request failed (finish_reason "error").
     """
 
     request_id: str
@@ -67,6 +71,8 @@ class EngineEvent:
     finished: bool
     finish_reason: str | None
     steps: int
+    logprobs: list[float] | None = None
+    error: str | None = None
 
 
 class _Request:
@@ -79,6 +85,7 @@ class _Request:
         self.config = config
         self.decode: Decode | SpeculativeDecode | None = None
         self.stable: list[int] = []
+        self.logprobs: list[float] = []  # of ``stable``
         self.slot = 0  # its first row in the engine's `_CachePool` (an iterative-unmasking request)
         self.pooled: _CacheBuffers | None = None  # the pool's rows its cache views
 
@@ -238,7 +245,7 @@ class DecodeEngine:
         self.positions = 0  # query positions the merged calls have computed (padding included): a cost counter
         self._waiting: OrderedDict[str, _Request] = OrderedDict()
         self._running: OrderedDict[str, _Request] = OrderedDict()
-        self._cancelled: list[EngineEvent] = []
+        self._cancelled: list[EngineEvent] = []  # (and failed ones), reported by the next step
         self._pool = _CachePool(model, max_rows=max_batch_rows)
 
     @property
@@ -286,10 +293,17 @@ class DecodeEngine:
         with _unchecked(self.model):
             self._admit()
             if not self._running:
+                events, self._cancelled = events + self._cancelled, []  # (requests that failed to start)
                 return events
             reqs = list(self._running.values())
             self._decode(reqs)  # (each request's committed blocks join its cache before its next query)
-            events += [self._report(req) for req in reqs]
+            for req in reqs:
+                if req.id in self._running:
+                    try:
+                        events.append(self._report(req))
+                    except Exception as e:  # noqa: BLE001 - its stop check (the tokenizer): this request's alone
+                        self._fail(req, e)
+        events, self._cancelled = events + self._cancelled, []
         return events
 
     # --- internals -----------------------------------------------------------------------------------------
@@ -301,9 +315,21 @@ class DecodeEngine:
             if used + req.rows > self.max_batch_rows:
                 break
             del self._waiting[req.id]
-            self._start(req)
+            try:
+                self._start(req)
+            except Exception as e:  # noqa: BLE001 - its sampler, its prompt's pass: this request fails alone
+                self._fail(req, e)
+                continue
             self._running[req.id] = req
             used += req.rows
+
+    def _fail(self, req: _Request, error: Exception) -> None:
+        """``req`` alone ends with ``error`` (reported by the next event list); the other requests go on."""
+        self._waiting.pop(req.id, None)
+        self._running.pop(req.id, None)
+        self._pool.remove(req)
+        self._cancelled.append(EngineEvent(req.id, list(req.stable), list(req.stable), True, "error", req.calls,
+                                           error=f"{type(error).__name__}: {error}"))
 
     def _start(self, req: _Request) -> None:
         prompt = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
@@ -384,15 +410,20 @@ class DecodeEngine:
         """Give each request its logits (``counts`` of them, in order) and, when its call led with cache-bound
         tokens (``leads``: a held block, or speculative pending tokens), their keys/values: its ``rows`` of the
         merged call's cache, their leading positions (hidden states too, for a shift model)."""
-        row = 0
+        row, failed = 0, []
         for req, part, n, lead in zip(reqs, out.logits.split(counts), rows, leads):
             block = None
             if lead:
                 block = out["cache"].rows(row, n).first(lead)  # the request's rows of the call's keys/values
             row += n
-            req.decode.answered(part, block)
-            if isinstance(req.decode, Decode):
-                self._pool.sync(req)
+            try:  # its sampling and its cache's growth are this request's own: a failure ends it alone
+                req.decode.answered(part, block)
+                if isinstance(req.decode, Decode):
+                    self._pool.sync(req)
+            except Exception as e:  # noqa: BLE001
+                failed.append((req, e))
+        for req, e in failed:  # (after the loop: leaving moves the pool's rows)
+            self._fail(req, e)
 
     def _as_tree(self, req: _Request) -> tuple[TreeCall, torch.Tensor]:
         """An iterative-unmasking request's query said as an attention rule (what its prefix split means): every
@@ -424,16 +455,20 @@ class DecodeEngine:
             reason = "stop" if int(out.lengths[0]) < int(out.candidate_length[0]) else "length"
             if reason == "length" and self._stop_hit(req, tokens):
                 reason = "stop"
-            return self._finish(req, tokens, reason)
+            return self._finish(req, tokens, reason, out.token_logprobs[0, :len(tokens)].tolist())
         shown, stable = self._progress(req)
         if stable is not None:
+            if len(stable) > len(req.stable):
+                probs = (req.decode.logprobs[0] if isinstance(req.decode, SpeculativeDecode) else
+                         req.run.progress.probs[0].clamp_min(torch.finfo(torch.float32).tiny).log())
+                req.logprobs = probs[:len(stable)].tolist()
             eos = self.model.config.eos_token_id
             if eos is not None and eos in stable:
-                return self._finish(req, stable[: stable.index(eos)], "stop")
+                return self._finish(req, stable[: stable.index(eos)], "stop", req.logprobs[:stable.index(eos)])
             if self._stop_hit(req, stable):
-                return self._finish(req, stable, "stop")
+                return self._finish(req, stable, "stop", req.logprobs)
             req.stable = stable
-        return EngineEvent(req.id, shown, list(req.stable), False, None, req.calls)
+        return EngineEvent(req.id, shown, list(req.stable), False, None, req.calls, logprobs=list(req.logprobs))
 
     def _progress(self, req: _Request) -> tuple[list[int], list[int] | None]:
         """A running request's answer so far (its written slots) and its stable part (None: nothing is stable yet,
@@ -457,8 +492,8 @@ class DecodeEngine:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return cut_at_stop(text, req.config.stop) != text
 
-    def _finish(self, req: _Request, tokens: list[int], reason: str) -> EngineEvent:
+    def _finish(self, req: _Request, tokens: list[int], reason: str, logprobs: list[float] | None = None) -> EngineEvent:
         del self._running[req.id]
         self._pool.remove(req)
         req.stable = tokens
-        return EngineEvent(req.id, list(tokens), list(tokens), True, reason, req.calls)
+        return EngineEvent(req.id, list(tokens), list(tokens), True, reason, req.calls, logprobs=logprobs)

@@ -281,7 +281,8 @@ class SpeculativeDecode:
         avg = torch.where(in_answer, self.logprobs[:, :N], 0.0).sum(1) / n_written.clamp(min=1)
         return GenerationOutput(tokens=torch.where(in_answer, tokens, self.fill), lengths=lengths,
                                 candidate_length=torch.full((self.B,), N, device=device), avg_logprob=avg,
-                                steps=self.calls, forward_calls=self.forward_calls, positions=self.positions)
+                                steps=self.calls, forward_calls=self.forward_calls, positions=self.positions,
+                                token_logprobs=torch.where(in_answer, self.logprobs[:, :N], 0.0))
 
 
 @torch.inference_mode()

@@ -188,8 +188,11 @@ class Scheduler:
                 self._in_engine.discard(event.request_id)
             with self._cond:
                 sink = self._sinks.pop(event.request_id, None) if event.finished else self._sinks.get(event.request_id)
+            if event.finish_reason == "error":  # this request alone failed (the engine dropped it; the rest go on)
+                log.error("request %s failed in the engine: %s", event.request_id, event.error)
+                self.stats["request_errors"] += 1
             if sink is not None:
-                if event.finished:
+                if event.finished and event.finish_reason != "error":
                     self.stats["finished"] += 1
                 sink(event)
         self.num_running, self.num_waiting = engine.num_running, engine.num_waiting
