@@ -123,9 +123,12 @@ def test_bytes_that_are_not_utf8_are_replaced_counted_and_located(tmp_path: Path
 
 
 def test_text_files_split_as_the_datasets_text_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`.txt` files are read by biglm (to survive bytes that are not UTF-8): the documents are those the `datasets`
-    text loader gives, for CRLF and lone CR line ends, runs of blank lines, a BOM, and chunk edges anywhere."""
+    """`.txt` files are read by biglm (to survive bytes that are not UTF-8): per line and per file the documents are
+    those the `datasets` text loader gives, for CRLF and lone CR line ends, a BOM, and chunk edges anywhere (a
+    leading BOM is dropped, which that loader keeps); per paragraph they are the blocks between lines of whitespace
+    only, or each line where a file has no such line (that loader splits at "\n\n" alone)."""
     import random
+    import re
 
     import datasets
 
@@ -135,14 +138,23 @@ def test_text_files_split_as_the_datasets_text_loader(tmp_path: Path, monkeypatc
     pieces = ["a", "b c", "\n", "\n\n", "\r\n", "\r", "  ", "\n\n\n", "\u00e9", "\ufeff", "word ", "\t", "x\r\n\r\ny"]
     for chunk in (1 << 22, 5):
         monkeypatch.setattr(sources, "_CHUNK", chunk)
-        for k in range(6):
+        for k in range(8):
             f = tmp_path / f"f{k}.txt"
             f.write_bytes("".join(rng.choice(pieces) for _ in range(rng.randint(0, 300))).encode())
+            whole = f.read_text(encoding="utf-8-sig")  # universal newlines, a leading BOM dropped
             for mode in ("paragraph", "line", "document"):
-                ds = datasets.load_dataset("text", data_files=[str(f)], split="train", streaming=True, sample_by=mode)
-                want = [r["text"].strip() for r in ds if r["text"].strip()]
+                if mode == "paragraph":
+                    blocks = re.split(r"\n[^\S\n]*\n", whole)
+                    want = [b.strip() for b in (blocks if len(blocks) > 1 else whole.split("\n"))]
+                else:
+                    ds = datasets.load_dataset("text", data_files=[str(f)], split="train", streaming=True,
+                                               sample_by=mode)
+                    want = [r["text"] for r in ds]
+                    if want and f.read_bytes().startswith("\ufeff".encode()):
+                        want[0] = want[0][1:]
+                    want = [w.strip() for w in want]
                 mine = [d.strip() for d in sources._text_documents(f, txt_mode=mode, bad=sources.Undecodable())]
-                assert [d for d in mine if d] == want, (f.read_bytes(), mode, chunk)
+                assert [d for d in mine if d] == [w for w in want if w], (f.read_bytes(), mode, chunk)
 
 
 def test_json_that_is_not_utf8_or_damaged_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -154,3 +166,59 @@ def test_json_that_is_not_utf8_or_damaged_is_refused_in_one_line(tmp_path: Path)
     broken.write_bytes(b"abcd")
     with pytest.raises(SourceError, match="broken.parquet: cannot be read as parquet"):
         list(iter_documents(str(broken)))
+
+
+def test_rows_without_text_are_counted_by_reason_and_located(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    f = tmp_path / "rows.jsonl"
+    f.write_text('{"text": "first good"}\n{"text": null}\n{"id": 3}\n{"text": 42}\n{"text": "  "}\n{"text": "ok"}\n')
+    with caplog.at_level("WARNING", logger="biglm.data.sources"):
+        assert list(iter_documents(str(f))) == ["first good", "ok"]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1, warned
+    assert "4 of 6 row(s) dropped" in warned[0] and "2 missing or null" in warned[0]
+    assert "1 a number" in warned[0] and "1 empty" in warned[0] and f"{f}:2" in warned[0]
+    numbers = tmp_path / "ids.jsonl"
+    numbers.write_text('{"text": 1}\n{"text": 2.5}\n')
+    with pytest.raises(SourceError, match=r"holds no text documents: 2 of 2 row\(s\) dropped.*2 a number"):
+        list(iter_documents(str(numbers)))
+
+
+def test_utf16_and_utf32_text_is_decoded_by_its_byte_order_mark(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    text = "Caf\u00e9 first.\r\nsame one.\r\n\r\nSecond \U0001f600.\r\n"
+    want = ["Caf\u00e9 first.\nsame one.", "Second \U0001f600."]
+    for enc in ("utf-16", "utf-16-be", "utf-32", "utf-32-be", "utf-8-sig"):
+        f = tmp_path / f"{enc}.txt"
+        data = text.encode(enc)
+        if enc.endswith("-be"):
+            data = (b"\xfe\xff" if enc == "utf-16-be" else b"\x00\x00\xfe\xff") + data
+        f.write_bytes(data)
+        with caplog.at_level("WARNING", logger="biglm.data.sources"):
+            assert list(iter_documents(str(f))) == want, enc
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    broken = tmp_path / "broken16.txt"  # a lone surrogate: each of its bytes replaced, located, the rest kept
+    broken.write_bytes("ok\nfine\n\n".encode("utf-16") + b"\x00\xd8x\x00\n\x00")
+    with caplog.at_level("WARNING", logger="biglm.data.sources"):
+        assert list(iter_documents(str(broken))) == ["ok\nfine", "\ufffd\ufffdx"]
+    message = caplog.records[-1].getMessage()
+    assert f"{broken}:4" in message and "not UTF-16" in message and "LATIN1" not in message
+
+
+def test_json_in_utf16_is_refused_naming_the_encoding_and_the_fix(tmp_path: Path) -> None:
+    f = tmp_path / "wide.jsonl"
+    f.write_bytes('{"text": "hello"}\n'.encode("utf-16"))
+    with pytest.raises(SourceError, match=rf"{f}: is UTF-16 .*iconv -f UTF-16 -t UTF-8"):
+        list(iter_documents(str(f)))
+
+
+def test_a_text_file_with_no_blank_line_is_one_document_per_line(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    f = tmp_path / "wiki.raw"  # WikiText's raw layout: headings and paragraphs, one per line, no blank line
+    f.write_bytes(b" = Title = \r\n Body one .\r\n = = Part = = \r\n Body two .\r\n")
+    with caplog.at_level("INFO", logger="biglm.data.sources"):
+        assert list(iter_documents(str(f))) == ["= Title =", "Body one .", "= = Part = =", "Body two ."]
+    assert any("1 text file(s) have no blank line" in r.getMessage() for r in caplog.records)
+    spaced = tmp_path / "spaced.txt"  # a line of spaces is a blank line
+    spaced.write_text(" = Title = \n \n Body one .\n line two .\n \n")
+    assert list(iter_documents(str(spaced))) == ["= Title =", "Body one .\n line two ."]
+    assert list(iter_documents(str(f), txt_mode="document")) == [f.read_text().strip()]
