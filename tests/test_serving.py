@@ -492,3 +492,270 @@ def test_ignore_eos_is_accepted_and_fills_max_tokens(served):
     assert r.json()["usage"]["completion_tokens"] == 6
     assert httpx.post(served.url + "/v1/completions", json={"model": NAME, "prompt": "hi", "ignore_eos": "maybe"}
                       ).status_code == 400
+
+
+def _concurrently(*calls):
+    """Run ``calls`` at once (threads); their results in order (an exception is returned, not raised)."""
+    import threading
+
+    results = [None] * len(calls)
+
+    def run(i, call):
+        try:
+            results[i] = call()
+        except Exception as e:  # noqa: BLE001
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_a_bad_seed_is_a_400_for_that_request_alone(served):
+    """``seed: 2**70`` was an engine error (500 "Overflow when unpacking long long") for it and for the request decoded
+    beside it: now `DecodingConfig` refuses it (400 naming ``seed``, the CLI's check too) and the neighbour is served.
+    n choices wrap their seeds (seed + j) within the 64 bits a generator holds."""
+    from biglm.generation.config import DecodingConfig, DecodingError
+
+    good = dict(model=NAME, prompt=PROMPTS[0], max_tokens=12, temperature=0.9, seed=3)
+    for seed in (2**70, 2**64, -1):
+        ok, bad = _concurrently(
+            lambda: served.client.completions.create(**good, extra_body={"steps": 12}),
+            lambda: httpx.post(served.url + "/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 12,
+                                                                     "seed": seed, "steps": 12}, timeout=60))
+        assert bad.status_code == 400, bad.text
+        assert _error(bad)["param"] == "seed" and "2**64" in _error(bad)["message"]
+        assert ok.choices[0].text == generate(served.model, served.tok, [PROMPTS[0]], max_new_tokens=12,
+                                              temperature=0.9, seed=3, steps=12)[0]
+        with pytest.raises(DecodingError, match="seed="):
+            DecodingConfig(seed=seed)
+    top = served.client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=6, temperature=1.0,
+                                           seed=2**64 - 1, n=2)
+    assert [c.text for c in sorted(top.choices, key=lambda c: c.index)] == [
+        generate(served.model, served.tok, [PROMPTS[0]], max_new_tokens=6, temperature=1.0, seed=s)[0]
+        for s in (2**64 - 1, 0)]
+
+
+def test_an_engine_error_fails_that_request_alone(served):
+    """A request that fails inside the engine (its sampler cannot be seeded, its sampling meets NaN) ends alone with
+    finish_reason "error"; the request decoded beside it gets the tokens it gets alone. Over HTTP: a 500
+    ``engine_error`` for that request, a 200 for its neighbour, and the server keeps serving."""
+    import dataclasses
+
+    from biglm.generation import DecodingConfig, generate_ids
+    from biglm.generation.engine import DecodeEngine
+
+    ids = [served.tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    cfg = DecodingConfig(max_new_tokens=10, temperature=0.8, seed=2, steps=5)
+    suppress = range(len(served.tok), served.model.config.vocab_size)
+    alone = generate_ids(served.model, torch.tensor([ids[0]]), config=cfg, suppress_ids=suppress).token_lists()[0]
+    for field, value in (("seed", 2**70), ("temperature", float("nan"))):
+        broken = dataclasses.replace(cfg)
+        object.__setattr__(broken, field, value)  # past DecodingConfig's check, as a value it misses would be
+        engine = DecodeEngine(served.model, max_batch_rows=4, tokenizer=served.tok)
+        engine.submit("good", ids[0], cfg)
+        engine.submit("bad", ids[1], broken)
+        finished = {}
+        while engine.num_running or engine.num_waiting:
+            finished.update({e.request_id: e for e in engine.step() if e.finished})
+        assert finished["bad"].finish_reason == "error" and finished["bad"].error
+        assert finished["good"].finish_reason in ("stop", "length") and finished["good"].token_ids == alone
+    # over HTTP: the engine fails one request's start
+    scheduler = served.app.state.scheduler
+    start = scheduler.engine._start
+
+    def failing_start(req):
+        if req.prompt_ids == ids[1]:
+            raise RuntimeError("this request's own failure")
+        return start(req)
+
+    scheduler.engine._start = failing_start
+    try:
+        ok, bad = _concurrently(
+            lambda: served.client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=10, temperature=0.8,
+                                                     seed=2, extra_body={"steps": 5}),
+            lambda: httpx.post(served.url + "/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 10},
+                               timeout=60))
+    finally:
+        scheduler.engine._start = start
+    assert bad.status_code == 500 and _error(bad)["code"] == "engine_error"
+    assert "this request's own failure" in _error(bad)["message"]
+    assert ok.choices[0].text == generate(served.model, served.tok, [PROMPTS[0]], config=cfg)[0]
+    assert _healthy(served.url)["status"] == "ok" and scheduler.stats["engine_errors"] == 0
+
+
+def test_openai_fields_biglm_can_honour_are_accepted(served):
+    """Fields the OpenAI API defines and a client sends: the penalties at their no-op 0, ``max_completion_tokens``
+    (chat's max_tokens), ``echo``, text content parts, token-id prompts; each gives the answer its plain spelling
+    gives. A penalty biglm does not implement, or a non-text part, is a 400 naming the field."""
+    base = dict(model=NAME, max_tokens=10, temperature=0.8, seed=7)
+    plain = served.client.completions.create(prompt=PROMPTS[0], **base).choices[0].text
+    zero = served.client.completions.create(prompt=PROMPTS[0], frequency_penalty=0, presence_penalty=0.0, **base)
+    assert zero.choices[0].text == plain
+    for name in ("frequency_penalty", "presence_penalty"):
+        r = httpx.post(served.url + "/v1/completions", json={"prompt": "hi", name: 0.5})
+        assert r.status_code == 400 and _error(r)["param"] == name and "send 0" in _error(r)["message"]
+    # echo: the prompt, then the answer (streamed: the prompt's chunk first)
+    echoed = served.client.completions.create(prompt=PROMPTS[0], echo=True, **base).choices[0].text
+    assert echoed == PROMPTS[0] + plain
+    stream = served.client.completions.create(prompt=PROMPTS[0], echo=True, stream=True, **base)
+    assert "".join(c.choices[0].text for c in stream) == echoed
+    # token ids: one prompt, or a list of them; the same answers as their text
+    ids = [served.tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    assert served.client.completions.create(prompt=ids[0], **base).choices[0].text == plain
+    both = served.client.completions.create(prompt=ids, **base)
+    assert [c.text for c in sorted(both.choices, key=lambda c: c.index)] == [
+        served.client.completions.create(prompt=p, **base).choices[0].text for p in PROMPTS]
+    assert both.usage.prompt_tokens == len(ids[0]) + len(ids[1])
+    vocab = served.model.config.vocab_size
+    for bad in ([1, vocab], [[1, 2], [-1]]):
+        r = httpx.post(served.url + "/v1/completions", json={"prompt": bad, "max_tokens": 4})
+        assert r.status_code == 400 and _error(r)["param"] == "prompt" and str(vocab) in _error(r)["message"], r.text
+    # chat: max_completion_tokens is max_tokens; text parts are the text, joined by newlines
+    messages = [{"role": "user", "content": "Speak,\nfriend."}]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Speak,"}, {"type": "text", "text": "friend."}]}]
+    want = served.client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, seed=2,
+                                                 temperature=0.5).choices[0].message.content
+    got = served.client.chat.completions.create(model=NAME, messages=parts, max_completion_tokens=8, seed=2,
+                                                temperature=0.5)
+    assert got.choices[0].message.content == want and got.usage.completion_tokens <= 8
+    for body, param in (({"messages": messages, "max_completion_tokens": 100_000}, "max_completion_tokens"),
+                        ({"messages": messages, "max_completion_tokens": 8, "max_tokens": 9}, "max_completion_tokens"),
+                        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+                         "messages")):
+        r = httpx.post(served.url + "/v1/chat/completions", json=body)
+        assert r.status_code == 400 and _error(r)["param"] == param, r.text
+
+
+def test_logprobs_of_the_written_tokens(served):
+    """``logprobs: 0`` (completions) and ``logprobs: true`` (chat): each written token with its log-probability
+    under the model when it was written, the decode's own (`GenerationOutput.token_logprobs`); the tokens spell the
+    answer; a stream's chunks carry the same list in pieces. Alternatives (``logprobs`` >= 1, ``top_logprobs``) are
+    not kept: a 400 naming the field, as is echo with logprobs."""
+    from biglm.generation import DecodingConfig, generate_ids
+
+    cfg = DecodingConfig(max_new_tokens=12, temperature=0.9, seed=5, steps=6)
+    ids = served.tok(PROMPTS[0], add_special_tokens=False)["input_ids"]
+    out = generate_ids(served.model, torch.tensor([ids]), config=cfg,
+                       suppress_ids=range(len(served.tok), served.model.config.vocab_size))
+    tokens = out.token_lists()[0]
+    want = out.token_logprobs[0, :len(tokens)].tolist()
+    assert all(lp <= 0 for lp in want) and len(want) == len(tokens) > 0
+    args = dict(model=NAME, prompt=PROMPTS[0], max_tokens=12, temperature=0.9, seed=5, extra_body={"steps": 6})
+    choice = served.client.completions.create(logprobs=0, **args).choices[0]
+    lp = choice.logprobs
+    assert lp.token_logprobs == pytest.approx(want, abs=1e-5)
+    assert "".join(lp.tokens) == choice.text and lp.text_offset[0] == 0
+    assert [list(d.values())[0] for d in lp.top_logprobs] == lp.token_logprobs
+    assert served.client.completions.create(**args).choices[0].logprobs is None  # not asked: not sent
+    streamed = list(served.client.completions.create(logprobs=0, stream=True, **args))
+    pieces = [c.choices[0].logprobs for c in streamed if c.choices and c.choices[0].logprobs]
+    assert sum((p.token_logprobs for p in pieces), []) == lp.token_logprobs
+    assert sum((p.tokens for p in pieces), []) == lp.tokens
+    # chat
+    messages = [{"role": "user", "content": "Speak, friend."}]
+    chat = served.client.chat.completions.create(model=NAME, messages=messages, max_tokens=10, logprobs=True,
+                                                 top_logprobs=0).choices[0]
+    content = chat.logprobs.content
+    assert "".join(t.token for t in content) == chat.message.content and all(t.logprob <= 0 for t in content)
+    assert all(bytes(t.bytes).decode() == t.token for t in content)
+    stream = served.client.chat.completions.create(model=NAME, messages=messages, max_tokens=10, logprobs=True,
+                                                   stream=True)
+    assert [t.logprob for c in stream if c.choices and c.choices[0].logprobs
+            for t in c.choices[0].logprobs.content] == [t.logprob for t in content]
+    for path, body, param in (("/v1/completions", {"prompt": "hi", "logprobs": 1}, "logprobs"),
+                              ("/v1/completions", {"prompt": "hi", "logprobs": 0, "echo": True}, "logprobs"),
+                              ("/v1/chat/completions", {"messages": messages, "logprobs": True, "top_logprobs": 3},
+                               "top_logprobs"),
+                              ("/v1/chat/completions", {"messages": messages, "top_logprobs": 0}, "top_logprobs")):
+        r = httpx.post(served.url + path, json=body)
+        assert r.status_code == 400 and _error(r)["param"] == param, r.text
+
+
+def test_an_empty_body_says_so(served):
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        r = httpx.post(served.url + path, content=b"", headers={"content-type": "application/json"})
+        assert r.status_code == 400, r.text
+        assert "body is empty" in _error(r)["message"] and "None" not in _error(r)["message"]
+
+
+def test_sigterm_drains_answering_new_requests_503(served, monkeypatch):
+    """The first SIGTERM (uvicorn's signal handler, `handle_exit`) drains: the server keeps listening, a new request
+    gets 503 ``shutting_down`` (it was "connection refused": uvicorn closed the socket at once), /health 503
+    "draining", the request in flight finishes whole, and then the server exits."""
+    import signal
+    import threading
+
+    app = create_app(model=served.model, tokenizer=served.tok, settings=ServeSettings(model_name=NAME))
+    engine = app.state.scheduler.engine
+    step = engine.step
+
+    def slow_step():
+        time.sleep(0.02)
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    server = BiglmServer(app, port=0, shutdown_timeout=60).start()
+    url = f"http://127.0.0.1:{server.port}"
+    body = {"prompt": PROMPTS[0], "max_tokens": 40, "steps": 40, "temperature": 0.5, "seed": 1}
+    result = {}
+    flight = threading.Thread(target=lambda: result.update(r=httpx.post(url + "/v1/completions", json=body,
+                                                                        timeout=60)))
+    try:
+        flight.start()
+        assert _wait(lambda: engine.num_running == 1)
+        server.server.handle_exit(signal.SIGTERM, None)
+        r = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=10)
+        assert r.status_code == 503 and _error(r)["code"] == "shutting_down"
+        health = httpx.get(url + "/health", timeout=10)
+        assert health.status_code == 503 and health.json()["status"] == "draining"
+        flight.join(60)
+        assert result["r"].status_code == 200, result["r"].text
+        want = generate(served.model, served.tok, [PROMPTS[0]], max_new_tokens=40, steps=40, temperature=0.5,
+                        seed=1)[0]
+        assert result["r"].json()["choices"][0]["text"] == want
+        server._thread.join(20)
+        assert not server._thread.is_alive()  # drained: the server exited by itself
+    finally:
+        server.stop()
+
+
+def test_serve_on_a_busy_port_says_so_before_loading_the_model(checkpoint, monkeypatch, capsys):
+    import socket
+
+    from biglm.serving import cli
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(cli, "build_app", never)
+    monkeypatch.setattr(cli, "check_model_options", never)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main([str(checkpoint), "--port", str(port), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+
+
+def test_text_stream_logprobs_follow_the_text(served):
+    """`TextStream.take_logprobs`: the tokens handed out spell the text sent so far, and once finished the answer;
+    tokens past a stop string's cut are not part of it."""
+    tok = served.tok
+    ids = tok("Hello world, dear friend", add_special_tokens=False)["input_ids"]
+    lps = [-0.1 * (k + 1) for k in range(len(ids))]
+    stream = TextStream(tok, eos_id=served.model.config.eos_token_id, stop=["dear"])
+    taken = []
+    for k in range(1, len(ids) + 1):
+        stream.update(ids[:k], lps[:k])
+        taken += stream.take_logprobs()
+        assert "".join(t for t, _, _ in taken) == stream.sent[:len("".join(t for t, _, _ in taken))]
+    stream.finish(ids, "length", lps)
+    taken += stream.take_logprobs()
+    assert stream.text == "Hello world, " and "".join(t for t, _, _ in taken) == stream.text
+    assert [lp for _, lp, _ in taken] == lps[:len(taken)] and len(taken) < len(ids)
+    assert [o for _, _, o in taken] == [len("".join(t for t, _, _ in taken[:i])) for i in range(len(taken))]

@@ -40,12 +40,28 @@ def check_messages(messages: Sequence[Mapping[str, object]]) -> list[dict[str, s
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
             raise ValueError(f"messages[{i}].role={role!r}: choose one of {', '.join(ROLES)}.")
+        if isinstance(content, Sequence) and not isinstance(content, (str, bytes)):
+            content = text_parts(content, where=f"messages[{i}].content")
         if not isinstance(content, str):
-            raise ValueError(f"messages[{i}].content must be a string, got {type(content).__name__}.")
+            raise ValueError(f"messages[{i}].content must be a string or a list of text parts, got "
+                             f"{type(content).__name__}.")
         out.append({"role": str(role), "content": content})
     if not any(m["role"] == "user" for m in out):
         raise ValueError("messages has no 'user' message: add the user's turn.")
     return out
+
+
+def text_parts(parts: Sequence[object], *, where: str) -> str:
+    """OpenAI's content parts (``[{"type": "text", "text": ...}, ...]``) as one text, joined by newlines as vLLM
+    joins them; a part of another type (an image, audio) is refused: a BiGLM reads text only."""
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise ValueError(f"{where}[{j}] must be a text part {{'type': 'text', 'text': ...}} (got "
+                             f"{kind if kind is not None else type(part).__name__!r}): this model reads text only.")
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 def chat_template(tokenizer) -> str:

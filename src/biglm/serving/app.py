@@ -48,7 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..generation.api import cut_at_stop
 from ..generation.chat import render_chat
-from ..generation.config import DecodingConfig
+from ..generation.config import SEEDS, DecodingConfig
 from .protocol import (
     APIError,
     AssistantMessage,
@@ -58,15 +58,19 @@ from .protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
+    ChatLogprobs,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     ModelCard,
     ModelList,
+    TokenLogprob,
     Usage,
     decoding_config,
     new_id,
     now,
+    wants_logprobs,
 )
 from .scheduler import Aborted, Job, Scheduler
 
@@ -101,20 +105,45 @@ class TextStream:
         self.text = ""
         self.completion_tokens = 0
         self.finish_reason: str | None = None
+        self.ids: list[int] = []  # the answer's tokens so far (before an EOS) and their log-probabilities
+        self.logprobs: list[float] = []
+        self.given = 0  # tokens whose log-probabilities `take_logprobs` handed out
+        self._offsets: list[int] = [0]  # where token k's text starts in the answer, for the tokens decoded so far
 
-    def _decode(self, ids: Sequence[int]) -> tuple[str, bool]:
+    def _decode(self, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> tuple[str, bool]:
         ids = list(ids)
         has_eos = self.eos_id is not None and self.eos_id in ids
         if has_eos:
             ids = ids[:ids.index(self.eos_id)]
         self.completion_tokens = len(ids)
+        if ids[:len(self.ids)] != self.ids:  # not a growth of what was decoded (a tokenizer hook, a test): start over
+            self._offsets = [0]
+        self.ids, self.logprobs = ids, list(logprobs or ())[:len(ids)]
         return self.tokenizer.decode(ids, skip_special_tokens=True), has_eos
 
-    def update(self, stable_ids: Sequence[int]) -> str:
+    def _offset(self, k: int) -> int:
+        while len(self._offsets) <= k:
+            self._offsets.append(len(self.tokenizer.decode(self.ids[:len(self._offsets)], skip_special_tokens=True)))
+        return self._offsets[k]
+
+    def take_logprobs(self) -> list[tuple[str, float, int]]:
+        """(text, log-probability, offset in the answer) of each token whose text was sent since the last call (once
+        finished: every token the answer holds; tokens cut off by a stop string are not part of it)."""
+        out, text = [], self.sent
+        while self.given < len(self.logprobs):
+            k = self.given
+            start, end = self._offset(k), self._offset(k + 1)
+            if start >= len(text) if self.finish_reason is not None else end > len(text):
+                break
+            out.append((text[start:min(end, len(text))], self.logprobs[k], start))
+            self.given += 1
+        return out
+
+    def update(self, stable_ids: Sequence[int], logprobs: Sequence[float] | None = None) -> str:
         """The new text of a growing stable prefix (finishes the answer if it holds an EOS or a stop string)."""
         if self.finish_reason is not None:
             return ""
-        text, has_eos = self._decode(stable_ids)
+        text, has_eos = self._decode(stable_ids, logprobs)
         cut = cut_at_stop(text, self.stop) if self.stop else text
         if has_eos or len(cut) < len(text):
             return self._finish(cut, "stop")
@@ -126,11 +155,11 @@ class TextStream:
             return delta
         return ""
 
-    def finish(self, token_ids: Sequence[int], reason: str | None) -> str:
+    def finish(self, token_ids: Sequence[int], reason: str | None, logprobs: Sequence[float] | None = None) -> str:
         """The rest of the text once the engine finished the answer."""
         if self.finish_reason is not None:
             return ""
-        text, has_eos = self._decode(token_ids)
+        text, has_eos = self._decode(token_ids, logprobs)
         cut = cut_at_stop(text, self.stop) if self.stop else text
         return self._finish(cut, "stop" if has_eos or len(cut) < len(text) or reason == "stop" else "length")
 
@@ -177,11 +206,23 @@ class _Run:
         if item.finished:
             if item.finish_reason == "cancelled":  # cancelled by the engine itself, not by this request
                 raise APIError(500, "the engine cancelled this request.", type="server_error", code="cancelled")
-            return i, stream.finish(item.token_ids, item.finish_reason)
-        delta = stream.update(item.stable_ids)
+            if item.finish_reason == "error":  # this request alone failed in the engine; the others go on
+                raise APIError(500, f"decoding this request failed ({item.error}); the server log has the details.",
+                               type="server_error", code="engine_error")
+            return i, stream.finish(item.token_ids, item.finish_reason, item.logprobs)
+        delta = stream.update(item.stable_ids, item.logprobs)
         if stream.finish_reason is not None:  # EOS or a stop string in the stable part: the rest cannot change it
             self.scheduler.cancel([item.request_id])
         return i, delta
+
+
+def _content_chars(content: Any) -> int:
+    """Characters of a message's content: a string, or OpenAI's text parts (checked later, by the chat format)."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return 0
 
 
 def _error_response(error: APIError) -> JSONResponse:
@@ -205,6 +246,9 @@ def _validation_error(exc: RequestValidationError) -> APIError:
         return APIError(400, f"unknown or unsupported field {param!r}: biglm serve refuses options it would ignore "
                              "(see docs/serving.md for the accepted fields).", param=param, code="unknown_field")
     if kind == "missing":
+        if param is None:  # the body itself
+            return APIError(400, "the request body is empty: send a JSON object with the request's fields (docs/"
+                                 "serving.md).", code="invalid_body")
         return APIError(400, f"missing required field {param!r}.", param=param, code="missing_field")
     if not loc:
         return APIError(400, f"the request body must be a JSON object ({first.get('msg', 'invalid body')}).",
@@ -287,24 +331,34 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
                                 f"`biglm serve --max_prompt_chars`, {default}): shorten the prompt.", param=param,
                            code="context_length_exceeded")
 
-    async def encode(prompts: list[str], config: DecodingConfig, *, param: str) -> list[list[int]]:
-        """Token ids of ``prompts``: their sizes checked first, then tokenized in a worker thread (a long prompt
-        takes milliseconds to seconds, which the event loop must not wait for)."""
+    async def encode(prompts: list[str] | list[list[int]], config: DecodingConfig, *, param: str,
+                     limit: str = "max_tokens") -> list[list[int]]:
+        """Token ids of ``prompts`` (texts, or token ids checked against the vocabulary): their sizes checked first,
+        then tokenized in a worker thread (a long prompt takes milliseconds to seconds, which the event loop must not
+        wait for). ``limit`` is the request's name of the answer length (chat's ``max_completion_tokens``)."""
         if config.max_new_tokens >= window:
-            raise APIError(400, f"max_tokens={config.max_new_tokens} leaves no room for a prompt in the model's "
-                                f"window of {window} tokens: ask for fewer.", param="max_tokens", code="invalid_value")
+            raise APIError(400, f"{limit}={config.max_new_tokens} leaves no room for a prompt in the model's "
+                                f"window of {window} tokens: ask for fewer.", param=limit, code="invalid_value")
         where = [param if len(prompts) == 1 else f"{param}[{i}]" for i in range(len(prompts))]
-        for text, w in zip(prompts, where):
-            if not text:
-                raise APIError(400, f"{w} is empty: give the text to continue.", param=param, code="empty_prompt")
-            check_length(len(text), w, param)
+        vocab = int(model.config.vocab_size)
+        for prompt, w in zip(prompts, where):
+            if not prompt:
+                raise APIError(400, f"{w} is empty: give the text (or token ids) to continue.", param=param,
+                               code="empty_prompt")
+            if isinstance(prompt, str):
+                check_length(len(prompt), w, param)
+            elif not all(0 <= i < vocab for i in prompt):
+                bad = next(i for i in prompt if not 0 <= i < vocab)
+                raise APIError(400, f"{w} holds the token id {bad}, outside this model's vocabulary [0, {vocab}): "
+                                    "send ids of its own tokenizer.", param=param, code="invalid_value")
         encoded = await asyncio.to_thread(
-            lambda: [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in prompts])
+            lambda: [list(tokenizer(p, add_special_tokens=False)["input_ids"]) if isinstance(p, str) else list(p)
+                     for p in prompts])
         for ids, where in zip(encoded, where):
             if len(ids) + config.max_new_tokens > window:
-                raise APIError(400, f"{where} has {len(ids)} tokens and max_tokens={config.max_new_tokens}: together "
+                raise APIError(400, f"{where} has {len(ids)} tokens and {limit}={config.max_new_tokens}: together "
                                     f"{len(ids) + config.max_new_tokens}, more than the model's window of {window}; "
-                                    "shorten the prompt or lower max_tokens.", param=param,
+                                    f"shorten the prompt or lower {limit}.", param=param,
                                code="context_length_exceeded")
         return encoded
 
@@ -321,7 +375,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
         for p, ids in enumerate(prompt_ids):
             for j in range(n):
                 # choice j of a prompt samples with seed + j: n distinct samples, each one reproducible
-                cfg = config if j == 0 else dataclasses.replace(config, seed=config.seed + j)
+                cfg = config if j == 0 else dataclasses.replace(config, seed=(config.seed + j) % SEEDS)
                 jobs.append(Job(f"{rid}-{p}-{j}", ids, cfg))
                 streams.append(TextStream(tokenizer, eos_id=eos_id, stop=config.stop))
         return rid, _Run(scheduler, jobs, streams)
@@ -433,49 +487,70 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
     async def completions(body: CompletionRequest, request: Request) -> Any:
         check_model(body.model)
         config = decoding_config(body, base=settings.defaults, max_steps=max_steps)
-        prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
+        with_logprobs = wants_logprobs(body)
+        one = isinstance(body.prompt, str) or (bool(body.prompt) and isinstance(body.prompt[0], int))  # text or ids
+        prompts = [body.prompt] if one else list(body.prompt)
         if not prompts:
             raise APIError(400, "prompt is an empty list: give at least one prompt.", param="prompt",
                            code="empty_prompt")
         check_rows(len(prompts), body.n)
         prompt_ids = await encode(prompts, config, param="prompt")
+        echoed = [(p if isinstance(p, str) else tokenizer.decode(p)) if body.echo else "" for p in prompts]
         rid, run = start(prompt_ids, config, body.n, "cmpl")
         created_at = now()
 
+        def logprobs(i: int) -> CompletionLogprobs | None:
+            if not with_logprobs:
+                return None
+            pieces = run.streams[i].take_logprobs()
+            return CompletionLogprobs(tokens=[t for t, _, _ in pieces], token_logprobs=[lp for _, lp, _ in pieces],
+                                      top_logprobs=[{t: lp} for t, lp, _ in pieces],
+                                      text_offset=[o for _, _, o in pieces])
+
         def chunk(i: int, text: str, reason: str | None) -> CompletionResponse:
-            return CompletionResponse(id=rid, created=created_at, model=settings.model_name,
-                                      choices=[CompletionChoice(index=i, text=text, finish_reason=reason)])
+            return CompletionResponse(id=rid, created=created_at, model=settings.model_name, choices=[
+                CompletionChoice(index=i, text=text, finish_reason=reason, logprobs=logprobs(i))])
 
         return await reply(
             body, request, run, prompt_ids, chunk=chunk,
+            first=[chunk(i, echoed[i // body.n], None) for i in range(len(run.streams)) if body.echo],
             tail=lambda u: CompletionResponse(id=rid, created=created_at, model=settings.model_name, choices=[],
                                               usage=u),
             whole=lambda u: CompletionResponse(
                 id=rid, created=created_at, model=settings.model_name, usage=u,
-                choices=[CompletionChoice(index=i, text=s.text, finish_reason=s.finish_reason)
-                         for i, s in enumerate(run.streams)]))
+                choices=[CompletionChoice(index=i, text=echoed[i // body.n] + s.text, finish_reason=s.finish_reason,
+                                          logprobs=logprobs(i)) for i, s in enumerate(run.streams)]))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         check_model(body.model)
         config = decoding_config(body, base=settings.defaults, max_steps=max_steps)
+        with_logprobs = wants_logprobs(body)
         check_rows(1, body.n)
         messages = body.messages
         if isinstance(messages, list):  # the contents alone too long: refused before the template renders them
-            check_length(sum(len(m["content"]) for m in messages if isinstance(m, dict)
-                             and isinstance(m.get("content"), str)), "messages", "messages")
+            check_length(sum(_content_chars(m.get("content")) for m in messages if isinstance(m, dict)),
+                         "messages", "messages")
         try:
             prompt = await asyncio.to_thread(render_chat, tokenizer, messages, add_generation_prompt=True)
         except ValueError as e:
             raise APIError(400, str(e), param="messages", code="invalid_messages") from None
-        prompt_ids = await encode([prompt], config, param="messages")
+        limit = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+        prompt_ids = await encode([prompt], config, param="messages", limit=limit)
         rid, run = start(prompt_ids, config, body.n, "chatcmpl")
         created_at = now()
 
+        def logprobs(i: int) -> ChatLogprobs | None:
+            if not with_logprobs:
+                return None
+            return ChatLogprobs(content=[TokenLogprob(token=t, logprob=lp, bytes=list(t.encode("utf-8")))
+                                         for t, lp, _ in run.streams[i].take_logprobs()])
+
         def chunk(i: int, delta: str | None, reason: str | None) -> ChatCompletionChunk:
             message = ChatDelta(role="assistant", content="") if delta is None else ChatDelta(content=delta)
-            return ChatCompletionChunk(id=rid, created=created_at, model=settings.model_name,
-                                       choices=[ChatChunkChoice(index=i, delta=message, finish_reason=reason)])
+            return ChatCompletionChunk(id=rid, created=created_at, model=settings.model_name, choices=[
+                ChatChunkChoice(index=i, delta=message, finish_reason=reason,
+                                logprobs=None if delta is None else logprobs(i))])
 
         return await reply(
             body, request, run, prompt_ids, chunk=chunk,
@@ -484,7 +559,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
                                                usage=u),
             whole=lambda u: ChatCompletionResponse(
                 id=rid, created=created_at, model=settings.model_name, usage=u,
-                choices=[ChatChoice(index=i, message=AssistantMessage(content=s.text), finish_reason=s.finish_reason)
-                         for i, s in enumerate(run.streams)]))
+                choices=[ChatChoice(index=i, message=AssistantMessage(content=s.text), finish_reason=s.finish_reason,
+                                    logprobs=logprobs(i)) for i, s in enumerate(run.streams)]))
 
     return app

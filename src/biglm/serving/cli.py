@@ -12,10 +12,12 @@ request leaves out (any `DecodingConfig` field, e.g. ``--decoding.strategy confi
 saved decoding settings (answer length, steps, length beam) are the defaults of the options not given, as in
 `biglm generate` and `biglm chat` (`biglm.generation.config.model_decoding`).
 
-Shutdown (Ctrl-C / SIGTERM): the server stops accepting connections and answers 503 to requests on
-open ones; requests in flight get ``--shutdown_timeout`` seconds to finish, then the rest are
-cancelled (a 503 error, or an error event in a stream), the engine thread stops and the process exits.
-Exit codes: 0 after a clean shutdown, 2 bad arguments or a model that does not load.
+Shutdown (Ctrl-C / SIGTERM) drains: the server keeps listening and answers new requests 503 ``shutting_down``
+(/health 503 "draining": a load balancer moves on, a client is told why, not refused a connection) while the
+requests in flight finish, for at most ``--shutdown_timeout`` seconds; then the rest are cancelled (a 503 error,
+or an error event in a stream), the engine thread stops and the process exits. A second signal stops at once.
+Exit codes: 0 after a clean shutdown, 2 bad arguments, a port it cannot listen on (checked before the model
+loads) or a model that does not load.
 
 ``--replicas N`` serves the same app from N replicas on Ray Serve (`biglm.integrations.ray_serve`, imported only
 then): each replica one model and one engine (``--replica_cpus``/``--replica_gpus`` each), autoscaled between
@@ -28,7 +30,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import sys
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,16 +137,44 @@ class BiglmServer:
                  log_level: str = "warning") -> None:
         import uvicorn
 
+        from .protocol import APIError
+
         scheduler = app.state.scheduler
         grace = shutdown_timeout
 
         class _Server(uvicorn.Server):
+            draining_since: float | None = None
+
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                """The first signal drains (`on_tick` ends the serving once nothing is in flight); uvicorn's own
+                handling would close the listening socket at once, so new requests were refused a connection."""
+                if self.draining_since is None and not self.should_exit:
+                    self.draining_since = time.monotonic()
+                    scheduler.draining = True  # new requests: 503; /health: draining
+                    log.warning("shutting down: new requests get 503 while %d in flight finish (at most %g s; "
+                                "signal again to stop now)", scheduler.in_flight, grace)
+                    return
+                super().handle_exit(sig, frame)
+
+            async def on_tick(self, counter: int) -> bool:
+                if await super().on_tick(counter):
+                    return True
+                if self.draining_since is None:
+                    return False
+                if scheduler.in_flight and time.monotonic() - self.draining_since < grace:
+                    return False
+                n = scheduler.abort_all(APIError(503, f"the server shut down; this request did not finish within "
+                                                      f"{grace:g} s.", type="server_unavailable", code="shutting_down"))
+                if n:
+                    log.warning("shutdown: cancelled %d request(s) still running after %g s", n, grace)
+                self.draining_since = -grace  # (the grace is spent: shutdown cancels what is left at once)
+                return True
+
             async def shutdown(self, sockets: Any = None) -> None:
                 scheduler.draining = True  # new requests on open connections: 503
 
                 async def cancel_late() -> None:
-                    await asyncio.sleep(grace)
-                    from .protocol import APIError
+                    await asyncio.sleep(grace if self.draining_since is None else 0.5)
                     n = scheduler.abort_all(APIError(503, f"the server shut down; this request did not finish within "
                                                           f"{grace:g} s.", type="server_unavailable",
                                                      code="shutting_down"))
@@ -245,6 +277,22 @@ def cpu_threads(args: ServeArgs, *, cores: int | None = None) -> int:
     return args.threads or max(1, (cores or os.cpu_count() or 2) - 1)
 
 
+def port_in_use(host: str, port: int) -> str | None:
+    """Why the server could not listen on ``host:port`` (bound as uvicorn binds it), or None when it can: checked
+    before the model loads, which takes seconds to minutes, only to fail then."""
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(address)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def main(argv: list[str]) -> int:
     """Entry point of `biglm serve`; ``argv`` excludes the word "serve"."""
     try:
@@ -257,6 +305,12 @@ def main(argv: list[str]) -> int:
               "(or a Hugging Face model directory).", file=sys.stderr)
         return 2
     given = list(given_options(ServeArgs, argv).get("decoding") or {})
+    if args.replicas is None or args.ray_address is None:  # (on a cluster the port is the head node's)
+        busy = port_in_use(args.host, args.port)
+        if busy is not None:
+            print(f"biglm serve: cannot listen on {args.host}:{args.port} ({busy}): stop what uses it or pick "
+                  "another --port.", file=sys.stderr)
+            return 2
     if args.replicas is not None:
         return _main_replicas(args, argv, given)
     try:  # the options against the model's config first: an option error is not a model that cannot load

@@ -8,8 +8,10 @@ become one `DecodingConfig` that is validated once, where it is built, and every
 its HTTP status. Text that is not Unicode (a lone UTF-16 surrogate, which JSON's ``\ud800`` escape can
 spell) is refused here, anywhere in the body, before any of it reaches a tokenizer or an error message.
 
-Decoding fields keep OpenAI's names where OpenAI has one (``max_tokens`` -> ``max_new_tokens``,
-``temperature``, ``top_p``, ``stop``, ``seed``); biglm's own options (``steps``, ``strategy``,
+Decoding fields keep OpenAI's names where OpenAI has one (``max_tokens`` -> ``max_new_tokens``, chat's
+``max_completion_tokens`` too, ``temperature``, ``top_p``, ``stop``, ``seed``); OpenAI fields biglm honours only at
+their no-op value (``frequency_penalty``/``presence_penalty`` 0) are accepted at that value and refused otherwise,
+naming the field; biglm's own options (``steps``, ``strategy``,
 ``block_length``, ``top_k``, ``threshold``, ``early_stop``, ...) are extra top-level fields, sent by
 the `openai` client through ``extra_body``. Their values are checked by `DecodingConfig` itself, so
 the server and `biglm generate` accept and refuse exactly the same settings.
@@ -34,6 +36,7 @@ OPENAI_FIELDS: dict[str, str] = {"max_tokens": "max_new_tokens", "temperature": 
 # biglm's decoding options a request may set (use_cache is an implementation check, not a request option;
 # max_new_tokens is spelled max_tokens on this API)
 EXTRA_FIELDS: tuple[str, ...] = tuple(f for f in FIELDS if f not in {"use_cache", "max_new_tokens", *OPENAI_FIELDS})
+PENALTIES = ("frequency_penalty", "presence_penalty")  # OpenAI's; biglm implements neither: 0 (their default) only
 MAX_N = 16  # choices per prompt
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -84,6 +87,8 @@ class _RequestBase(BaseModel):
 
     model: str | None = None
     max_tokens: Any = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
     temperature: Any = None
     top_p: Any = None
     stop: Any = None
@@ -112,15 +117,24 @@ _Request = create_model("_Request", __base__=_RequestBase, **{name: (Any, None) 
 
 
 class CompletionRequest(_Request):
-    """``POST /v1/completions``."""
+    """``POST /v1/completions``. A prompt is text or token ids; several prompts are a list of either."""
 
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    """the answer's text starts with the prompt's"""
+    logprobs: int | None = None
+    """0: each written token's log-probability (OpenAI's ``logprobs``; more alternatives are not kept)"""
 
 
 class ChatCompletionRequest(_Request):
     """``POST /v1/chat/completions``."""
 
     messages: Any  # checked by `generation.chat.check_messages`, the chat format's own rules
+    max_completion_tokens: Any = None  # OpenAI's newer name of max_tokens
+    logprobs: bool = False
+    """each written token's log-probability"""
+    top_logprobs: int | None = None
+    """0 only: the alternatives are not kept"""
 
 
 def decoding_config(request: _RequestBase, *, base: DecodingConfig, max_steps: int) -> DecodingConfig:
@@ -129,8 +143,18 @@ def decoding_config(request: _RequestBase, *, base: DecodingConfig, max_steps: i
     A field left out (or null) keeps ``base``'s value; a bad value is a 400 naming the request's own
     field (``max_tokens``, not ``max_new_tokens``).
     """
+    for name in PENALTIES:
+        if getattr(request, name) not in (None, 0):
+            raise APIError(400, f"{name}={getattr(request, name)}: biglm does not implement {name.split('_')[0]} "
+                                "penalties; send 0 (no penalty) or leave it out.", param=name, code="unsupported_value")
     changes: dict[str, Any] = {}
     names = {**OPENAI_FIELDS, **{f: f for f in EXTRA_FIELDS}}
+    limit = getattr(request, "max_completion_tokens", None)
+    if limit is not None:  # chat's newer name of max_tokens: the same field, so errors name the one sent
+        if request.max_tokens is not None and request.max_tokens != limit:
+            raise APIError(400, f"max_tokens={request.max_tokens} and max_completion_tokens={limit} disagree: send "
+                                "one of them.", param="max_completion_tokens", code="invalid_value")
+        names = {("max_completion_tokens" if f == "max_tokens" else f): t for f, t in names.items()}
     for field, target in names.items():
         value = getattr(request, field)
         if value is not None:
@@ -152,6 +176,27 @@ def decoding_config(request: _RequestBase, *, base: DecodingConfig, max_steps: i
                             "window unless `biglm serve --max_steps` says otherwise): ask for fewer.",
                        param="steps", code="invalid_value")
     return config
+
+
+def wants_logprobs(request: CompletionRequest | ChatCompletionRequest) -> bool:
+    """Whether ``request`` asks for its tokens' log-probabilities; a 400 for what biglm cannot give: alternatives (the
+    decoders keep the written token's probability only) and an echoed prompt's (it is read, not written)."""
+    chat = isinstance(request, ChatCompletionRequest)
+    wanted, alternatives = (request.logprobs, request.top_logprobs) if chat else (request.logprobs, request.logprobs)
+    param = "top_logprobs" if chat else "logprobs"
+    if alternatives is not None and alternatives < 0:
+        raise APIError(400, f"{param}={alternatives} must be >= 0.", param=param, code="invalid_value")
+    if alternatives:
+        raise APIError(400, f"{param}={alternatives}: biglm keeps the log-probability of each written token only, not "
+                            f"its alternatives: send {param}=0" + (" (with logprobs=true)" if chat else "") +
+                            " or leave it out.", param=param, code="unsupported_value")
+    if chat and alternatives is not None and not wanted:
+        raise APIError(400, "top_logprobs goes with logprobs=true.", param="top_logprobs", code="invalid_value")
+    if not chat and wanted is not None and request.echo:
+        raise APIError(400, "echo with logprobs asks for the prompt's log-probabilities, which biglm does not compute "
+                            "(it writes the answer, it does not score the prompt): drop one of them.", param="logprobs",
+                       code="unsupported_value")
+    return bool(wanted is not None if not chat else wanted)
 
 
 # ----- responses -----------------------------------------------------------------------------------
@@ -177,8 +222,29 @@ class _Choice(BaseModel):
     """What every choice of every response carries (a subclass adds its text, message or delta)."""
 
     index: int
-    logprobs: None = None
     finish_reason: FinishReason | None
+
+
+class CompletionLogprobs(BaseModel):
+    """A completion's ``logprobs``: per written token its text, log-probability and offset in the choice's text;
+    ``top_logprobs`` holds the written token alone (OpenAI's answer to ``logprobs: 0``)."""
+
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    top_logprobs: list[dict[str, float]] = []
+    text_offset: list[int] = []
+
+
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[dict[str, Any]] = []
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] = []
+    refusal: None = None
 
 
 class _Response(BaseModel):
@@ -192,6 +258,7 @@ class _Response(BaseModel):
 
 class CompletionChoice(_Choice):
     text: str
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(_Response):
@@ -207,6 +274,7 @@ class AssistantMessage(BaseModel):
 
 class ChatChoice(_Choice):
     message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(_Response):
@@ -223,6 +291,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(_Choice):
     delta: ChatDelta
     finish_reason: FinishReason | None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(_Response):
