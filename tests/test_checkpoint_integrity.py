@@ -162,3 +162,77 @@ def test_each_rank_hashes_its_files_as_it_writes_them(monkeypatch, tmp_path):
     assert {".metadata", "__0_0.distcp", "rank00000.pt"} <= set(files)
     for name, want in files.items():
         assert want == {"bytes": (ckpt / name).stat().st_size, "sha256": real(ckpt / name)}, name
+
+
+# --- issue 37 items 7, 8: an export never lands over a run or a folder it was not asked to replace, and is whole --
+def _entries(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_export_into_a_run_or_a_folder_of_other_files_is_refused_before_any_work(run, tmp_path, capsys, overwrite):
+    """Exporting into a training run rewrote its config.json under its checkpoints (issue 37 item 7): refused in
+    one line whatever --overwrite says, and so is a folder of other files; the target is left byte for byte."""
+    target = _copy(run, tmp_path)  # a run (checkpoints, run.lock, train_config.json)
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("keep me")
+    flag = ["--overwrite"] if overwrite else []
+    for folder, said in ((target, "holds a training run"),
+                         (other, "holds files but no model" if overwrite else "is not empty")):
+        before = _entries(folder)
+        rc, err = _export([str(run), str(folder), *flag], capsys)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and said in err, err
+        assert _entries(folder) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "run"]  # no temporary folder left behind
+
+
+def test_export_over_an_earlier_export_needs_overwrite_and_replaces_it_whole(run, tmp_path, capsys):
+    out = tmp_path / "hf"
+    rc, err = _export([str(run / "checkpoints" / "step_0000003"), str(out)], capsys)
+    assert rc == 0, err
+    (out / "stale.txt").write_text("from the old export")
+    old = _entries(out)
+    rc, err = _export([str(run), str(out)], capsys)
+    assert rc == 2 and "is not empty" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1, err
+    assert _entries(out) == old
+    rc, err = _export([str(run), str(out), "--overwrite"], capsys)
+    assert rc == 0, err
+    assert not (out / "stale.txt").exists()  # replaced, not merged
+    from biglm.checkpoint import load_inference_checkpoint
+
+    step6, _ = load_inference_checkpoint(run)
+    want = step6.state_dict()
+    assert all(torch.equal(t, want[k]) for k, t in _weights(out).items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_an_export_cut_by_a_file_size_limit_leaves_nothing_and_one_line(run, tmp_path):
+    """`ulimit -f` (a full disk's cousin) during the write of model.safetensors: before, OUT kept a lone config.json
+    and the command ended in a traceback; now OUT is absent (or the old one intact) and the error is one line."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit():  # 64 KiB: config.json and the tokenizer fit, the weights do not
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+
+    def export(*args):
+        return subprocess.run([sys.executable, "-m", "biglm", "export", str(run), *args], capture_output=True,
+                              text=True, preexec_fn=limit, timeout=300)
+
+    out = tmp_path / "hf"
+    done = export(str(out))
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "[biglm]" in line]  # (transformers' progress bar aside)
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"could not write {out}: file too large" in lines[0] and "nothing was left" in lines[0]
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    # over an earlier export (--overwrite): the old one stays as it was
+    from biglm.checkpoint import export_checkpoint
+
+    export_checkpoint(run / "checkpoints" / "step_0000003", out)
+    before = _entries(out)
+    done = export(str(out), "--overwrite")
+    assert done.returncode == 2 and f"{out} is unchanged" in done.stderr, done.stderr
+    assert _entries(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["hf"]

@@ -454,3 +454,69 @@ def test_compiled_decoding_agrees_with_eager_on_the_real_model(real_smol):
     assert graphs[-1] > 0  # it did compile
     assert graphs[-1] == graphs[n // 2], graphs  # no new graph in the second half: not one compilation per call
     assert agree >= 4 * n - 4, agree
+
+
+# --- issue 37 items 7, 8, 12: OUT checked first and written whole; an unreadable GGUF said in one line --------------
+def test_convert_refuses_a_run_or_a_non_empty_out_before_any_work_and_overwrite_replaces_a_model(tmp_path,
+                                                                                                 tok_with_mask, capsys):
+    from biglm.cli import main
+
+    src = _save_source(tmp_path, "llama", tok_with_mask)
+    run = tmp_path / "run"  # what `biglm pretrain` leaves: its config.json must not be rewritten
+    (run / "checkpoints" / "step_0000006").mkdir(parents=True)
+    (run / "config.json").write_text('{"prefix_attention": "blocks"}')
+    (run / "run.lock").write_text("")
+    capsys.readouterr()
+    for args in ([], ["--overwrite"]):
+        assert main(["convert", str(src), str(run), *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{run} holds a training run (checkpoints)" in err, err
+        assert (run / "config.json").read_text() == '{"prefix_attention": "blocks"}'
+    out = tmp_path / "biglm"
+    assert main(["convert", str(src), str(out)]) == 0
+    (out / "stale.txt").write_text("old")
+    capsys.readouterr()
+    assert main(["convert", str(src), str(out), "--shift", "false"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not empty" in err and "--overwrite" in err, err
+    assert main(["convert", str(src), str(out), "--shift", "false", "--overwrite"]) == 0
+    from biglm.model import BiGLMConfig
+
+    assert BiGLMConfig.from_pretrained(out).shift_logits is False and not (out / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["biglm", "llama", "run"]  # no temporary folder left
+
+
+def test_a_convert_that_fails_mid_write_leaves_no_out(tmp_path, tok_with_mask, capsys, monkeypatch):
+    import errno
+
+    import biglm.checkpoint.convert as convert
+    from biglm.cli import main
+
+    src = _save_source(tmp_path, "llama", tok_with_mask)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("biglm.checkpoint.source.write_source", full)  # after the weights and the tokenizer
+    capsys.readouterr()
+    assert main(["convert", str(src), str(tmp_path / "out")]) == 2
+    err = "\n".join(line for line in capsys.readouterr().err.splitlines() if "Traceback" in line or "[biglm]" in line)
+    assert len(err.splitlines()) == 1 and "no space left on device" in err and "nothing was left" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"]
+
+
+def test_a_truncated_or_foreign_gguf_is_refused_in_one_line(tmp_path, tok_without_mask, capsys):
+    from biglm.cli import main
+
+    good = tmp_path / "m.gguf"
+    _write_gguf(good, tok_without_mask)
+    data = good.read_bytes()
+    cases = {"foreign.gguf": b"not a gguf file at all\n", "header.gguf": data[:64], "half.gguf": data[:len(data) // 2],
+             "tail.gguf": data[:-100]}
+    for name, content in cases.items():
+        (tmp_path / name).write_bytes(content)
+        capsys.readouterr()
+        assert main(["convert", str(tmp_path / name), str(tmp_path / "out")]) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{name} is not a readable GGUF file" in err, (name, err)
+        assert "Traceback" not in err and not (tmp_path / "out").exists()

@@ -25,11 +25,14 @@ whose logits equal the source's position for position.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
+
+from .output import check_output_dir, staged_output
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 SHIFT_DEFAULT = True  # `biglm convert`'s default: measured better (see above)
@@ -48,6 +51,23 @@ def _rope(src: Any) -> tuple[float, dict | None]:
     theta = float(params.get("rope_theta", getattr(src, "rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
     return theta, (None if kind in (None, "default") else params)
+
+
+@contextlib.contextmanager
+def _reading(where: Any) -> Iterator[None]:
+    """A GGUF file that transformers' reader fails on (truncated, or not GGUF at all: it raises whatever the parse
+    hit, a ValueError, an IndexError...) -> `ConvertError` in one line. Other sources keep their errors (a hub id
+    that cannot be reached is an OSError the CLI reports)."""
+    try:
+        yield
+    except ConvertError:
+        raise
+    except Exception as e:
+        if where.gguf_file is None:
+            raise
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise ConvertError(f"{where.gguf_file} is not a readable GGUF file ({first}): it is truncated or not a GGUF "
+                           "file; download it again (or check its size and sha256 against the source's)") from None
 
 
 def check_convertible(src: Any) -> None:
@@ -79,7 +99,7 @@ def check_convertible(src: Any) -> None:
 
 
 def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str], *, shift: bool = False,
-                       log: Callable[[str], None] = print) -> Path:
+                       log: Callable[[str], None] = print, overwrite: bool = False) -> Path:
     """Convert ``src`` — a GGUF file (llama.cpp / Ollama; read through transformers' GGUF loader, quantized weights
     dequantized to float32), a transformers checkpoint directory or a hub id — of a Llama-family model (Llama,
     SmolLM, Mistral without a sliding window, Qwen2) to a BiGLM Hugging Face directory ``out`` (config, weights,
@@ -89,7 +109,9 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
 
     A tokenizer without a mask token gets ``<mask>``, one without a pad token ``<pad>`` (as `load_tokenizer` would at
     training time, so the converted vocabulary is the one every later step uses). Raises `ConvertError` (one line
-    naming the field) for what cannot be mapped, before any weight is read.
+    naming the field) for what cannot be mapped, before any weight is read, and for a GGUF file that cannot be read
+    (truncated, or no GGUF at all). ``out`` is checked first and written whole or not at all (`staged_output`: never
+    over a training run; a non-empty folder only with ``overwrite``, and then only a model folder).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -99,15 +121,18 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
     from .source import resolve_source, write_source
 
     out = Path(out)
+    check_output_dir(out, overwrite=overwrite)
     try:
         where = resolve_source(str(src))
     except ValueError as e:
         raise ConvertError(str(e)) from None
     kw = where.load_kwargs()
-    src_cfg = AutoConfig.from_pretrained(where.location, **kw)
+    with _reading(where):
+        src_cfg = AutoConfig.from_pretrained(where.location, **kw)
     check_convertible(src_cfg)
-    tok = AutoTokenizer.from_pretrained(where.location, **kw)
-    source = AutoModelForCausalLM.from_pretrained(where.location, dtype="auto", **kw)
+    with _reading(where):
+        tok = AutoTokenizer.from_pretrained(where.location, **kw)
+        source = AutoModelForCausalLM.from_pretrained(where.location, dtype="auto", **kw)
     state = source.state_dict()
     dtype = source.get_input_embeddings().weight.dtype
     biased = [k for k in state if k.endswith("o_proj.bias")]
@@ -162,11 +187,11 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
             w[vocab:] = w[:vocab].float().mean(0).to(w.dtype)
     if tied:
         model.tie_weights()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    write_source(out, where.ref, shift=shift)
-    (out / "README.md").write_text(convert_card(config=cfg, source=where.ref, name=out.name))
+    with staged_output(out, overwrite=overwrite) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        write_source(tmp, where.ref, shift=shift)
+        (tmp / "README.md").write_text(convert_card(config=cfg, source=where.ref, name=out.name))
     log(f"[biglm] {src_cfg.model_type} {where.ref.describe()} -> BiGLM {out}: {cfg.num_hidden_layers} layers, hidden "
         f"{cfg.hidden_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, rope_theta {theta:g}, "
         f"{'tied' if tied else 'untied'} head" + (", q/k/v biases" if cfg.attention_bias else "")

@@ -12,6 +12,7 @@ from pathlib import Path
 from .layout import checkpoint_to_read, run_dir_of
 from .loading import read_checkpoint_model
 from .model_card import DEFAULT_LICENSE, finetune_card, pretrain_card
+from .output import check_output_dir, staged_output
 from .source import keep_lineage
 
 
@@ -19,7 +20,7 @@ WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = True, license: str = DEFAULT_LICENSE,
-                      base_model: str | None = None, dtype: str | None = None) -> Path:
+                      base_model: str | None = None, dtype: str | None = None, overwrite: bool = False) -> Path:
     """Write a plain Hugging Face directory (config.json, model.safetensors, tokenizer) from a run, with a model card
     (README.md) unless ``card`` is False: ``license`` and ``base_model`` (default: the run's --init_from, or a
     fine-tuning run's --model) go into its front matter.
@@ -31,44 +32,50 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = Tru
     floating weights are written in and config.json records, so `load_model`, `biglm generate` and `biglm serve` load
     the model in it by default (what the hub's bfloat16 releases do: half the bytes to read per call).
 
+    OUT is checked before anything is read (`check_output_dir`: never a run's folder; a non-empty one only with
+    ``overwrite``, and then only a model folder), written into a temporary folder beside it and renamed into place
+    at the end (`staged_output`): a failed export leaves no OUT, or the old one intact, and one line (`OutputError`).
+
     Every file gets the mode a plain ``open()`` gives (0644 under the usual umask 022), so the directory can
     be shared as it is: safetensors writes its file through a private temporary file (mode 0600).
     """
-    path, out = Path(path), Path(out_dir)
+    path, final = Path(path), Path(out_dir)
     if dtype is not None and dtype not in WEIGHT_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not a weight dtype: choose one of {', '.join(WEIGHT_DTYPES)}.")
+    check_output_dir(final, overwrite=overwrite)
     if (path / "task.json").is_file():  # a `biglm finetune` run: its best epoch, with the task's class and template
         best = path / "best"
         if not (best / "config.json").is_file():
             raise FileNotFoundError(f"{path} is a fine-tuning run without a finished epoch yet ({best} is missing): "
                                     "let it finish an epoch, or resume it with the same `biglm finetune` command")
-        shutil.copytree(best, out, dirs_exist_ok=True)
-        if card:
-            from ..model import BiGLMConfig
+        with staged_output(final, overwrite=overwrite) as out:
+            shutil.copytree(best, out, dirs_exist_ok=True)
+            if card:
+                from ..model import BiGLMConfig
 
-            text = finetune_card(path, config=BiGLMConfig.from_pretrained(best), name=out.name, license=license,
-                                 base_model=base_model)
-            (out / "README.md").write_text(text)
-        keep_lineage(out, path, base_model=base_model)
-        cast_weights(out, dtype)
-        share_files(out)
-        return out
+                text = finetune_card(path, config=BiGLMConfig.from_pretrained(best), name=final.name,
+                                     license=license, base_model=base_model)
+                (out / "README.md").write_text(text)
+            keep_lineage(out, path, base_model=base_model)
+            cast_weights(out, dtype)
+            share_files(out)
+        return final
     ckpt = checkpoint_to_read(path)  # verified (sizes and sha256) before anything is written to OUT_DIR
     if ckpt is None:
         raise FileNotFoundError(f"{path} holds no training checkpoint (checkpoints/step_*/meta.json) and is no "
                                 "fine-tuning run: pass a `biglm pretrain` or `biglm finetune` run directory")
     model, tokenizer = read_checkpoint_model(ckpt)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    if card:
-        text = pretrain_card(run_dir_of(ckpt), checkpoint=ckpt, config=model.config, name=out.name, license=license,
-                             base_model=base_model)
-        (out / "README.md").write_text(text)
-    keep_lineage(out, path, base_model=base_model)
-    cast_weights(out, dtype)
-    share_files(out)
-    return out
+    with staged_output(final, overwrite=overwrite) as out:
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        if card:
+            text = pretrain_card(run_dir_of(ckpt), checkpoint=ckpt, config=model.config, name=final.name,
+                                 license=license, base_model=base_model)
+            (out / "README.md").write_text(text)
+        keep_lineage(out, path, base_model=base_model)
+        cast_weights(out, dtype)
+        share_files(out)
+    return final
 
 
 def cast_weights(out: Path, dtype: str | None) -> None:
