@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from biglm.data import cli as data_cli
-from biglm.data.prepare import PrepareError, prepare, read_manifest
+from biglm.data.prepare import PrepareError, per_source, prepare, read_manifest
 from biglm.data.shards import ShardReader
 from biglm.data.sources import iter_documents
 from biglm.data.tokenizer import tokenizer_fingerprint, train_tokenizer
@@ -168,3 +168,51 @@ def test_cli_prepare_bad_input_one_line_each(tmp_path: Path, corpus: tuple[list[
     line = _one_error_line(capsys.readouterr().err)
     assert f"--tokenizer {tmp_path / 'empty'}: the folder holds no tokenizer" in line
     assert not (tmp_path / "new").exists()
+
+
+def test_a_source_warning_gets_its_own_line_above_the_progress_bar(tmp_path: Path, corpus: tuple[list[str], object],
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+    import sys
+
+    _, tok = corpus
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": f"Document number {i} is here."}) + "\n" for i in range(5))
+                    + '{"text": null}\n')
+    handler = logging.StreamHandler(sys.stderr)  # as the CLI's logging.basicConfig: a console handler
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        prepare(sources=[str(rows)], tokenizer=tok, out_dir=tmp_path / "out", workers=1, progress=True)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    err = capsys.readouterr().err
+    assert "tokenising" in err  # the bar ran
+    line = next(line for line in err.split("\n") if "1 of 6 row(s) dropped" in line)
+    before, _, after = line.rpartition("\r")
+    assert after.startswith("WARNING biglm.data.sources:") and not before.split("\r")[-1].strip(), repr(line)
+
+
+def test_a_val_split_taken_by_one_huge_document_is_warned_about(tmp_path: Path, corpus: tuple[list[str], object],
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    _, tok = corpus
+    rng = random.Random(1)
+    web = tmp_path / "web.jsonl"
+    web.write_text("".join(json.dumps({"text": _text(rng)}) + "\n" for _ in range(20)))
+    book = tmp_path / "book.txt"  # one paragraph: one document, longer than the rest together
+    book.write_text(" ".join(_text(rng) for _ in range(80)))
+    with caplog.at_level("WARNING", logger="biglm.data.prepare"):
+        m = prepare(sources=[str(web), str(book)], tokenizer=tok, out_dir=tmp_path / "out", workers=1, val_docs=2,
+                    progress=False)
+    counts = per_source(m)
+    assert counts[1]["train"] == [0, 0] and counts[1]["val"][0] == 1
+    assert counts[0]["val"][0] == 2 and counts[0]["train"][0] == 18
+    assert counts[0]["train"][1] + counts[1]["train"][1] == m["progress"]["train"]["tokens"]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(f"{book}: all its 1 documents" in w and "none to train" in w for w in warned), warned
+    assert any(w.startswith("val holds") and f"number 1 of {book}, has {counts[1]['val'][1]:,} tokens" in w
+               for w in warned), warned
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="biglm.data.prepare"):  # a val split of a small share: no warning
+        prepare(sources=[str(web)], tokenizer=tok, out_dir=tmp_path / "out2", workers=1, val_docs=2, progress=False)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

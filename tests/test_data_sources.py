@@ -217,7 +217,7 @@ def test_a_text_file_with_no_blank_line_is_one_document_per_line(tmp_path: Path,
     f.write_bytes(b" = Title = \r\n Body one .\r\n = = Part = = \r\n Body two .\r\n")
     with caplog.at_level("INFO", logger="biglm.data.sources"):
         assert list(iter_documents(str(f))) == ["= Title =", "Body one .", "= = Part = =", "Body two ."]
-    assert any("1 text file(s) have no blank line" in r.getMessage() for r in caplog.records)
+    assert any(f"{f}: it has no blank line, so each line is a document" in r.getMessage() for r in caplog.records)
     spaced = tmp_path / "spaced.txt"  # a line of spaces is a blank line
     spaced.write_text(" = Title = \n \n Body one .\n line two .\n \n")
     assert list(iter_documents(str(spaced))) == ["= Title =", "Body one .\n line two ."]

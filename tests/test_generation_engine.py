@@ -209,22 +209,23 @@ def test_bad_requests_fail_at_submit(model):
     assert engine.num_waiting == 1
 
 
-def test_positions_count_what_the_merged_calls_compute(model, monkeypatch):
-    """``engine.positions`` (the server's /health ``stats.positions``, a benchmark's cost per token) is the sum over
-    calls of rows x width of the query the model was given."""
+def test_positions_count_what_the_merged_calls_compute(model):
+    """``engine.positions`` (the server's /health ``stats.positions``, a benchmark's cost per token) is the query
+    positions its merged decoding calls computed: counted where the model computes them (the first decoder layer's
+    rows x width in every call against a cache), and what the same requests cost alone (`generate_ids`' own count,
+    less each prompt's encode: queries of one width merge without padding)."""
     seen: list[int] = []
-    real = model.forward
-
-    def spy(input_ids, *args, **kwargs):
-        if kwargs.get("prefix_cache") is not None:  # a merged decoding call (not a prompt's encode)
-            seen.append(input_ids.numel())
-        return real(input_ids, *args, **kwargs)
-
-    monkeypatch.setattr(model, "forward", spy)
-    engine = DecodeEngine(model)
+    layer = model.model.layers[0]  # called as layer(x, rope, mask, past): past is None only when a prompt is encoded
+    hook = layer.register_forward_pre_hook(lambda _m, a: seen.append(a[0].shape[0] * a[0].shape[1]) if a[3] is not None
+                                           else None)
     cfg = DecodingConfig(max_new_tokens=8, steps=4)
-    _drain(engine, {0: [("a", PROMPTS[0], cfg)], 1: [("b", PROMPTS[1], cfg)]})
-    assert engine.positions == sum(seen) > 0
+    try:
+        engine = DecodeEngine(model)
+        _drain(engine, {0: [("a", PROMPTS[0], cfg)], 1: [("b", PROMPTS[1], cfg)]})
+    finally:
+        hook.remove()
+    alone = sum(generate_ids(model, torch.tensor([p]), config=cfg).positions - len(p) for p in PROMPTS[:2])
+    assert engine.positions == sum(seen) == alone == 2 * 4 * 8, (engine.positions, sum(seen), alone)
 
 
 @pytest.fixture(scope="module")
@@ -261,3 +262,92 @@ def test_a_shift_models_empty_prompt_gets_its_solo_answer_beside_others(shift_mo
         greedy = cfg.override(temperature=0.0, use_cache=use_cache)
         out = generate_ids(shift_model, ids, mask, config=greedy).token_lists()
         assert out[0] == _alone(shift_model, [], greedy), use_cache
+
+
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("chunk", [1, 7, 40, 63, 500])
+def test_a_prompt_encoded_over_steps_gives_the_one_pass_cache(model, shift_model, shift, chunk):
+    """A BiGLM prompt is one bidirectional prefix (its first tokens' keys depend on its last ones), so `_Prefill` cuts
+    its pass by layers and query rows, never causally: in float32 the cache (keys, values, a shift model's hidden
+    states) equals `encode_prefix`'s, whatever the share each `advance` does."""
+    from biglm.generation.engine import _Prefill
+
+    m = shift_model if shift else model
+    ids = torch.randint(3, 500, (1, 61), generator=torch.Generator().manual_seed(chunk))
+    with torch.inference_mode():
+        whole = m.encode_prefix(ids)
+        pre, calls = _Prefill(m, ids), 0
+        while pre.left:
+            left = pre.left
+            assert pre.advance(chunk) == min(chunk, left)
+            calls += 1
+        got = pre.cache()
+    assert calls == -(-61 * m.config.num_hidden_layers // chunk)
+    for a, b in zip(got.keys + got.values, whole.keys + whole.values):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert (got.hidden is None) == (not shift)
+    if shift:
+        torch.testing.assert_close(got.hidden, whole.hidden, rtol=1e-5, atol=1e-5)
+    assert got.key_valid.all() and not got.padded
+
+
+SPECULATIVE = DecodingConfig(max_new_tokens=8, strategy="confidence", draft_length=2, temperature=1.0, seed=5)
+
+
+@pytest.mark.filterwarnings("ignore:speculative decoding")
+@pytest.mark.parametrize("m", ["model", "shift_model"])
+def test_a_long_prompt_does_not_hold_up_short_requests(m, request):
+    """Chunked prefill: a long prompt is encoded over steps, ``prefill_chunk`` x layers token-layers a step (plus a
+    ``prefill_chunk`` piece always granted to the oldest), beside
+    the running requests' decoding calls. Short requests sent a step after it take as many engine steps as alone
+    whatever its length (two lengths), and every answer (the long ones', one speculative, too) is its solo
+    `generate_ids` answer;
+    `num_prefilling` counts the long one while it is encoded."""
+    mdl = request.getfixturevalue(m)
+    # (no block decoding: the exact cache's block passes would count as work beside the decoding calls)
+    cfgs = [CONFIGS[0], CONFIGS[6], CONFIGS[1]] if m == "model" else [SAMPLED[0], SAMPLED[1], CONFIGS[6]]
+    chunk, layers = 16, mdl.config.num_hidden_layers
+
+    def run(long_len: int | None) -> tuple[dict[str, int], dict[str, list[int]], list[int], int]:
+        engine = DecodeEngine(mdl, prefill_chunk=chunk)
+        arrivals: dict[int, list] = {1: [(f"s{i}", PROMPTS[i], cfgs[i]) for i in range(3)]}
+        if long_len is not None:
+            long_prompt = torch.randint(3, 500, (long_len,), generator=torch.Generator().manual_seed(0)).tolist()
+            arrivals[0] = [("long", long_prompt, cfgs[1]), ("spec", long_prompt, SPECULATIVE)]
+        done: dict[str, int] = {}
+        answers: dict[str, list[int]] = {}
+        prefilling, work = [], []
+        rows: list[int] = []  # token-layers the model computed: rows through each layer's MLP
+        hooks = [layer.mlp.register_forward_hook(lambda mod, args, out: rows.append(args[0].shape[:-1].numel()))
+                 for layer in mdl.model.layers]
+        t = 0
+        try:
+            while t <= 1 or engine.num_running or engine.num_waiting:
+                for rid, prompt, cfg in arrivals.get(t, []):
+                    engine.submit(rid, prompt, cfg)
+                before, positions, rows[:] = engine.prefill_work, engine.positions, []
+                for e in engine.step():
+                    if e.finished:
+                        done[e.request_id], answers[e.request_id] = t, e.token_ids
+                work.append(sum(rows) - (engine.positions - positions) * layers)  # what was not the decoding call
+                assert work[-1] == engine.prefill_work - before
+                prefilling.append(engine.num_prefilling)
+                t += 1
+                assert t < 300
+        finally:
+            for h in hooks:
+                h.remove()
+        if long_len is not None:
+            assert answers["long"] == _alone(mdl, long_prompt, cfgs[1])
+            assert answers["spec"] == _alone(mdl, long_prompt, SPECULATIVE)
+        return done, answers, prefilling, max(work)
+
+    alone, answers, _, _ = run(None)
+    for long_len in (100, 200):
+        done, got, prefilling, most = run(long_len)
+        assert {k: done[k] for k in alone} == alone  # the short ones' latency in steps: as alone
+        assert {k: got[k] for k in alone} == answers
+        assert most <= chunk * (layers + 1)  # a step's share, and the oldest prompt's guaranteed piece
+        assert sum(prefilling) >= long_len * layers // (chunk * layers) - 1 and prefilling[-1] == 0
+    for i in range(3):
+        assert answers[f"s{i}"] == _alone(mdl, PROMPTS[i], cfgs[i])

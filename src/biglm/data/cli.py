@@ -57,7 +57,7 @@ class InfoArgs:
 
 
 def _prepare(args: PrepareArgs) -> int:
-    from biglm.data.prepare import prepare
+    from biglm.data.prepare import per_source, prepare
     from biglm.data.tokenizer import check_tokenizer_source
 
     check_tokenizer_source(args.tokenizer, what="--tokenizer")  # named as the user wrote it, before any output
@@ -70,6 +70,10 @@ def _prepare(args: PrepareArgs) -> int:
         if p["tokens"]:
             n = sum(1 for s in manifest["shards"] if s["split"] == split)
             print(f"{split}: {p['tokens']:,} tokens, {p['docs']:,} documents, {p['bytes']:,} bytes in {n} shards")
+    if len(args.sources) > 1:  # what each source gave each split
+        for spec, c in zip(args.sources, per_source(manifest)):
+            print(f"  {spec}: " + ", ".join(f"{split} {c[split][1]:,} tokens ({c[split][0]:,} documents)"
+                                            for split in ("train", "val") if c[split][0]))
     total = sum(p["tokens"] for p in manifest["progress"].values())
     print(f"wrote {args.out} in {dt:.1f} s ({total / max(dt, 1e-9):,.0f} tokens/s including start-up)")
     return 0

@@ -12,7 +12,12 @@ Notable features
 - Shards hold whole documents: a shard is closed before the document that would take it
   past ``shard_tokens`` (a longer document gets a shard of its own).
 - Validation: the first ``val_docs`` documents *of each source* go to the ``val`` split, so
-  every source is represented in the held-out set.
+  every source is represented in the held-out set. Each shard records its documents and tokens per source
+  (``per_source``), and a warning names a source that went to ``val`` whole, or a ``val`` split that holds more
+  than `VAL_SHARE_WARN` of the tokens, with its largest document: one huge document (a file read as one) would
+  otherwise be most of the held-out set and none of the training data.
+- What a source drops (rows without text, bytes that are not UTF-8) is said in one warning line per source
+  (`biglm.data.sources`), printed above the progress bar, never glued to it.
 - Literal special-token strings in the text ("</s>", "<mask>") are tokenised as text: only
   the separator that ``write_shard`` adds is a real ``</s>``.
 
@@ -26,6 +31,7 @@ limits the threaded path on many-core machines.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import glob
 import json
@@ -44,6 +50,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
+VAL_SHARE_WARN = 0.25  # a val split above this share of the tokens is warned about
 _FORMAT = 1
 
 # ---- worker side: only `tokenizers` and numpy ------------------------------------------------
@@ -92,6 +99,8 @@ class _Buffer:
     docs: list[np.ndarray] = dataclasses.field(default_factory=list)
     tokens: int = 0  # including one eos per document
     bytes: int = 0
+    per_source: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # source index -> [docs, tokens]
+    largest: list[int] = dataclasses.field(default_factory=lambda: [0, 0, 0])  # [source, document, tokens]
 
 
 def _write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
@@ -202,7 +211,8 @@ def prepare(
         info = write_shard(out / name, buf.docs, vocab_size=vocab_size, tokenizer_fingerprint=fingerprint,
                            eos_id=eos_id)
         entry = {"file": name, "split": split, **info, "bytes": buf.bytes,
-                 "first": list(starts[split] or end), "end": list(end)}
+                 "first": list(starts[split] or end), "end": list(end), "per_source": buf.per_source,
+                 "largest": buf.largest}
         st.next_shard += 1
         st.resume = end
         st.docs += info["n_docs"]
@@ -253,6 +263,11 @@ def prepare(
     bar = _progress_bar(progress, initial=sum(s.tokens for s in state.values()))
     t0, n_new = time.perf_counter(), 0
     pool = None
+    lines_above_bar = contextlib.ExitStack()
+    if progress:  # a source's warning (logged while the bar runs) gets a line of its own above the bar
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        lines_above_bar.enter_context(logging_redirect_tqdm())
     try:
         if workers > 1:
             import multiprocessing as mp
@@ -286,6 +301,11 @@ def prepare(
                 buf.docs.append(ids)
                 buf.tokens += int(n) + 1
                 buf.bytes += len(text.encode("utf-8"))
+                counts = buf.per_source.setdefault(str(src), [0, 0])
+                counts[0] += 1
+                counts[1] += int(n) + 1
+                if n + 1 > buf.largest[2]:
+                    buf.largest = [src, d, int(n) + 1]
                 n_new += int(n) + 1
                 bar.update(int(n) + 1)
 
@@ -301,6 +321,7 @@ def prepare(
                 flush(split, (len(sources), 0))
     finally:
         bar.close()
+        lines_above_bar.close()
         if pool is not None:
             pool.terminate()
             pool.join()
@@ -314,7 +335,41 @@ def prepare(
     _write_json_atomic(out / MANIFEST, manifest)
     dt = time.perf_counter() - t0
     log.info("prepared %d tokens in %.1f s (%.0f tokens/s) into %s", n_new, dt, n_new / max(dt, 1e-9), out)
+    for warning in split_warnings(manifest):
+        log.warning("%s", warning)
     return manifest
+
+
+def per_source(manifest: dict[str, Any]) -> list[dict[str, list[int]]]:
+    """Per source (in order): ``{"train": [docs, tokens], "val": [docs, tokens]}`` from the shards' records
+    (empty for a folder prepared before shards recorded them)."""
+    counts: list[dict[str, list[int]]] = [{s: [0, 0] for s in SPLITS} for _ in manifest["config"]["sources"]]
+    for shard in manifest["shards"]:
+        for src, (docs, tokens) in shard.get("per_source", {}).items():
+            counts[int(src)][shard["split"]][0] += docs
+            counts[int(src)][shard["split"]][1] += tokens
+    return counts if all("per_source" in shard for shard in manifest["shards"]) else []
+
+
+def split_warnings(manifest: dict[str, Any]) -> list[str]:
+    """What makes the val split a poor held-out set: a source held out whole (none of it is trained on), or a
+    val split holding more than `VAL_SHARE_WARN` of the tokens (named with its largest document)."""
+    sources, val_docs = manifest["config"]["sources"], manifest["config"]["val_docs"]
+    counts = per_source(manifest)
+    if not val_docs or not counts:
+        return []
+    out = [f"{spec}: all its {c['val'][0]:,} documents ({c['val'][1]:,} tokens) went to val (--val_docs {val_docs} "
+           "per source), none to train; lower --val_docs, or split it into more documents (--txt_mode line for "
+           "text files)" for spec, c in zip(sources, counts) if c["val"][0] and not c["train"][0]]
+    val = sum(c["val"][1] for c in counts)
+    total = val + sum(c["train"][1] for c in counts)
+    if total and val > VAL_SHARE_WARN * total:
+        src, doc, tokens = max((shard["largest"] for shard in manifest["shards"] if shard["split"] == "val"),
+                               key=lambda largest: largest[2])
+        out.append(f"val holds {val:,} of {total:,} tokens ({100 * val / total:.0f}%, more than "
+                   f"{100 * VAL_SHARE_WARN:.0f}%); its largest document, number {doc + 1} of {sources[src]}, has "
+                   f"{tokens:,} tokens; lower --val_docs, or split long documents (--txt_mode line for text files)")
+    return out
 
 
 class _Done:

@@ -139,8 +139,10 @@ class SourceReport:
             log.warning("%s: %s; only strings are text: check --text_field, or fix those rows", spec,
                         self.drop_summary())
         if self.per_line_files:
-            log.info("%s: %d text file(s) have no blank line (first %s), so each of their lines is a document; "
-                     "--txt_mode document keeps a file whole", spec, self.per_line_files, self.first_per_line)
+            which = "it has" if self.first_per_line == spec else f"{self.per_line_files} text file(s) have"
+            first = "" if self.first_per_line == spec else f" (first {self.first_per_line})"
+            log.info("%s: %s no blank line%s, so each line is a document; --txt_mode document keeps a file whole",
+                     spec, which, first)
 
 
 _CHUNK = 1 << 22  # bytes read at a time (then to the end of the line: a chunk never splits a line or a character)

@@ -143,11 +143,13 @@ class AnswerDenoiser:
     ``reserve_cache`` (the append cache with more than one block): the prompt's cache gets room for the whole
     answer up front (`PrefixCache.reserve`), so each committed block is written into it in place instead of
     copying the whole cache per block; False keeps the copying cache (the same tokens; for checking).
+    ``prompt_cache``: the prompts' cache (B rows), already encoded as `encode_prefix` would (not encoded again).
     """
 
     def __init__(self, model: torch.nn.Module, *, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                  rows: torch.Tensor, valid: torch.Tensor, use_cache: bool, block_length: int | None = None,
-                 block_cache: str = "exact", reserve_cache: bool = True) -> None:
+                 block_cache: str = "exact", reserve_cache: bool = True,
+                 prompt_cache: PrefixCache | None = None) -> None:
         self.model = model
         self.prompt_len = prompt_ids.shape[1]
         self.use_cache = use_cache
@@ -163,8 +165,9 @@ class AnswerDenoiser:
             if self.prompt_len == 0:
                 param = next(model.parameters())
                 cache = PrefixCache.empty(model.config, batch=rows.numel(), device=param.device, dtype=param.dtype)
-            else:
-                cache = model.encode_prefix(prompt_ids, prompt_mask if prompt_padded else None)
+            else:  # (``prompt_cache``: the same pass made elsewhere, the server's engine's over several steps)
+                cache = (model.encode_prefix(prompt_ids, prompt_mask if prompt_padded else None)
+                         if prompt_cache is None else prompt_cache)
                 self.count(prompt_ids.shape[0], self.prompt_len)
                 # the identity selection is skipped: `select` copies every layer's keys/values
                 same = rows.numel() == prompt_ids.shape[0] and bool(
@@ -549,13 +552,14 @@ class Decode:
     one call per block saved, the same answer. The work done (model calls and positions, prompt and block passes
     included) is counted by the denoiser and reported in `output`. ``use_cache`` (default: ``config.use_cache``)
     False recomputes the prompt every step. ``reserve_cache`` False: the append cache copies itself per block
-    instead of growing in place (`AnswerDenoiser`; the same answer)."""
+    instead of growing in place (`AnswerDenoiser`; the same answer). ``prompt_cache``: the prompts' cache, already
+    encoded (`AnswerDenoiser`)."""
 
     def __init__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None, *,
                  config: DecodingConfig, lengths: Sequence[int] | Sequence[Sequence[int]] | torch.Tensor | None = None,
                  generator: torch.Generator | None = None, suppress_ids: Sequence[int] = (),
                  on_step: StepCallback | None = None, fold_blocks: bool = True, use_cache: bool | None = None,
-                 reserve_cache: bool = True) -> None:
+                 reserve_cache: bool = True, prompt_cache: PrefixCache | None = None) -> None:
         B, P = prompt_ids.shape
         model_cfg = model.config
         device = prompt_ids.device
@@ -581,7 +585,8 @@ class Decode:
         with _unchecked(model):
             self.denoise = AnswerDenoiser(model, prompt_ids=prompt_ids, prompt_mask=prompt_mask, rows=run.rows,
                                           valid=run.valid, use_cache=use_cache, block_length=run.config.block_length,
-                                          block_cache=run.config.block_cache, reserve_cache=reserve_cache)
+                                          block_cache=run.config.block_cache, reserve_cache=reserve_cache,
+                                          prompt_cache=prompt_cache)
         self.fold = fold_blocks and self.denoise.folds
         self.held: Commit | None = None  # a finished block whose cache pass rides on the next step (append cache)
 

@@ -33,17 +33,24 @@ Notable features
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
-from ..model.modeling import PrefixCache, _CacheBuffers
+from ..model.attention import BACKENDS, AttentionMask
+from ..model.modeling import BiGLMForMaskedLM, PrefixCache, _CacheBuffers, apply_rope
 from .api import cut_at_stop
 from .config import DecodingConfig
 from .decoding import (Decode, DecodeRun, _unchecked, check_prompt_ids, check_speculative, require_mask_token,
                        uses_length_head)
 from .speculative import SpeculativeDecode, TreeCall
+
+DEFAULT_PREFILL_CHUNK = 256
+"""`DecodeEngine`'s default ``prefill_chunk``: a step's prompt encoding, in prompt tokens through every layer (on
+SmolLM2-135M, one CPU thread: about a 256-token prompt's pass per step; a lower value shortens each step while a long
+prompt is encoded, a higher one encodes it in fewer steps)"""
 
 
 @dataclass
@@ -86,6 +93,7 @@ class _Request:
         self.decode: Decode | SpeculativeDecode | None = None
         self.stable: list[int] = []
         self.logprobs: list[float] = []  # of ``stable``
+        self.prefill: _Prefill | None = None  # its prompt's pass while spread over steps (a long prompt)
         self.slot = 0  # its first row in the engine's `_CachePool` (an iterative-unmasking request)
         self.pooled: _CacheBuffers | None = None  # the pool's rows its cache views
 
@@ -101,6 +109,67 @@ class _Request:
     @property
     def rows(self) -> int:
         return self.config.length_beam
+
+
+class _Prefill:
+    """A long prompt's cache pass (`encode_prefix`: every prompt token sees the whole prompt), spread over engine steps.
+
+    Why layers, not token chunks: a BiGLM prompt is one bidirectional prefix, so each layer's keys/values of its first
+    tokens depend on its last ones; encoding it chunk by chunk causally (vLLM's chunked prefill) would change every
+    key. The pass is cut where nothing is approximated instead: layer by layer, and inside a layer by query rows (a
+    layer's keys/values come first, from the whole prompt's input to that layer; then any rows' queries attend to all
+    of them and run their MLP alone). `advance` does ``n`` token-layers of that work, so a step's share is bounded
+    whatever the prompt's length. The cache equals `encode_prefix`'s up to float rounding (different matrix shapes;
+    tested), for every model (a shift or `biglm-blocks` model encodes its prompt the same way)."""
+
+    def __init__(self, model: torch.nn.Module, ids: torch.Tensor) -> None:
+        self.inner = model.model
+        self.ids, self.P, self.L = ids, ids.shape[1], len(self.inner.layers)
+        self.layer = self.row = 0  # the next work: rows from ``row`` of layer ``layer``
+        self.x = self.normed = self.rope = None
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    @property
+    def left(self) -> int:
+        """Token-layers still to encode."""
+        return (self.L - self.layer) * self.P - self.row
+
+    def advance(self, n: int) -> int:
+        """Encode up to ``n`` token-layers; returns how many."""
+        inner, done = self.inner, 0
+        if self.x is None:
+            self.x = inner.embed_tokens(self.ids)
+            self.rope = inner.rotary_emb(torch.arange(self.P, device=self.ids.device)[None], self.x.dtype)
+        while done < n and self.layer < self.L:
+            block = inner.layers[self.layer]
+            attn = block.self_attn
+            cos, sin = self.rope
+            if self.row == 0:  # this layer's keys/values, from the whole prompt's input to it
+                self.normed = block.input_layernorm(self.x)
+                shape = (1, self.P, attn.n_kv, attn.head_dim)
+                self.keys.append(apply_rope(attn.k_proj(self.normed).view(shape).transpose(1, 2), cos, sin))
+                self.values.append(attn.v_proj(self.normed).view(shape).transpose(1, 2))
+            a = self.row
+            b = min(self.P, a + n - done)
+            q = attn.q_proj(self.normed[:, a:b]).view(1, b - a, attn.n_heads, attn.head_dim).transpose(1, 2)
+            q = apply_rope(q, cos[:, :, a:b], sin[:, :, a:b])
+            mask = AttentionMask(batch=1, q_len=b - a, k_len=self.P)  # every prompt token sees the whole prompt
+            out = BACKENDS[inner.config.attn_backend](q, self.keys[-1], self.values[-1], mask, 0.0)
+            y = self.x[:, a:b] + attn.o_proj(out.transpose(1, 2).reshape(1, b - a, attn.n_heads * attn.head_dim))
+            # (rows a:b of the input are read by these queries alone now: the layer's output overwrites them)
+            self.x[:, a:b] = y + block.mlp(block.post_attention_layernorm(y))
+            done += b - a
+            self.row = b
+            if b == self.P:
+                self.layer, self.row = self.layer + 1, 0
+        return done
+
+    def cache(self) -> PrefixCache:
+        """The finished pass's cache, as `encode_prefix` returns it."""
+        hidden = self.inner.norm(self.x) if self.inner.config.shift_logits else None
+        valid = torch.ones(1, self.P, dtype=torch.bool, device=self.ids.device)
+        return PrefixCache(keys=self.keys, values=self.values, key_valid=valid, padded=False, hidden=hidden)
 
 
 class _CachePool:
@@ -230,12 +299,16 @@ class DecodeEngine:
     """
 
     def __init__(self, model: torch.nn.Module, *, max_batch_rows: int = 64, device: torch.device | str | None = None,
-                 tokenizer=None) -> None:
+                 tokenizer=None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
         """``model``: a `BiGLMForMaskedLM` in eval mode; ``max_batch_rows``: rows (requests × length
         candidates) decoded together; ``device``: where prompts go (default: the model's);
-        ``tokenizer``: needed only for requests with stop strings, and to drop ids past its vocabulary."""
+        ``tokenizer``: needed only for requests with stop strings, and to drop ids past its vocabulary;
+        ``prefill_chunk``: the prompt encoding one step does, in prompt tokens through every layer (a longer prompt
+        is encoded over several steps, see the module docstring)."""
         if max_batch_rows < 1:
             raise ValueError(f"max_batch_rows={max_batch_rows} must be >= 1.")
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk={prefill_chunk!r} must be an integer >= 1 (prompt tokens encoded per step).")
         require_mask_token(model.config)
         self.model = model
         self.max_batch_rows = max_batch_rows
@@ -243,14 +316,23 @@ class DecodeEngine:
         self.tokenizer = tokenizer
         self.suppress = list(range(len(tokenizer), model.config.vocab_size)) if tokenizer is not None else []
         self.positions = 0  # query positions the merged calls have computed (padding included): a cost counter
+        self.prefill_chunk = prefill_chunk
+        self.prefill_work = 0  # prompt token-layers encoded (a prompt of P tokens: P x layers): a cost counter
         self._waiting: OrderedDict[str, _Request] = OrderedDict()
-        self._running: OrderedDict[str, _Request] = OrderedDict()
+        self._prefilling: OrderedDict[str, _Request] = OrderedDict()  # admitted, prompt being encoded
+        self._running: OrderedDict[str, _Request] = OrderedDict()  # decoding
         self._cancelled: list[EngineEvent] = []  # (and failed ones), reported by the next step
         self._pool = _CachePool(model, max_rows=max_batch_rows)
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        """Requests admitted (holding rows): decoding, or with their prompt being encoded (`num_prefilling`)."""
+        return len(self._running) + len(self._prefilling)
+
+    @property
+    def num_prefilling(self) -> int:
+        """Admitted requests whose long prompt is being encoded, a share per step (not decoding yet)."""
+        return len(self._prefilling)
 
     @property
     def num_waiting(self) -> int:
@@ -261,7 +343,7 @@ class DecodeEngine:
         cfg = self.model.config
         if not isinstance(config, DecodingConfig):
             raise TypeError(f"config must be a DecodingConfig, got {type(config).__name__}.")
-        if request_id in self._waiting or request_id in self._running:
+        if request_id in self._waiting or request_id in self._prefilling or request_id in self._running:
             raise ValueError(f"request id {request_id!r} is already in the engine: use a unique id per request.")
         ids = [int(i) for i in prompt_ids]
         check_prompt_ids(cfg, torch.tensor(ids, dtype=torch.long))
@@ -280,7 +362,8 @@ class DecodeEngine:
     def cancel(self, request_id: str) -> None:
         """Drop a waiting or running request; the next `step` reports it (finish_reason "cancelled").
         An unknown or already finished id is ignored (a client may disconnect after its answer ended)."""
-        req = self._waiting.pop(request_id, None) or self._running.pop(request_id, None)
+        req = (self._waiting.pop(request_id, None) or self._prefilling.pop(request_id, None)
+               or self._running.pop(request_id, None))
         if req is not None:
             self._pool.remove(req)
             self._cancelled.append(EngineEvent(request_id, list(req.stable), list(req.stable), True, "cancelled",
@@ -288,10 +371,12 @@ class DecodeEngine:
 
     @torch.inference_mode()
     def step(self) -> list[EngineEvent]:
-        """Admit waiting requests, run one merged model call over every running request, and report."""
+        """Admit waiting requests, encode up to ``prefill_chunk`` tokens' worth of their prompts, run one merged model
+        call over every running request (those whose prompt was just finished included), and report."""
         events, self._cancelled = self._cancelled, []
         with _unchecked(self.model):
             self._admit()
+            self._prefill()
             if not self._running:
                 events, self._cancelled = events + self._cancelled, []  # (requests that failed to start)
                 return events
@@ -309,36 +394,79 @@ class DecodeEngine:
     # --- internals -----------------------------------------------------------------------------------------
 
     def _admit(self) -> None:
-        used = sum(r.rows for r in self._running.values())
+        """Waiting requests take free rows, in order; their prompts are encoded by `_prefill`."""
+        used = sum(r.rows for r in itertools.chain(self._running.values(), self._prefilling.values()))
         while self._waiting:
             req = next(iter(self._waiting.values()))
             if used + req.rows > self.max_batch_rows:
                 break
             del self._waiting[req.id]
+            self._prefilling[req.id] = req
+            used += req.rows
+
+    def _prefill(self) -> None:
+        """This step's prompt encoding: ``prefill_chunk`` x layers token-layers, shortest remaining work first (a short
+        prompt is not held up behind a long one: one `encode_prefix` pass, as `generate_ids`), the rest to a long
+        prompt's `_Prefill`; the oldest admitted request always gets a share, so none starves. A request whose
+        prompt is done starts decoding in this step's call."""
+        if not self._prefilling:
+            return
+        layers = self.model.config.num_hidden_layers
+        budget = self.prefill_chunk * layers
+        oldest = next(iter(self._prefilling.values()))
+        left = lambda r: r.prefill.left if r.prefill is not None else len(r.prompt_ids) * layers  # noqa: E731
+        for req in sorted(self._prefilling.values(), key=left):
+            if budget <= 0 and req is not oldest:
+                continue
             try:
-                self._start(req)
+                if req.prefill is None and not self._chunks(req):  # one pass, as `generate_ids` encodes it
+                    spent = left(req)
+                    if spent > budget and req is not oldest:
+                        continue
+                    self._start(req)
+                else:
+                    req.prefill = req.prefill or _Prefill(self.model, self._prompt(req))
+                    spent = req.prefill.advance(max(budget, self.prefill_chunk))
+                    if not req.prefill.left:
+                        self._start(req, req.prefill.cache())
+                        req.prefill = None
             except Exception as e:  # noqa: BLE001 - its sampler, its prompt's pass: this request fails alone
                 self._fail(req, e)
                 continue
-            self._running[req.id] = req
-            used += req.rows
+            budget -= spent
+            self.prefill_work += spent
+            if req.prefill is None:
+                del self._prefilling[req.id]
+                self._running[req.id] = req
+
+    def _chunks(self, req: _Request) -> bool:
+        """Whether ``req``'s prompt is encoded over several steps: longer than ``prefill_chunk``, on a `BiGLMForMaskedLM`
+        whose candidate lengths do not come from a length head (that head's pass reads the whole prompt at once)."""
+        return (len(req.prompt_ids) > self.prefill_chunk and isinstance(self.model, BiGLMForMaskedLM)
+                and not uses_length_head(self.model, req.config))
+
+    def _prompt(self, req: _Request) -> torch.Tensor:
+        return torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
 
     def _fail(self, req: _Request, error: Exception) -> None:
         """``req`` alone ends with ``error`` (reported by the next event list); the other requests go on."""
         self._waiting.pop(req.id, None)
+        self._prefilling.pop(req.id, None)
         self._running.pop(req.id, None)
         self._pool.remove(req)
         self._cancelled.append(EngineEvent(req.id, list(req.stable), list(req.stable), True, "error", req.calls,
                                            error=f"{type(error).__name__}: {error}"))
 
-    def _start(self, req: _Request) -> None:
-        prompt = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
+    def _start(self, req: _Request, cache: PrefixCache | None = None) -> None:
+        """``req``'s decode set up, its prompt encoded in one pass or given (``cache``, a `_Prefill`'s)."""
+        prompt = self._prompt(req)
         if req.config.draft_length:
-            req.decode = SpeculativeDecode(self.model, prompt, config=req.config, suppress_ids=self.suppress)
+            req.decode = SpeculativeDecode(self.model, prompt, config=req.config, suppress_ids=self.suppress,
+                                           prompt_cache=cache)
             return
         # always cached: the merged call runs every request's suffix over its own cache, a view of the pool's rows
         req.decode = Decode(self.model, prompt, config=req.config, suppress_ids=self.suppress, use_cache=True,
-                            reserve_cache=False)
+                            reserve_cache=False, prompt_cache=cache)
         self._pool.add(req)
 
     def _decode(self, reqs: list[_Request]) -> None:

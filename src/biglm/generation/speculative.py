@@ -134,7 +134,8 @@ class SpeculativeDecode:
 
     def __init__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None = None, *,
                  config: DecodingConfig, generator: torch.Generator | None = None, suppress_ids: Sequence[int] = (),
-                 on_step: StepCallback | None = None, reserve_cache: bool = True) -> None:
+                 on_step: StepCallback | None = None, reserve_cache: bool = True,
+                 prompt_cache: PrefixCache | None = None) -> None:
         self.config = cfg = for_model(config, model.config)
         self.model, self.on_step = model, on_step
         mc = model.config
@@ -173,9 +174,10 @@ class SpeculativeDecode:
                         for n in (0, W)}  # first call, later ones
         self.calls = self.forward_calls = self.positions = 0
         with _unchecked(model):
-            if P:
+            if P:  # (``prompt_cache``: this pass made elsewhere, the server's engine's over several steps)
                 padded = not bool(prompt_mask.all())
-                self.cache = model.encode_prefix(prompt_ids, prompt_mask if padded else None)
+                self.cache = (model.encode_prefix(prompt_ids, prompt_mask if padded else None)
+                              if prompt_cache is None else prompt_cache)
                 self.forward_calls, self.positions = 1, B * P
             else:
                 param = next(model.parameters())
