@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -759,3 +760,35 @@ def test_text_stream_logprobs_follow_the_text(served):
     assert stream.text == "Hello world, " and "".join(t for t, _, _ in taken) == stream.text
     assert [lp for _, lp, _ in taken] == lps[:len(taken)] and len(taken) < len(ids)
     assert [o for _, _, o in taken] == [len("".join(t for t, _, _ in taken[:i])) for i in range(len(taken))]
+
+
+def test_health_and_metrics_count_prompts_being_encoded(served, monkeypatch):
+    """A prompt longer than the engine's ``prefill_chunk`` is encoded over several steps (chunked prefill): meanwhile
+    /health says ``prefilling`` 1 (among ``running``) and /metrics the same gauge; the answer is `generate`'s."""
+    engine = served.app.state.scheduler.engine
+    step = engine.step
+
+    def slow_step():
+        time.sleep(0.05)
+        return step()
+
+    monkeypatch.setattr(engine, "prefill_chunk", 2)
+    monkeypatch.setattr(engine, "step", slow_step)
+    prompt = " ".join(PROMPTS) * 2
+    assert len(served.tok(prompt)["input_ids"]) > 8 * 2  # (at least 8 steps of encoding)
+    seen: dict[str, object] = {}
+
+    def watch() -> bool:
+        health = _healthy(served.url)
+        if health["prefilling"] == 1 and health["running"] >= 1:
+            seen["metrics"] = httpx.get(served.url + "/metrics").text
+            return True
+        return False
+
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(served.client.completions.create, model=NAME, prompt=prompt, max_tokens=6, seed=2)
+        assert _wait(watch, timeout=20)
+        text = answer.result().choices[0].text
+    assert "biglm_requests_prefilling 1\n" in seen["metrics"] and "# TYPE biglm_requests_running gauge" in seen["metrics"]
+    assert text == generate(served.model, served.tok, [prompt], max_new_tokens=6, seed=2)[0]
+    assert _healthy(served.url)["prefilling"] == 0

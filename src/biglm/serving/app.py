@@ -28,6 +28,9 @@ Notable features
   cancels its engine requests, and shutdown refuses new requests with 503 (see `cli`).
 - ``GET /health``: 200 while this server answers requests ("ok", or "degraded" when a deployment's `HealthHook`
   says part of it is down), 503 when it does not (draining, engine down, or a deployment with nothing serving).
+  Its counts: ``running`` (admitted requests), ``prefilling`` (those among them whose long prompt is still being
+  encoded, a share per engine step: `DecodeEngine`'s chunked prefill), ``waiting``. ``GET /metrics``: the same
+  counts and the scheduler's stats in Prometheus' text format.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..generation.api import cut_at_stop
@@ -94,6 +97,7 @@ class ServeSettings:
     max_steps: int | None = None  # None: the model's window
     max_prompt_chars: int | None = None  # None: PROMPT_CHARS_PER_TOKEN per position of the model's window
     defaults: DecodingConfig = field(default_factory=DecodingConfig)
+    prefill_chunk: int | None = None  # None: the engine's default (`engine.DEFAULT_PREFILL_CHUNK`)
 
 
 class TextStream:
@@ -279,7 +283,8 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
     if engine is None:
         from ..generation.engine import DecodeEngine
 
-        engine = DecodeEngine(model, max_batch_rows=settings.max_batch_rows, tokenizer=tokenizer)
+        chunk = {} if settings.prefill_chunk is None else {"prefill_chunk": settings.prefill_chunk}
+        engine = DecodeEngine(model, max_batch_rows=settings.max_batch_rows, tokenizer=tokenizer, **chunk)
     window = int(model.config.max_position_embeddings)
     max_steps = settings.max_steps or window
     max_chars = settings.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * window
@@ -460,11 +465,23 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
             return JSONResponse({}, status_code=499)  # the client is gone; nobody reads this
         return whole(usage(prompt_ids, run))
 
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        gauges = {"requests_running": scheduler.num_running, "requests_prefilling": scheduler.num_prefilling,
+                  "requests_waiting": scheduler.num_waiting, "requests_in_flight": scheduler.in_flight}
+        lines = []
+        for name, value in gauges.items():
+            lines += [f"# TYPE biglm_{name} gauge", f"biglm_{name} {value}"]
+        for name, value in sorted(scheduler.stats.items()):  # counters since start
+            lines += [f"# TYPE biglm_{name}_total counter", f"biglm_{name}_total {value}"]
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
     @app.get("/health")
     async def health_check() -> JSONResponse:
         state = "draining" if scheduler.draining else ("ok" if scheduler.alive else "engine_down")
         body = {"status": state, "model": settings.model_name, "running": scheduler.num_running,
-                "waiting": scheduler.num_waiting, "in_flight": scheduler.in_flight, "stats": dict(scheduler.stats)}
+                "prefilling": scheduler.num_prefilling, "waiting": scheduler.num_waiting,
+                "in_flight": scheduler.in_flight, "stats": dict(scheduler.stats)}
         if scheduler.broken:
             body["error"] = scheduler.broken
         if health is not None:

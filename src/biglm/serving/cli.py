@@ -43,6 +43,7 @@ import torch
 from ..config import ConfigError, given_options, parse_cli
 from ..generation.cli import ReplicaOptions, ray_integration
 from ..generation.config import FIELDS, DecodingConfig, model_decoding
+from ..generation.engine import DEFAULT_PREFILL_CHUNK
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 log = logging.getLogger(__name__)
@@ -65,6 +66,9 @@ class ServeArgs(ReplicaOptions):
     """answers decoded together in one batched model call; more wait in the queue"""
     max_queue: int = 256
     """answers waiting beyond the running batch; a request that does not fit is answered 429 at once"""
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    """prompt encoding per engine step, in prompt tokens through every layer: a longer prompt is encoded over several
+    steps beside the running requests' decoding (exactly: by layers, see docs/serving.md), so it does not stall them"""
     request_timeout: float = 600.0
     """seconds a request may take before it is cancelled (408, or an error event in a stream)"""
     shutdown_timeout: float = 30.0
@@ -110,9 +114,9 @@ class ServeArgs(ReplicaOptions):
             raise ConfigError("missing RUN_OR_HF_DIR: a directory written by `biglm export` or `biglm pretrain`")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port {self.port} must lie in [0, 65535] (0: any free port)")
-        for name in ("max_batch_rows", "max_queue"):
-            if getattr(self, name) < (1 if name == "max_batch_rows" else 0):
-                raise ConfigError(f"--{name} {getattr(self, name)} must be >= {1 if name == 'max_batch_rows' else 0}")
+        for name in ("max_batch_rows", "max_queue", "prefill_chunk"):
+            if getattr(self, name) < (0 if name == "max_queue" else 1):
+                raise ConfigError(f"--{name} {getattr(self, name)} must be >= {0 if name == 'max_queue' else 1}")
         for name in ("request_timeout", "shutdown_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be > 0 seconds")
@@ -267,7 +271,7 @@ def build_app(args: ServeArgs, *, given: Collection[str] | None = None, health: 
     name = args.model_name or path.resolve().name
     settings = ServeSettings(model_name=name, max_batch_rows=args.max_batch_rows, max_queue=args.max_queue,
                              request_timeout=args.request_timeout, max_steps=args.max_steps,
-                             max_prompt_chars=args.max_prompt_chars, defaults=defaults)
+                             max_prompt_chars=args.max_prompt_chars, defaults=defaults, prefill_chunk=args.prefill_chunk)
     return create_app(model=model, tokenizer=tokenizer, settings=settings, health=health)
 
 

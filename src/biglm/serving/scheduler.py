@@ -14,6 +14,10 @@ running requests; the rest wait inside it.
 Bounded: at most ``max_batch_rows + max_queue`` engine requests are in flight (submitted, not
 finished). `admit` refuses beyond that at once (429), and while draining for shutdown or after the
 engine failed (503), so an overloaded server answers instead of hanging.
+
+Failure domains: an error the engine attributes to one request (finish_reason "error": its start, its sampling)
+ends that request alone; only an exception out of ``engine.step()`` itself (the merged model call) fails every
+request in flight.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class Scheduler:
         self.stats: collections.Counter[str] = collections.Counter()
         self.num_running = 0  # the engine's counts after the last turn (read by /health)
         self.num_waiting = 0
+        self.num_prefilling = 0  # among the running: prompts being encoded over several steps
         self._thread = threading.Thread(target=self._run, name="biglm-engine", daemon=True)
 
     # ----- called from the event loop ----------------------------------------------------------
@@ -195,14 +200,21 @@ class Scheduler:
                 if event.finished and event.finish_reason != "error":
                     self.stats["finished"] += 1
                 sink(event)
-        self.num_running, self.num_waiting = engine.num_running, engine.num_waiting
+        self._count()
+
+    def _count(self) -> None:
+        """The engine's counts for /health and /metrics (running includes those whose prompt is being encoded)."""
+        e = self.engine
+        self.num_running, self.num_waiting = e.num_running, e.num_waiting
+        self.num_prefilling = getattr(e, "num_prefilling", 0)
+        self.stats["prefill_work"] = getattr(e, "prefill_work", 0)  # prompt token-layers encoded
 
     def _release(self) -> None:
         """On stop: drop what is still in the engine (its sinks were aborted), so it is left empty."""
         for rid in list(self._in_engine):
             self.engine.cancel(rid)
         self._in_engine.clear()
-        self.num_running, self.num_waiting = self.engine.num_running, self.engine.num_waiting
+        self._count()
 
     def _fail_all(self, error: Exception) -> None:
         log.exception("decoding engine failed; failing its requests")
@@ -223,4 +235,4 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001
             self.broken = f"{type(e).__name__}: {e}"
             log.exception("decoding engine cannot recover; the server now answers 503")
-        self.num_running, self.num_waiting = self.engine.num_running, self.engine.num_waiting
+        self._count()
