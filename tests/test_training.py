@@ -537,3 +537,20 @@ def test_refused_pretrain_leaves_no_run_directory(prepared, tmp_path, capsys, mo
     assert want in err
     if case != "data-missing":
         assert len(err.strip().splitlines()) == 1
+
+
+def test_the_first_step_is_logged_whatever_log_every_and_validation_shows_progress(prepared, tmp_path, capsys):
+    lines: list[str] = []
+    cfg = _cfg(prepared, tmp_path / "a", steps=3, log_every=100, eval_every=0, save_every=0)
+    Trainer(cfg, info=SINGLE, echo=lines.append).train()
+    logged = [int(line.split()[1].split("/")[0]) for line in lines if line.startswith("step") and "| loss" in line]
+    assert logged == [1, 3]  # the first step, then the last: not silent until step 100
+    err = capsys.readouterr().err
+    assert "step 3 validation" in err and "/8 [" in err, err  # a bar over the 8 held-out windows
+    assert lines[-2].startswith("step      3 | val loss")  # the bar is gone before the line that reports
+    trainer = Trainer(_cfg(prepared, tmp_path / "b", steps=3, log_every=100, eval_every=0, save_every=0),
+                      info=SINGLE, echo=lines.append)
+    trainer.LOG_INTERVAL_S = 0.0  # slow steps: a line whenever the interval has passed since the last one
+    lines.clear()
+    trainer.train()
+    assert [int(line.split()[1].split("/")[0]) for line in lines if "| loss" in line] == [1, 2, 3]

@@ -160,6 +160,14 @@ def _drop_logged_after(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
+def progress_bar(total: int, *, desc: str, unit: str, enabled: bool) -> Any:
+    """A progress bar on stderr for an evaluation that takes a while (validation, zero-shot), shown on the main
+    rank and erased when done, so the line the evaluation logs follows the last step's line directly."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=False, dynamic_ncols=True)
+
+
 def fmt_time(s: float) -> str:
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

@@ -14,6 +14,8 @@ Notable features
   checkpoint (sizes, sha256) and falls back past damaged ones; one run at a time holds the directory.
 - Metrics: console (loss, lr, tokens/s, MFU, ETA), JSONL, optional TensorBoard; optionally a zero-shot
   evaluation every K steps (an injected evaluator; `biglm pretrain` injects lm-eval's, the scorer of `biglm eval`).
+  A step is logged every --log_every steps, and also the first step of a run and any step `LOG_INTERVAL_S` after
+  the last line, so a slow step never leaves the console silent; validation shows a progress bar.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ..objective.masking import annealed_lookahead
 from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_sum, full_model_on_rank0
 from .loop import Evaluation, TrainLoop
-from .parts import MetricsWriter, NonFiniteLossError, autocast, fmt_time  # noqa: F401 - NonFiniteLossError re-exported
+from .parts import MetricsWriter, NonFiniteLossError, autocast, fmt_time, progress_bar  # noqa: F401 - NonFiniteLossError re-exported
 from .schedule import lr_at
 
 # dense bf16 peak per device, for MFU
@@ -102,6 +104,8 @@ class Trainer(TrainLoop):
     ``after_step(trainer, step)`` is called after every optimizer step (tests, fault injection). ``task_evaluator``
     scores the model every --eval_tasks_every steps (``evaluate(model=, tokenizer=)``; `biglm pretrain` builds
     lm-eval's). The settings are checked once, where they enter (`TrainConfig.validate`)."""
+
+    LOG_INTERVAL_S = 60.0  # a log line at least this often (and at the first step), whatever --log_every
 
     def __init__(self, cfg: TrainConfig, *, info: DistInfo, after_step: Callable[["Trainer", int], None] | None = None,
                  echo: Callable[[str], None] | None = None, task_evaluator: Any = None) -> None:
@@ -337,6 +341,8 @@ class Trainer(TrainLoop):
         dev = self.info.device
         loss_sum = torch.zeros((), device=dev)
         count = torch.zeros((), device=dev)
+        bar = progress_bar(sum(len(index) for index, _ in self.val_windows), desc=f"step {self.step} validation",
+                           unit="window", enabled=self.info.is_main)
         for windows, batch in self.val_batches():
             batch.find_positions()
             with self._autocast():
@@ -344,6 +350,8 @@ class Trainer(TrainLoop):
                                      logits_positions=batch.positions)
             loss_sum += masked_lm_loss(out.logits, batch, normalizer=torch.ones((), device=dev))
             count += batch.normalizer
+            bar.update(len(windows))
+        bar.close()
         self.model.train()
         return float(all_reduce_sum(loss_sum) / all_reduce_sum(count).clamp(min=1))
 
@@ -377,6 +385,9 @@ class Trainer(TrainLoop):
         return step % self.cfg.eval_tasks_every == 0 or last
 
     def _record_tasks(self, result: TrainResult, metrics: MetricsWriter) -> None:
+        # lm-eval shows its own progress bars; this line says what they are for
+        self.echo(f"step {self.step:>6} | zero-shot evaluation of {', '.join(self.cfg.eval_tasks)} "
+                  f"(limit {self.cfg.eval_tasks_limit})")
         scores = self.evaluate_tasks()
         if scores is not None:
             result.task_scores.append((self.step, scores))
@@ -400,12 +411,15 @@ class Trainer(TrainLoop):
 
     def record_step(self, result: TrainResult, metrics: MetricsWriter, loss: torch.Tensor, grad_norm: torch.Tensor, *,
                     last: bool) -> None:
-        """Every step's loss (read from the device only at log lines), and at log lines tokens/s, MFU and ETA."""
+        """Every step's loss (read from the device only at log lines), and at log lines tokens/s, MFU and ETA. A
+        line every --log_every steps, at the last step, at the run's first step and `LOG_INTERVAL_S` after the last
+        line: the first line comes after one step and no line waits for log_every slow steps."""
         cfg = self.cfg
         self._pending.append((self.step, loss))
-        if not (self.step % cfg.log_every == 0 or last or self._stop_signal):
-            return
         now = time.perf_counter()
+        if not (self.step % cfg.log_every == 0 or last or self._stop_signal or self.step == self.step_start + 1
+                or now - self._t_last >= self.LOG_INTERVAL_S):
+            return
         tok_s = (self.tokens_seen - self._tokens_last) / max(now - self._t_last, 1e-9)
         self._t_last, self._tokens_last = now, self.tokens_seen
         for s, l in self._pending:
