@@ -80,7 +80,10 @@ def test_answers_equal_generate_prompt_by_prompt(loaded, tmp_path):
     for row in ROWS:
         got = by_id[json.dumps(row["id"])]
         assert got["text"] == _expected(model, tok, row, options), row["id"]
-        assert set(got) == {"id", "text", "finish_reason", "prompt_tokens", "completion_tokens"}
+        assert set(got) == {"id", "text", "finish_reason", "prompt_tokens", "completion_tokens", "calls"}
+    # the model calls each answer took: the steps given (Mask-Predict runs them all)
+    assert by_id['"a"']["calls"] == 5 and by_id['"short"']["calls"] == 3 and by_id['"beam"']["calls"] == 4
+    assert by_id['"conf"']["calls"] == 5  # the job's steps
     # per-row fields applied: answer lengths and stop strings
     assert by_id['"short"']["completion_tokens"] <= 6 and by_id['"conf"']["completion_tokens"] <= 8
     assert by_id['"a"']["completion_tokens"] <= 16 and by_id['"a"']["prompt_tokens"] > 0

@@ -44,6 +44,7 @@ the lock, resuming and writing stay with `generate_file` on the driver, so the o
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -59,7 +60,7 @@ import torch
 
 from .api import _check_model, cut_at_stop
 from .chat import check_messages, render_chat
-from .config import FIELDS, DecodingConfig, model_decoding, saved_decoding
+from .config import FIELDS, DecodingConfig, model_decoding
 from .decoding import generate_ids, left_pad
 from .engine import DecodeEngine
 
@@ -277,32 +278,33 @@ class BatchAnswerer:
                              else 0, device=device)
         out = generate_ids(self.model, ids, mask, config=rows[0].config, suppress_ids=self.suppress)
         cut, full = out.lengths.tolist(), out.candidate_length.tolist()
-        return [self.answer(row, tokens, "stop" if n < m else "length")
-                for row, tokens, n, m in zip(rows, out.token_lists(), cut, full)]
+        return [self.answer(row, tokens, "stop" if n < m else "length", calls)
+                for row, tokens, n, m, calls in zip(rows, out.token_lists(), cut, full, out.calls_per_row())]
 
     def _engine(self, rows: Sequence[BatchRow]) -> list[dict[str, Any]]:
         engine = self.engine
         need = max(r.config.length_beam for r in rows)
         if engine.max_batch_rows < need:
             engine.max_batch_rows = need  # a length beam wider than the budget still runs (one row at a time)
-        finished: dict[str, tuple[list[int], str]] = {}
+        finished: dict[str, tuple[list[int], str, int]] = {}
         for i, row in enumerate(rows):
             engine.submit(str(i), row.prompt_ids, row.config)
         while len(finished) < len(rows):
             for event in engine.step():
                 if event.finished:
-                    finished[event.request_id] = (event.token_ids, event.finish_reason)
+                    finished[event.request_id] = (event.token_ids, event.finish_reason, event.steps)
         return [self.answer(row, *finished[str(i)]) for i, row in enumerate(rows)]
 
-    def answer(self, row: BatchRow, token_ids: list[int], reason: str) -> dict[str, Any]:
-        """An output row: the text `generate` returns for these tokens, the finish reason and the counts."""
+    def answer(self, row: BatchRow, token_ids: list[int], reason: str, calls: int) -> dict[str, Any]:
+        """An output row: the text `generate` returns for these tokens, the finish reason and the counts (``calls``:
+        the decoding model calls the answer took, the prompt's own pass not counted)."""
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         if row.config.stop:
             cut = cut_at_stop(text, row.config.stop)
             reason = "stop" if len(cut) < len(text) else reason
             text = cut
         return {"id": row.id, "text": text, "finish_reason": reason, "prompt_tokens": len(row.prompt_ids),
-                "completion_tokens": len(token_ids)}
+                "completion_tokens": len(token_ids), "calls": calls}
 
 
 Backend = Callable[[Sequence[Sequence[BatchRow]]], Iterable[list[dict[str, Any]]]]
@@ -388,8 +390,7 @@ def output_record(model: torch.nn.Module, config: DecodingConfig | Mapping[str, 
     Written to `meta_path` before the first row; a resume that differs is refused (`check_record`)."""
     mc = model.config
     path = model_path if model_path is not None else getattr(mc, "name_or_path", "") or ""
-    plain = DecodingConfig()
-    settings = {**{name: getattr(plain, name) for name in FIELDS}, **saved_decoding(mc), **job_options(config)}
+    settings = dataclasses.asdict(model_decoding(mc, job_options(config)))  # the model's own default included
     record = {
         "about": "the model and decoding settings this file's rows were written with (biglm generate --input); a "
                  "row's own fields in the input override these settings",

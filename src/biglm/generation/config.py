@@ -117,6 +117,15 @@ class DecodingConfig:
     the model's own one-token-per-call prediction and commits the run that agrees plus one more. The answer is the one
     of confidence decoding at blocks of 1, one token per call, in fewer calls; it needs strategy=confidence and
     leaves steps and block_length unset (0 = off)"""
+    draft_ngram: int = 0
+    """speculative decoding: also draft by n-gram lookup (prompt lookup decoding, as vLLM's n-gram speculator): where
+    the text so far (prompt and answer) ends with an n-gram seen earlier in it, n up to this, the drafts are the tokens
+    that followed it there; elsewhere the model's own. Drafts are only checked guesses: the answer is the same
+    (0 = the model's drafts only)"""
+    draft_model: bool = True
+    """speculative decoding: the model drafts the next call's tokens with its own mask slots (a block of
+    draft_length + 1 masks for each length the accepted run may have: (m + 1)^2 more positions a call); false: n-gram
+    drafts only (draft_ngram), a call then runs the pending tokens and their checks alone"""
     draft_accept: float = 1.0
     """speculative decoding, greedy only: a drafted token is kept when its probability is at least this fraction of
     the most likely token's. 1 keeps only the token greedy decoding writes (the exact answer); lower keeps more
@@ -155,6 +164,15 @@ class DecodingConfig:
         if self.draft_length < 0:
             raise DecodingError(f"draft_length={self.draft_length} must be >= 0 (0 = no speculative decoding).",
                                 option="draft_length")
+        if self.draft_ngram < 0:
+            raise DecodingError(f"draft_ngram={self.draft_ngram} must be >= 0 (0 = the model's drafts only).",
+                                option="draft_ngram")
+        if not self.draft_model and not self.draft_ngram:
+            raise DecodingError("draft_model=false leaves n-gram lookup as the only draft source: set draft_ngram >= 1 "
+                                "(or draft_model=true).", option="draft_model")
+        if self.draft_ngram and not self.draft_length:
+            raise DecodingError("draft_ngram drafts for speculative decoding: set draft_length >= 1 too.",
+                                option="draft_ngram")
         if not 0.0 < self.draft_accept <= 1.0:
             raise DecodingError(f"draft_accept={self.draft_accept} must lie in (0, 1] (1 = exact).",
                                 option="draft_accept")
@@ -217,6 +235,32 @@ def saved_where(model_config: Any) -> str:
     return f"task_specific_params.{SAVED_KEY} in {Path(path) / 'config.json' if path else 'its config.json'}"
 
 
+DEFAULT_DRAFT_LENGTH = 3  # a drafting model's default drafts per call (docs/LOG.md 2026-11-27: m = 2..4 measured)
+DEFAULT_DRAFT_NGRAM = 3  # and n-gram lookup up to trigrams
+SHAPE_FIELDS = ("strategy", "steps", "block_length", "block_suffix", "block_cache", "length_beam", "use_cache",
+                "threshold", "early_stop", "draft_length", "draft_ngram", "draft_accept")
+"""The fields that choose how an answer is decoded (rather than what is sampled or how long): one given, or saved with
+the model, and the model's default decoding (`drafting_default`) steps aside for the user's."""
+
+
+def drafts_exactly(model_config: Any) -> bool:
+    """Whether speculative decoding writes exactly what one token per call writes on this model: a `biglm-blocks`
+    model trained on blocks of 1, whose append cache is exact at blocks of 1 (`blocks-adapt` makes them)."""
+    return (getattr(model_config, "prefix_attention", "bidirectional") == "blocks"
+            and 1 in (getattr(model_config, "prefix_block_lengths", None) or ()))
+
+
+def drafting_default(model_config: Any) -> dict[str, Any]:
+    """A model's own default decoding, under the saved settings and the options given: for a model on which drafts are
+    checked exactly (`drafts_exactly`), one token per call written in fewer calls (confidence at blocks of 1 with
+    ``DEFAULT_DRAFT_LENGTH`` drafts of the model and n-gram lookup): the same answer as ``--strategy confidence
+    --block_length 1 --draft_length 0`` (greedy, float32), the same distribution sampled. Other models: {} (the
+    paper's models keep Mask-Predict, DESIGN §4: drafts are not exact under a bidirectional prefix)."""
+    if not drafts_exactly(model_config):
+        return {}
+    return {"strategy": "confidence", "draft_length": DEFAULT_DRAFT_LENGTH, "draft_ngram": DEFAULT_DRAFT_NGRAM}
+
+
 def decoding_origins(model_config: Any, overrides: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Where each `DecodingConfig` value of `model_decoding` comes from: "given" (``overrides``), "model" (the
     model's saved settings, `saved_decoding`) or "default"; what a refusal reads to say who set the value."""
@@ -226,7 +270,8 @@ def decoding_origins(model_config: Any, overrides: Mapping[str, Any] | None = No
 
 def model_decoding(model_config: Any, overrides: Mapping[str, Any] | None = None, *,
                    clear: str = "--{name} {value}") -> DecodingConfig:
-    """A model's decoding settings at an entry point: the defaults, then the settings the model was saved with
+    """A model's decoding settings at an entry point: the defaults, the model's own default decoding where no option
+    that chooses how to decode was saved or given (`drafting_default`), then the settings the model was saved with
     (`saved_decoding`), then ``overrides``, the options the entry point was given explicitly (flags on the
     command line, a server's ``--decoding.FIELD``), validated once. `biglm generate`, `biglm chat` and
     `biglm serve` all build their settings here, so they decode a model the same way.
@@ -236,8 +281,9 @@ def model_decoding(model_config: Any, overrides: Mapping[str, Any] | None = None
     with the field's ``name``, its default as a flag ``value`` (none, 1) and as ``json`` (null, 1): the commands'
     ``--steps none``, the server's ``--decoding.{name} {value}``, a batch row's ``"{name}": {json}``."""
     saved, given = saved_decoding(model_config), dict(overrides or {})
+    model_default = {} if set(SHAPE_FIELDS) & (set(saved) | set(given)) else drafting_default(model_config)
     try:
-        return DecodingConfig().override(**{**saved, **given})
+        return DecodingConfig().override(**{**model_default, **saved, **given})
     except DecodingError as e:
         if e.option is None or decoding_origins(model_config, given)[e.option] != "model":
             raise

@@ -105,6 +105,8 @@ class GenerationOutput:
             and each finished block unless its append pass shares the next block's first step).
         positions: query positions those calls processed, summed over rows (the work per committed token is
             ``positions / (rows * N)``; an autoregressive model with a KV cache processes 1 per token).
+        row_calls: (B,) long, the decoding calls each row took part in, where rows stop apart (speculative
+            decoding); None: every row took part in all ``steps`` (`calls_per_row`).
     """
 
     tokens: torch.Tensor
@@ -115,6 +117,12 @@ class GenerationOutput:
     forward_calls: int = 0
     positions: int = 0
     token_logprobs: torch.Tensor | None = None
+    row_calls: torch.Tensor | None = None
+
+    def calls_per_row(self) -> list[int]:
+        """Model calls each answer took: its own count where rows of a batch stop at different calls (speculative
+        decoding), else the steps, which every row takes part in."""
+        return self.row_calls.tolist() if self.row_calls is not None else [self.steps] * self.tokens.shape[0]
 
     def token_lists(self) -> list[list[int]]:
         """Each answer as a list of ids, cut at the first EOS."""

@@ -52,55 +52,86 @@ from .decoding import GenerationOutput, StepCallback, StepInfo, _unchecked
 from .sampling import filter_logits
 
 
-def tree_rule(*, pending: int, width: int, checks: bool = True, device: torch.device | str = "cpu") -> torch.Tensor:
+def tree_rule(*, pending: int, width: int, checks: bool = True, block: int | None = None,
+              device: torch.device | str = "cpu") -> torch.Tensor:
     """(L, L) bool: which of a speculative call's own rows each row may see (module docstring); every row also sees
-    the whole cache. Rows: ``pending`` tokens (0 on the first call, else ``width``), then max(pending, 1) groups:
-    with ``checks``, 1 + ``width`` rows (the check, then a block of ``width`` masks, the first at the check's slot);
-    without (a shift model, whose checks are the pending tokens' own rows), the block of ``width`` masks alone."""
-    groups, size = max(pending, 1), width + int(checks)
-    L = pending + groups * size
+    the whole cache. Rows: ``pending`` tokens (0 on the first call), then max(pending, 1) groups: with ``checks``,
+    the check, then a block of ``block`` masks (default ``width``), the first at the check's slot; without (a shift
+    model, whose checks are the pending tokens' own rows), the block of masks alone. ``block`` 0 (n-gram drafts only:
+    no mask drafts the next call) leaves the groups their checks alone, and a shift model one row after the pending
+    tokens, whose logits are the last pending token's (its own row sees itself only, and no one reads it)."""
+    block = width if block is None else block
+    groups, size = max(pending, 1), block + int(checks)
+    carrier = int(not checks and block == 0)
+    L = pending + groups * size + carrier
     rule = torch.zeros(L, L, dtype=torch.bool, device=device)
     k = torch.arange(pending, device=device)
     rule[:pending, :pending] = k[None, :] <= k[:, None]  # pending tokens: blocks of one
-    for j in range(groups):
+    for j in range(groups if size else 0):
         start = pending + j * size
         if pending:
             rule[start:start + size, :j + 1] = True  # the answer as it is if d_1..d_j are right
         if checks:
             rule[start, start] = True  # the check: its own slot only
-        block = start + int(checks)
-        rule[block:start + size, block:start + size] = True  # the drafts: a block of masks
+        first = start + int(checks)
+        rule[first:start + size, first:start + size] = True  # the drafts: a block of masks
+    if carrier:
+        rule[L - 1, L - 1] = True
     return rule
 
 
-def tree_offsets(*, pending: int, width: int, checks: bool = True, device: torch.device | str = "cpu") -> torch.Tensor:
+def tree_offsets(*, pending: int, width: int, checks: bool = True, block: int | None = None,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
     """(L,) long: each row's position relative to the first unwritten slot (pending token i: i - 1; group j: its
-    check j (with ``checks``), then its block j, j + 1, ..., j + width - 1)."""
+    check j (with ``checks``), then its block j, j + 1, ..., j + block - 1; a shift model's row after the pending
+    tokens with ``block`` 0: the slot after them)."""
+    block = width if block is None else block
     groups = max(pending, 1)
     own = torch.arange(pending, device=device) - 1
-    block = torch.arange(groups, device=device)[:, None] + torch.arange(width, device=device)[None, :]
-    grid = torch.cat((torch.arange(groups, device=device)[:, None], block), 1) if checks else block
-    return torch.cat((own, grid.reshape(-1)))
+    grid = torch.arange(groups, device=device)[:, None] + torch.arange(block, device=device)[None, :]
+    if checks:
+        grid = torch.cat((torch.arange(groups, device=device)[:, None], grid), 1)
+    tail = [own, grid.reshape(-1)]
+    if not checks and block == 0:
+        tail.append(torch.full((1,), max(pending - 1, 0), dtype=torch.long, device=device))
+    return torch.cat(tail)
 
 
-def tree_predictions(*, pending: int, width: int, checks: bool = True, device: torch.device | str = "cpu"
-                     ) -> torch.Tensor:
-    """(G * width,) long: the rows whose logits a call reads, group by group: the check, then the drafts (the
+def tree_predictions(*, pending: int, width: int, checks: bool = True, block: int | None = None,
+                     device: torch.device | str = "cpu") -> torch.Tensor:
+    """(G * max(block, 1),) long: the rows whose logits a call reads, group by group: the check, then the drafts (the
     block's masks after the check's slot; the block's first mask only gives them context).
 
     Without ``checks`` (a shift model: a row's logits are the previous row's hidden state, the first row's the
     cache's last), group j's check is the logits of row j + 1: those of pending token j, the answer's last token if
-    d_1..d_j are right (row ``pending`` is group 0's first mask, whose logits are pending token m's), or row 0 on the
-    first call (the prompt's last position); its drafts are the logits of its block's rows 1..width-1, i.e. its
-    masks at slots j..j+width-2 predicting the slots after them."""
-    groups, size = max(pending, 1), width + int(checks)
+    d_1..d_j are right (row ``pending`` is group 0's first mask, or with ``block`` 0 the row after the pending
+    tokens, whose logits are pending token m's), or row 0 on the first call (the prompt's last position); its drafts
+    are the logits of its block's rows 1..block-1, i.e. its masks at slots j..j+block-2 predicting the slots after
+    them."""
+    block = width if block is None else block
+    groups, size = max(pending, 1), block + int(checks)
     starts = pending + torch.arange(groups, device=device)[:, None] * size
     if checks:
-        within = torch.cat((torch.zeros(1, dtype=torch.long, device=device), torch.arange(2, size, device=device)))
+        within = torch.cat((torch.zeros(1, dtype=torch.long, device=device), torch.arange(2, max(size, 2), device=device)))
         return (starts + within[None, :]).reshape(-1)
     check = (torch.arange(groups, device=device) + 1 if pending else torch.zeros(1, dtype=torch.long, device=device))
-    drafts = starts + torch.arange(1, width, device=device)[None, :]
+    drafts = starts + torch.arange(1, max(block, 1), device=device)[None, :]
     return torch.cat((check[:, None], drafts), 1).reshape(-1)
+
+
+def ngram_draft(history: torch.Tensor, *, length: int, max_n: int, min_n: int = 1) -> torch.Tensor | None:
+    """Up to ``length`` tokens that followed the latest earlier occurrence of ``history``'s last n tokens, for the
+    largest n from ``max_n`` down to ``min_n`` that occurs (prompt lookup decoding, as vLLM's n-gram speculator: a
+    draft that costs no model work, strong where the answer repeats the prompt or itself); None when none occurs.
+    ``history`` (L,): the prompt's tokens, then the answer's so far."""
+    L = history.numel()
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        starts = history[:L - 1].unfold(0, n, 1)  # windows followed by at least one token
+        hits = (starts == history[L - n:]).all(1).nonzero()
+        if hits.numel():
+            start = int(hits[-1]) + n
+            return history[start:start + length]
+    return None
 
 
 class TreeCall(NamedTuple):
@@ -168,11 +199,17 @@ class SpeculativeDecode:
         self.active = torch.ones(B, dtype=torch.bool, device=device)
         self.rows = torch.arange(B, device=device)
         self.slots = torch.arange(W, device=device)[None, :]
-        self.layouts = {n: (tree_rule(pending=n, width=W, checks=self.checks, device=device),
-                            tree_offsets(pending=n, width=W, checks=self.checks, device=device),
-                            tree_predictions(pending=n, width=W, checks=self.checks, device=device))
-                        for n in (0, W)}  # first call, later ones
+        # the mask blocks that draft the next call (``draft_model``; the engine may drop them for a step)
+        self.model_drafts = cfg.draft_model
+        self.layouts = {(n, b): tuple(f(pending=n, width=W, checks=self.checks, block=b, device=device)
+                                      for f in (tree_rule, tree_offsets, tree_predictions))
+                        for n, b in ((0, W), (1, W), (W, W), (0, 0), (1, 0), (W, 0))}  # by pending tokens and mask block
         self.calls = self.forward_calls = self.positions = 0
+        self.row_calls = torch.zeros(B, dtype=torch.long, device=device)  # calls each row took part in
+        # n-gram drafts (``draft_ngram``) look up each row's own text: its prompt's tokens, then its answer's
+        self.prompts = [row[keep.bool()] for row, keep in zip(prompt_ids, prompt_mask)] if cfg.draft_ngram else []
+        self.from_ngram = torch.zeros(B, dtype=torch.bool, device=device)  # where the pending drafts came from
+        self.kept_by_source = {"model": 0, "ngram": 0}  # drafts kept, by source
         with _unchecked(model):
             if P:  # (``prompt_cache``: this pass made elsewhere, the server's engine's over several steps)
                 padded = not bool(prompt_mask.all())
@@ -192,7 +229,8 @@ class SpeculativeDecode:
     def segment(self) -> TreeCall:
         """The pending call over this decode's rows and its own cache (`TreeCall`)."""
         n = self.pending.shape[1]
-        tail, offsets, read = self.layouts[n]
+        self.block = self.W if self.model_drafts else 0  # this call's mask block (`answered` reads it)
+        tail, offsets, read = self.layouts[n, self.block]
         B, L, C = self.B, tail.shape[0], self.cache.length
         rule = torch.cat((tail.new_ones(L, C), tail), 1).expand(B, L, C + L)
         ids = torch.cat((self.pending, self.pending.new_full((B, L - n), self.mask_id)), 1)
@@ -219,19 +257,20 @@ class SpeculativeDecode:
         n = pending.shape[1]
         if n and block is None:
             raise ValueError("the pending tokens' keys/values join the cache: pass the call's cache for this decode.")
-        L, G = self.layouts[n][0].shape[0], max(n, 1)
+        L, G = self.layouts[n, self.block][0].shape[0], max(n, 1)
         self.calls, self.forward_calls, self.positions = self.calls + 1, self.forward_calls + 1, self.positions + B * L
-        logits = logits.float().view(B, G, W, -1).index_fill_(-1, self.banned, float("-inf"))
+        logits = logits.float().view(B, G, max(self.block, 1), -1).index_fill_(-1, self.banned, float("-inf"))
         checks = logits[:, :, 0]  # (B, G, V): p_j, what one-token-per-call decoding writes after d_1..d_j
         logp = checks.log_softmax(-1)
-        if n:
+        m = max(n - 1, 0)  # this call's drafts (none on the first call, or when nothing drafted)
+        if m:
             drafts = pending[:, 1:]  # (B, m): d_1..d_m
             kept, rejected = _accept(checks[:, :m], drafts, cfg, generator)
         else:
             kept, rejected = torch.zeros(B, dtype=torch.long, device=self.device), None
         bonus = _one_more(checks[rows, kept], cfg, generator, kept=kept, rejected=rejected, m=m)
         bonus_logp = logp[rows, kept, bonus][:, None]
-        if n:  # this call's tokens: d_1..d_a, then the bonus at slot a (slots past a are not taken)
+        if m:  # this call's tokens: d_1..d_a, then the bonus at slot a (slots past a are not taken)
             new = torch.cat((drafts, bonus[:, None]), 1).scatter(1, kept[:, None], bonus[:, None])
             new_logp = torch.cat((logp[:, :m].gather(-1, drafts[..., None]).squeeze(-1), bonus_logp), 1)
             new_logp = new_logp.scatter(1, kept[:, None], bonus_logp)
@@ -250,6 +289,10 @@ class SpeculativeDecode:
             block.padded = not bool(block.key_valid.all())
             self.cache = self.cache.extend(block)
         count = torch.where(active, kept + 1, 0)
+        self.row_calls += active.long()
+        if m:
+            self.kept_by_source["ngram"] += int(torch.where(active & self.from_ngram, kept, 0).sum())
+            self.kept_by_source["model"] += int(torch.where(active & ~self.from_ngram, kept, 0).sum())
         written = self.written = self.written + count
         done = written >= N
         if self.eos_id is not None:
@@ -264,7 +307,27 @@ class SpeculativeDecode:
                                   prompt_index=rows, candidate_length=torch.full((B,), N, device=self.device)))
         self.active = active = active & ~done
         self.finished = not bool(active.any())
-        self.pending = torch.cat((bonus[:, None], logits[rows, kept, 1:].argmax(-1)), 1)  # group a's masks: drafts
+        if self.block:
+            self.pending = torch.cat((bonus[:, None], logits[rows, kept, 1:].argmax(-1)), 1)  # group a's masks: drafts
+        else:  # no mask drafted: the n-gram drafts, else none
+            self.pending = bonus[:, None].expand(B, W).clone()
+        self.from_ngram.zero_()
+        if cfg.draft_ngram:
+            self._ngram_drafts()
+        if not self.block and not bool(self.from_ngram.any()):
+            self.pending = self.pending[:, :1]  # nothing to check: the next call writes one token
+
+    def _ngram_drafts(self) -> None:
+        """Where a row's text so far repeats an n-gram (`ngram_draft`), its drafts are what followed it there, the
+        model's own drafts filling any slots left; elsewhere the model's drafts stand. Either way each draft is only a
+        guess that the next call checks, so the answer is the same."""
+        m = self.m
+        for b in self.active.nonzero().squeeze(1).tolist():
+            history = torch.cat((self.prompts[b], self.answer[b, :int(self.written[b])]))
+            found = ngram_draft(history, length=m, max_n=self.config.draft_ngram)
+            if found is not None:
+                self.pending[b, 1:1 + found.numel()] = found
+                self.from_ngram[b] = True
 
     def written_ids(self, row: int = 0) -> list[int]:
         """Row ``row``'s committed tokens so far: final, never rewritten (what a server may stream)."""
@@ -284,7 +347,8 @@ class SpeculativeDecode:
         return GenerationOutput(tokens=torch.where(in_answer, tokens, self.fill), lengths=lengths,
                                 candidate_length=torch.full((self.B,), N, device=device), avg_logprob=avg,
                                 steps=self.calls, forward_calls=self.forward_calls, positions=self.positions,
-                                token_logprobs=torch.where(in_answer, self.logprobs[:, :N], 0.0))
+                                token_logprobs=torch.where(in_answer, self.logprobs[:, :N], 0.0),
+                                row_calls=self.row_calls.clone())
 
 
 @torch.inference_mode()
