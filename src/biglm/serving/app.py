@@ -9,8 +9,12 @@ Notable features
 - Checked before any work: a malformed body, an unknown field, an unknown model, a bad decoding
   value (`DecodingConfig`'s own check, once), ``max_tokens`` or prompt + ``max_tokens`` beyond the
   model's window, an empty prompt, bad chat messages, a prompt longer than ``max_prompt_chars`` characters
-  (checked before it is tokenized), text that is not valid Unicode: a 4xx with OpenAI's error JSON. Any other
-  failure is a 500 in the same format (an error event in a stream already started), never plain text.
+  (checked before it is tokenized), text that is not valid Unicode, an OpenAI field biglm cannot honour (a non-zero
+  penalty, logprobs' alternatives): a 4xx with OpenAI's error JSON. Any other failure is a 500 in the same format
+  (an error event in a stream already started), never plain text; an engine error in one request is its 500 alone.
+- OpenAI's fields that biglm can honour are honoured, not refused: ``max_completion_tokens``, ``echo``, token-id
+  prompts, text content parts, the penalties at 0, and ``logprobs`` of the written tokens (`TextStream.take_logprobs`
+  hands each token out with the chunk whose text holds it).
 - Prompts are rendered and tokenized in a worker thread, bounded in characters first: a huge prompt costs its
   own request time, never the event loop's, so other requests and ``/health`` keep answering meanwhile.
 - Streaming (server-sent events, ``data: {...}`` then ``data: [DONE]``): a chunk whenever the
