@@ -228,6 +228,14 @@ def _blocks_model(*, shift: bool = False, seed: int = 0, **overrides) -> BiGLMFo
     return BiGLMForMaskedLM(cfg).eval()
 
 
+def _converted_model(seed: int = 0) -> BiGLMForMaskedLM:
+    """A random tiny model as `biglm convert` writes one: shift_logits on, the paper's bidirectional prefix (never
+    adapted on blocks), so its one-token-per-call decoding re-encodes the prefix (the exact cache)."""
+    torch.manual_seed(seed)
+    cfg = BiGLMConfig.from_preset("tiny", shift_logits=True, attn_backend="eager", initializer_range=0.2)
+    return BiGLMForMaskedLM(cfg).eval()
+
+
 def _never_proposes(model: BiGLMForMaskedLM, ids: list[int]) -> None:
     """Give ``ids`` logit -inf in the head. Decoding renormalises over the tokens it may write (mask, pad and
     suppressed ids banned), every estimator over the whole vocabulary: with a head that never proposes the banned ids
@@ -276,20 +284,25 @@ def test_append_equals_one_token_per_call_decoding(shift):
     assert not any(g for _, g in score_requests(model, list(zip(prompts, changed)), estimator="append"))
 
 
+@pytest.mark.parametrize("cache", ["append", "exact"])
 @pytest.mark.parametrize("shift", [False, True])
-def test_append_is_a_distribution(shift):
-    """exp(append) over all 8² continuations of a vocabulary-8 blocks model sums to 1, and exactly one is greedy."""
+def test_append_is_a_distribution(shift, cache):
+    """exp(append) over all 8² continuations of a vocabulary-8 blocks model sums to 1, and exactly one is greedy;
+    under either cache (the exact one: a converted or paper model's decoding)."""
     model = _blocks_model(shift=shift, vocab_size=8, mask_token_id=MASK, initializer_range=0.5)
     conts = [[a, b] for a in range(8) for b in range(8)]
-    scores = score_requests(model, [([1, 5, 6, 7, 2], y) for y in conts], estimator="append", row_batch_size=512)
+    scores = score_requests(model, [([1, 5, 6, 7, 2], y) for y in conts], estimator="append", row_batch_size=512,
+                            block_cache=cache)
     assert abs(sum(math.exp(ll) for ll, _ in scores) - 1.0) < 1e-4
     assert sum(g for _, g in scores) == 1
 
 
-def test_append_shift_cache_and_batching():
-    """The shift_logits layout (tokens only, logits from the row before) through the ESTIMATORS-wide checks above:
-    the cache equals the full sequence, and batching changes no score."""
-    model = _blocks_model(shift=True, vocab_size=64)
+@pytest.mark.parametrize("make", [lambda: _blocks_model(shift=True, vocab_size=64), _converted_model])
+def test_append_shift_cache_and_batching(make):
+    """The shift_logits layouts (append cache: tokens only, logits from the row before; exact cache: the converted
+    model's) through the ESTIMATORS-wide checks above: the cache equals the full sequence, and batching changes no
+    score."""
+    model = make()
     reqs = _requests() + [(_requests()[0][0], [7, 8, 9, 10])]
     cached = score_requests(model, reqs, estimator="append", batch_size=2, row_batch_size=5)
     full = score_requests(model, reqs, estimator="append", batch_size=3, row_batch_size=7, use_cache=False)
@@ -299,16 +312,17 @@ def test_append_shift_cache_and_batching():
 
 
 def test_append_warns_once_on_a_model_never_trained_on_blocks_of_1(model):
-    """``append`` reads answer tokens as blocks of 1: a paper model (bidirectional prefix) or a blocks model without 1
-    in its prefix_block_lengths gets one warning per call naming the adaptation that trains them; a model trained on
-    them, a model converted from an AR checkpoint (shift_logits, trained on blocks of 1 or not), or another estimator,
-    gets none."""
+    """``append`` under the append cache reads answer tokens as blocks of 1: a paper model (bidirectional prefix) asked
+    for that cache, or a blocks model without 1 in its prefix_block_lengths (whose decoding runs it), gets one warning
+    per call naming the adaptation that trains them; a model trained on them, a model converted from an AR checkpoint
+    (shift_logits, trained on blocks of 1 or not), a paper model under its own exact cache, or another estimator, gets
+    none."""
     reqs = _requests()
     without_1 = _blocks_model(prefix_block_lengths=[4, 8], vocab_size=64)
-    for untrained, command in [(model, "1,8,16,32"), (without_1, "1,4,8")]:
+    for untrained, command, kw in [(model, "1,8,16,32", {"block_cache": "append"}), (without_1, "1,4,8", {})]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            score_requests(untrained, reqs, estimator="append", batch_size=1, row_batch_size=1)
+            score_requests(untrained, reqs, estimator="append", batch_size=1, row_batch_size=1, **kw)
         said = [str(w.message) for w in caught]
         assert len(said) == 1 and said[0].startswith("the append scorer reads every answer token as a block of 1")
         assert f"biglm pretrain blocks-adapt --init_from MODEL --objective.prefix_blocks {command}" in said[0]
@@ -317,4 +331,36 @@ def test_append_warns_once_on_a_model_never_trained_on_blocks_of_1(model):
         score_requests(_blocks_model(vocab_size=64), reqs, estimator="append")
         score_requests(_blocks_model(shift=True, vocab_size=64), reqs, estimator="append")
         score_requests(_blocks_model(shift=True, vocab_size=64, prefix_block_lengths=[4, 8]), reqs, estimator="append")
+        score_requests(_converted_model(), reqs, estimator="append", block_cache="append")
+        score_requests(model, reqs, estimator="append")
         score_requests(model, reqs, estimator="chain")
+
+
+
+@pytest.mark.parametrize("kind", ["converted", "blocks", "blocks-shift"])
+def test_auto_scorer_scores_what_one_token_per_call_decoding_writes(kind):
+    """``scorer=auto`` on a model it picks ``append`` for (a converted model; a blocks model trained on blocks of 1):
+    the score of a greedy one-token-per-call answer (confidence, block_length=1, each model's default cache: exact for
+    the converted model, append for the blocks ones) is the sum of the log-probs decoding assigned to the tokens it
+    wrote, and greedy; under the other cache it is not (the test can tell them apart). Float32, a left-padded batch."""
+    from biglm.scoring.estimators import append_cache, default_estimator
+
+    model = _converted_model() if kind == "converted" else _blocks_model(shift=kind == "blocks-shift")
+    c = model.config
+    _never_proposes(model, [c.mask_token_id, c.pad_token_id, c.eos_token_id])
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(5, c.vocab_size, (n,), generator=g).tolist() for n in (7, 3, 11)]
+    N = 6
+    out = generate_ids(model, *left_pad(prompts, pad_id=c.pad_token_id), max_new_tokens=N, strategy="confidence",
+                       block_length=1, suppress_ids=[c.eos_token_id])
+    assert out.steps == N and out.lengths.tolist() == [N] * 3
+    auto = default_estimator(c)
+    scores = score_requests(model, list(zip(prompts, out.tokens.tolist())), estimator=auto, batch_size=2)
+    for (ll, greedy), written in zip(scores, out.token_logprobs.sum(1).tolist()):
+        assert ll == pytest.approx(written, abs=1e-4) and greedy
+    assert auto == "append" and append_cache(c) == ("exact" if kind == "converted" else "append")
+    other = "append" if kind == "converted" else "exact"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        elsewhere = score_requests(model, list(zip(prompts, out.tokens.tolist())), estimator=auto, block_cache=other)
+    assert all(abs(ll - w) > 1e-2 for (ll, _), w in zip(elsewhere, out.token_logprobs.sum(1).tolist()))

@@ -63,7 +63,7 @@ def _copa_yaml(tmp: Path) -> Path:
     return d
 
 
-def test_launcher_end_to_end(checkpoint, tmp_path, shared_data):
+def test_launcher_end_to_end(checkpoint, tmp_path, shared_data, capsys):
     out = tmp_path / "out"
     rc = cli.main(["--model_args", f"pretrained={checkpoint},scorer=one-pass", "--tasks", "copa_local",
                    "--include_path", str(_copa_yaml(tmp_path)), "--limit", "8", "--output_path", str(out),
@@ -73,7 +73,9 @@ def test_launcher_end_to_end(checkpoint, tmp_path, shared_data):
     assert len(files) == 1
     res = json.loads(files[0].read_text())["results"]["copa_local"]
     assert 0.0 <= res["acc,none"] <= 1.0 and "acc_stderr,none" in res
-    assert json.loads(files[0].read_text())["config"]["model"] == "biglm"
+    config = json.loads(files[0].read_text())["config"]
+    assert config["model"] == "biglm" and config["biglm_scorer"] == "one-pass" and config["biglm_score_cache"] is None
+    assert "biglm scorer: one-pass\n" in capsys.readouterr().out
 
 
 def test_suite_skips_missing_and_prints_table(checkpoint, tmp_path, shared_data, capsys):
@@ -302,7 +304,14 @@ def test_scorer_auto_is_append_for_a_model_trained_on_blocks_of_one(checkpoint, 
     BiGLMForMaskedLM.from_pretrained(checkpoint, config=cfg).save_pretrained(shifted)
     for f in checkpoint.glob("tokenizer*"):
         (shifted / f.name).write_bytes(f.read_bytes())
-    assert BiGLMLM(pretrained=str(shifted), device="cpu").scorer == "append"  # converted from an AR checkpoint
+    # converted from an AR checkpoint: append, under the cache its decoding runs (exact: the prefix re-encoded), which
+    # block_cache in model_args changes for generate_until and the scorer alike; the results say which
+    lm = BiGLMLM(pretrained=str(shifted), device="cpu")
+    assert lm.scorer == "append" and lm.get_model_info() == {"biglm_scorer": "append", "biglm_score_cache": "exact"}
+    lm = BiGLMLM(pretrained=str(shifted), device="cpu", block_cache="append")
+    assert lm.get_model_info()["biglm_score_cache"] == "append" and lm.decoding.block_cache == "append"
+    blocks = BiGLMLM(pretrained=str(tmp_path / "blocks-1"), device="cpu")
+    assert blocks.get_model_info() == {"biglm_scorer": "append", "biglm_score_cache": "append"}
 
 
 @pytest.mark.parametrize("bad, said", [("scorer=foo", "scorer='foo'"), ("scorer=blocks,score_block=0", "score_block=0"),

@@ -229,6 +229,10 @@ def main(argv: list[str]) -> int:
         return 0
     results.pop("samples", None)
     print(results_tables(results))
+    config = results.get("config", {})
+    if config.get("biglm_scorer"):  # what scorer=auto resolved to (also in the results JSON's config)
+        cache = config.get("biglm_score_cache")
+        print(f"biglm scorer: {config['biglm_scorer']}{f' ({cache} cache)' if cache else ''}")
     if args.suite is not None:
         header, row = results["biglm_suite"]["header"], results["biglm_suite"]["row"]
         print(f"\nBiGLM zero-shot, suite {args.suite!r} (acc_norm: PIQA, ARC-C, LogiQA, HellaS; acc elsewhere; "

@@ -29,20 +29,26 @@ Notable features
     an unbiased estimate of the ELBO ≤ log P(Y | X). Seeded per request from (seed, token ids), so a
     score does not depend on batching or order. is_greedy: every scored slot in every sample holds
     its argmax (slots no sample masked are not checked).
-  * ``append``: the autoregressive distribution of one-token-per-call decoding with the append cache (confidence
-    decoding at block_length=1): Σ_t log P(y_t | X, y_<t as blocks of one, one mask at slot t). Each committed token
-    is a block of one (it sees X, the tokens before it and itself, so its keys/values are final) and slot t's mask
-    sees all of those and itself. So the whole continuation is ONE row, teacher-forced like an AR model's: without
-    ``shift_logits``, y_0..y_{n-2} as blocks of one, then n check masks (check t at slot t sees y_<t and itself),
-    logits read at the checks; with ``shift_logits`` (row t's logits are row t-1's hidden state, row 0's the
-    context's last), y_0..y_{n-1} as blocks of one and no masks, logits read at every row (a mask there would be
-    predicted from the wrong row). A distribution over continuations of length n (tested like ``chain``); exact
-    for a `biglm-blocks` model trained on blocks of 1. A model converted from an AR checkpoint (``shift_logits``)
-    reads causal answer keys as its source did: measured as accurate as ``chain`` on SmolLM2-135M converted, adapted
-    with blocks of 1 and without (docs/scoring.md). Every other model (a BiGLM never trained on blocks of 1) is warned.
+  * ``append``: the distribution of one-token-per-call decoding (confidence decoding at block_length=1), under the
+    cache that decoding runs for the model: `append_cache`, i.e. `generation.config.for_model`'s choice (one rule for
+    both), so the score of an answer is the log-probability greedy decoding assigns to the tokens it writes.
+    Σ_t log P(y_t | X, y_<t, one mask at slot t), where X and y_<t are
+    - the append cache (a `biglm-blocks` model's): each committed token is a block of one (it sees X, the tokens
+      before it and itself, so its keys/values are final) and slot t's mask sees all of those and itself. So the
+      whole continuation is ONE row, teacher-forced like an AR model's: without ``shift_logits``, y_0..y_{n-2} as
+      blocks of one, then n check masks (check t at slot t sees y_<t and itself), logits read at the checks; with
+      ``shift_logits`` (row t's logits are row t-1's hidden state, row 0's the context's last), y_0..y_{n-1} as
+      blocks of one and no masks, logits read at every row (a mask there would be predicted from the wrong row).
+      Exact for a `biglm-blocks` model trained on blocks of 1; any other model run this way is warned, except one
+      converted from an AR checkpoint (``shift_logits``: causal answer keys are its source's condition).
+    - the exact cache (every other model, a converted one included, unless ``block_cache="append"``): X + y_<t
+      re-encoded as one bidirectional prefix, then slot t's mask: n rows of |X| + t + 1 positions, the context
+      re-encoded in each (its keys see the answer so far, so no context cache is shared).
+    A distribution over continuations of length n (tested like ``chain``).
     is_greedy: greedy one-token-per-call decoding writes Y (tested against `generate_ids`).
-- Cost in suffix token-positions per request: one-pass n, append 2n - 1 (n with shift_logits) in one row,
-  blocks n·ceil(n/b), chain and pll n², mc m·n. Measured numbers: docs/scoring.md, benchmarks/bench_scoring.py.
+- Cost in suffix token-positions per request: one-pass n, append 2n - 1 (n with shift_logits) in one row under the
+  append cache (n·|X| + n(n+1)/2 under the exact cache, context included), blocks n·ceil(n/b), chain and pll n², mc m·n.
+  Measured numbers: docs/scoring.md, benchmarks/bench_scoring.py.
 - Window: context + continuation must fit `max_length` (default the model's
   max_position_embeddings). Longer requests lose context from the LEFT (a warning says how many);
   a continuation that alone does not fit is an error, since scoring part of it would change the
@@ -61,23 +67,37 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..generation.config import untrained_blocks_of_one
+from ..generation.config import DecodingConfig, for_model, untrained_blocks_of_one
 from ..model.modeling import BiGLMForMaskedLM, PrefixCache
 
 ESTIMATORS: tuple[str, ...] = ("chain", "one-pass", "pll", "mc", "blocks", "append")
 
 
 def default_estimator(config: object) -> str:
-    """The estimator ``scorer=auto`` picks for a model: ``append`` for a `biglm-blocks` model trained on prefix blocks
-    of 1 and for a model converted from an AR checkpoint (``shift_logits``: causal answer keys are its source's own
-    condition). It scores an answer in one row of ~2n positions (n for a shift model) against ``chain``'s n rows: on
-    the real SmolLM2-135M, converted, adapted without blocks of 1 and with them, zero-shot at chain's accuracy in
-    0.83-0.84x the time of lm-eval's `hf` model on the source (chain: 2.7-3.7x; docs/scoring.md). ``chain``
-    otherwise: exact for every BiGLM, where ``append`` would run a condition the model never trained on."""
+    """The estimator ``scorer=auto`` picks for a model: ``append`` (the distribution one-token-per-call decoding writes
+    from, under the cache that decoding runs: `append_cache`) for a `biglm-blocks` model trained on prefix blocks of 1
+    and for a model converted from an AR checkpoint (``shift_logits``); ``chain`` otherwise: exact for every BiGLM,
+    where ``append`` would run the append cache at blocks of 1, a condition such a blocks model never trained on.
+    On a blocks model ``append`` scores an answer in one row of ~2n positions (n for a shift model) against ``chain``'s
+    n rows; on a converted model that is not a blocks model its decoding re-encodes the prefix per token (the exact
+    cache) and so does ``append`` (docs/scoring.md)."""
     if getattr(config, "shift_logits", False):
         return "append"
     blocks = getattr(config, "prefix_attention", "bidirectional") == "blocks"
     return "append" if blocks and 1 in (getattr(config, "prefix_block_lengths", None) or []) else "chain"
+
+
+def append_cache(config: object, block_cache: str | None = None) -> str:
+    """The cache the ``append`` estimator scores under: the one one-token-per-call decoding (confidence at
+    block_length=1, or speculative decoding with ``block_cache="append"``) runs for this model, as
+    `generation.config.for_model` picks it (``append`` for a `biglm-blocks` model, ``exact`` otherwise), or
+    ``block_cache`` when given, as a `DecodingConfig` takes it."""
+    if block_cache not in (None, "exact", "append"):
+        raise ValueError(f"block_cache={block_cache!r}: choose exact or append (or unset for the model's).")
+    with warnings.catch_warnings():  # for_model's approximation warning: the scorer says its own (score_requests)
+        warnings.simplefilter("ignore")
+        return str(for_model(DecodingConfig(strategy="confidence", block_length=1, block_cache=block_cache),
+                             config).block_cache)
 
 
 @dataclass(frozen=True)
@@ -86,7 +106,8 @@ class _Variant:
     ``targets``, each log-prob multiplied by ``weight``. ``slots`` index the row (a row entry's answer slot is its
     index, except in an ``append`` row). ``blocks_of_one`` None: the row sees itself bidirectionally (every estimator
     but ``append``); k: the row's first k entries are answer tokens y_0..y_{k-1} as blocks of one and the rest are
-    checks, one mask per slot (`append_layout`)."""
+    checks, one mask per slot (`append_layout`). ``prefix`` k (``append`` under the exact cache): the row's first k
+    entries join the context as one bidirectional prefix (re-encoded with it); the rest see it and themselves."""
 
     request: int
     tokens: tuple[int, ...]
@@ -94,14 +115,18 @@ class _Variant:
     targets: tuple[int, ...]
     weight: float
     blocks_of_one: int | None = None
+    prefix: int | None = None
 
 
 def _variants(estimator: str, request: int, context: Sequence[int], cont: Sequence[int], *, mask_id: int,
-              mc_samples: int, seed: int, score_block: int = 8, shift: bool = False) -> list[_Variant]:
+              mc_samples: int, seed: int, score_block: int = 8, shift: bool = False,
+              cache: str = "append") -> list[_Variant]:
     """The rows an estimator needs for one request (see the module docstring for the definitions); ``shift``: the
-    model's ``shift_logits``, which only ``append`` lays out differently."""
+    model's ``shift_logits``, which only ``append`` lays out differently; ``cache``: ``append``'s (`append_cache`)."""
     n = len(cont)
     y = tuple(int(t) for t in cont)
+    if estimator == "append" and cache == "exact":  # X + y_<t one prefix, slot t's mask (shift: read from y_{t-1})
+        return [_Variant(request, y[:t] + (mask_id,), (t,), (y[t],), 1.0, prefix=t) for t in range(n)]
     if estimator == "append" and shift:  # row t's logits are token t-1's hidden state: no masks
         return [_Variant(request, y, tuple(range(n)), y, 1.0, blocks_of_one=n)]
     if estimator == "append":  # y_0..y_{n-2}, then check t (a mask at slot t) at row entry n - 1 + t
@@ -179,18 +204,22 @@ def score_requests(
     max_length: int | None = None,
     use_cache: bool = True,
     score_block: int = 8,
+    block_cache: str | None = None,
 ) -> list[tuple[float, bool]]:
     """Score ``requests`` = [(context_ids, continuation_ids), ...] and return [(loglik, is_greedy), ...].
 
     Args:
         model: a BiGLM in eval mode (any device/dtype; log-softmax runs in fp32).
         estimator: ``chain`` | ``one-pass`` | ``pll`` | ``mc`` | ``blocks`` | ``append`` (module docstring). ``append``
-            on a model not trained on prefix blocks of 1 warns once per call (it scores a condition never trained).
+            under the append cache on a model not trained on prefix blocks of 1 (nor converted from an AR checkpoint)
+            warns once per call (it scores a condition never trained).
         batch_size: distinct contexts encoded together (one `encode_prefix` call per batch).
         row_batch_size: suffix rows (variants) per forward pass.
         mc_samples: samples per request for ``mc``.
         seed: base seed for ``mc`` (combined with each request's ids).
         score_block: tokens per block for ``blocks`` (1: ``chain``; >= the continuation: ``one-pass``).
+        block_cache: ``append``'s cache, ``exact`` | ``append`` as decoding's option (unset: the one one-token-per-call
+            decoding runs for the model, `append_cache`).
         max_length: the window; default ``model.config.max_position_embeddings``.
         use_cache: False runs the full sequence (context + suffix, BiGLM mask) for every row instead of
             the prefix cache; the result is the same up to float rounding (kept for tests and debugging).
@@ -208,7 +237,8 @@ def score_requests(
     config = model.config
     if config.mask_token_id is None:
         raise ValueError("model.config.mask_token_id is None: a BiGLM scorer needs a mask token.")
-    if estimator == "append" and default_estimator(config) != "append":
+    cache = append_cache(config, block_cache)
+    if estimator == "append" and cache == "append" and default_estimator(config) != "append":
         warnings.warn(untrained_blocks_of_one(config, use="the append scorer reads every answer token as a block of 1"),
                       stacklevel=3)  # past no_grad's wrapper
     shift = bool(getattr(config, "shift_logits", False))
@@ -243,18 +273,20 @@ def score_requests(
                 ctx_ids[b, P - len(c):] = torch.tensor(c)
                 ctx_mask[b, P - len(c):] = 1
         ctx_ids, ctx_mask = ctx_ids.to(device), ctx_mask.to(device)
-        cache = model.encode_prefix(ctx_ids, attention_mask=ctx_mask) if use_cache else None
+        # append under the exact cache re-encodes the context in every row: no context cache to share
+        exact_rows = estimator == "append" and cache == "exact"
+        prefix_cache = model.encode_prefix(ctx_ids, attention_mask=ctx_mask) if use_cache and not exact_rows else None
 
         rows: list[tuple[int, _Variant]] = []  # (context row in this batch, variant)
         for b, c in enumerate(ctx_batch):
             for r in groups[c]:
                 rows += [(b, v) for v in _variants(estimator, r, c, fitted[r][1], mask_id=int(config.mask_token_id),
                                                    mc_samples=mc_samples, seed=seed, score_block=score_block,
-                                                   shift=shift)]
+                                                   shift=shift, cache=cache)]
         rows.sort(key=lambda bv: len(bv[1].tokens))  # similar suffix lengths per pass: less right padding
         for r0 in range(0, len(rows), row_batch_size):
             chunk = rows[r0:r0 + row_batch_size]
-            _run_rows(model, chunk, cache=cache, ctx_ids=ctx_ids, ctx_mask=ctx_mask, pad_id=pad_id,
+            _run_rows(model, chunk, cache=prefix_cache, ctx_ids=ctx_ids, ctx_mask=ctx_mask, pad_id=pad_id,
                       loglik=loglik, greedy=greedy)
     return [(float(ll), bool(g)) for ll, g in zip(loglik, greedy)]
 
@@ -318,11 +350,15 @@ def _run_rows(model: BiGLMForMaskedLM, chunk: list[tuple[int, _Variant]], *, cac
         logits = model(ids, prefix_cache=cache.select(index), attention_mask=mask, logits_positions=score,
                        attention_rule=rule, position_ids=positions).logits
     else:
-        # reference path: the whole sequence, the context seeing only itself (the BiGLM mask, or the append rule)
+        # the whole sequence: the reference path (the context seeing only itself: the BiGLM mask, or the append rule),
+        # and append's exact-cache rows
         full = torch.cat((ctx_ids.index_select(0, index), ids), dim=1)
         full_mask = torch.cat((ctx_mask.index_select(0, index), mask), dim=1)
         full_score = torch.cat((torch.zeros_like(ctx_mask, dtype=torch.bool).index_select(0, index), score), dim=1)
-        if rule is None:
+        if chunk[0][1].prefix is not None:  # the exact cache: context + the row's leading answer tokens, one prefix
+            split = P + torch.tensor([v.prefix for _, v in chunk], dtype=torch.long, device=device)
+            logits = model(full, prefix_len=split, attention_mask=full_mask, logits_positions=full_score).logits
+        elif rule is None:
             logits = model(full, prefix_len=P, attention_mask=full_mask, logits_positions=full_score).logits
         else:
             top = torch.cat((rule.new_ones(R, P, P), rule.new_zeros(R, P, S)), dim=2)

@@ -18,6 +18,12 @@ Notable features
   (`BiGLMLM._encode_context`: the prefix token, trailing whitespace moved out of the context,
   truncation from the left by the same `fit_window` rule); the moved whitespace is taken off the
   front of the answer, so the answer continues the context as written.
+- ``scorer=auto`` scores an answer as the model's one-token-per-call decoding writes it: ``append`` (under the cache
+  that decoding runs, `biglm.scoring.estimators.append_cache`: the append cache for a `biglm-blocks` model, the
+  re-encoded exact one otherwise, or ``block_cache`` from model_args, which ``generate_until`` decodes with too) for
+  a blocks model trained on blocks of 1 and for a model converted from an AR checkpoint, ``chain`` for every other
+  BiGLM. The resolved scorer and its cache go into lm-eval's results (``config.biglm_scorer``,
+  ``config.biglm_score_cache``: `BiGLMLM.get_model_info`) and `biglm eval` prints them.
 - Decoding options are one `DecodingConfig`: model_args may set defaults (``steps``, ``strategy``,
   ``early_stop``, ``temperature``... and ``max_gen_toks``), each request's gen_kwargs override them
   (`decoding_from_gen_kwargs`); an unknown gen_kwarg is refused, naming the accepted ones. The default
@@ -42,11 +48,12 @@ from tqdm import tqdm
 
 from ...generation import DecodingConfig, generate_from_ids
 from ...generation.config import FIELDS as DECODING_FIELDS
-from ...scoring.estimators import ESTIMATORS, default_estimator, fit_window, score_requests, score_rolling
+from ...scoring.estimators import (ESTIMATORS, append_cache, default_estimator, fit_window, score_requests,
+                                  score_rolling)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SCORER = "auto"  # `default_estimator`: append for a model trained on blocks of 1, else chain
+DEFAULT_SCORER = "auto"  # `default_estimator`: append for a blocks model trained on blocks of 1 or a converted one
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -119,8 +126,11 @@ class BiGLMLM(LM):
         pretrained: directory written by `biglm export` / ``save_pretrained`` (or a training checkpoint
             that `biglm.checkpoint.load_model` accepts).
         scorer: ``auto`` | ``chain`` | ``one-pass`` | ``pll`` | ``mc`` | ``blocks`` | ``append`` (see
-            `biglm.scoring.estimators`; auto: ``append`` for a `biglm-blocks` model trained on blocks of 1, else
-            ``chain``, `default_estimator`).
+            `biglm.scoring.estimators`; auto, `default_estimator`: ``append`` for a `biglm-blocks` model trained on
+            blocks of 1 and for a model converted from an AR checkpoint (shift_logits), else ``chain``). ``append``
+            is the distribution one-token-per-call decoding writes from, under the cache that decoding runs for the
+            model (`append_cache`: append for a blocks model, exact otherwise; ``block_cache`` below overrides it
+            for both), so the score of a greedy answer is the log-probability its decoding assigned it.
         batch_size: contexts encoded per batch (``auto`` = 16).
         row_batch_size: suffix rows per forward pass.
         device: ``cpu``, ``cuda``, ``cuda:1``... (under torchrun: ``cuda:LOCAL_RANK``).
@@ -133,8 +143,8 @@ class BiGLMLM(LM):
         prefix_token: ``auto`` | ``eos`` | ``bos`` | ``none``: the token put before every context (auto: none for a
             model converted from an AR checkpoint, eos otherwise).
         max_gen_toks: default generation length for ``generate_until``.
-        steps, strategy, temperature, top_k, top_p, length_beam, block_length, threshold, early_stop,
-            use_cache: default decoding for ``generate_until`` (`DecodingConfig` fields; a request's
+        steps, strategy, temperature, top_k, top_p, length_beam, block_length, block_cache, threshold,
+            early_stop, use_cache: default decoding for ``generate_until`` (`DecodingConfig` fields; a request's
             gen_kwargs override them). ``seed`` also seeds the sampler.
     """
 
@@ -191,8 +201,11 @@ class BiGLMLM(LM):
                                                     dtype=_DTYPES[str(dtype)] if dtype is not None else None, pack=True)
         self.pretrained = str(pretrained)
         self.scorer = default_estimator(self.model.config) if scorer == "auto" else scorer
+        # append scores under the cache generate_until's one-token-per-call decoding runs (speculative: append)
+        self.score_cache = append_cache(self.model.config,
+                                        "append" if self.decoding.draft_length else self.decoding.block_cache)
         if scorer == "auto":
-            log.info("biglm: scorer=auto -> %s", self.scorer)
+            log.info("biglm: scorer=auto -> %s", self.scorer_name)
         self.batch_size = _as_int(batch_size, 16)
         self.row_batch_size = int(row_batch_size)
         self.mc_samples = int(mc_samples)
@@ -213,6 +226,16 @@ class BiGLMLM(LM):
         if getattr(self.tokenizer, "chat_template", None) and self.rank == 0:
             log.warning("biglm: the tokenizer has a chat template; contexts are scored as plain text without "
                                 "it (as lm-eval's hf model without --apply_chat_template)")
+
+    @property
+    def scorer_name(self) -> str:
+        """The resolved scorer as results name it: ``append`` with its cache (``append (exact cache)``), else as is."""
+        return f"{self.scorer} ({self.score_cache} cache)" if self.scorer == "append" else self.scorer
+
+    def get_model_info(self) -> dict[str, Any]:
+        """What lm-eval adds to its results' ``config`` (and writes into the results JSON): the resolved scorer."""
+        return {"biglm_scorer": self.scorer,
+                "biglm_score_cache": self.score_cache if self.scorer == "append" else None}
 
     @classmethod
     def from_model(cls, *, model: Any, tokenizer: Any, **model_args: Any) -> "BiGLMLM":
@@ -333,7 +356,7 @@ class BiGLMLM(LM):
         order = sorted(by_ctx, key=len, reverse=True)
         results: list[tuple[float, bool] | None] = [None] * len(encoded)
         step = self.batch_size * 4
-        bar = tqdm(total=len(encoded), disable=disable_tqdm or self.rank != 0, desc=f"biglm {self.scorer}")
+        bar = tqdm(total=len(encoded), disable=disable_tqdm or self.rank != 0, desc=f"biglm {self.scorer_name}")
         # one truncation warning for the whole call, not one per chunk
         too_long = sum(len(c) + len(k) > self._max_length for c, k in encoded)
         if too_long:
@@ -346,7 +369,7 @@ class BiGLMLM(LM):
                 scores = score_requests(self.model, [encoded[i] for i in idx], estimator=self.scorer,
                                         batch_size=self.batch_size, row_batch_size=self.row_batch_size,
                                         mc_samples=self.mc_samples, seed=self.seed, max_length=self._max_length,
-                                        score_block=self.score_block)
+                                        score_block=self.score_block, block_cache=self.score_cache)
                 for i, s in zip(idx, scores):
                     results[i] = s
                     self.cache_hook.add_partial("loglikelihood", pairs[i], s)
@@ -357,12 +380,13 @@ class BiGLMLM(LM):
     def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
         prefix = self.prefix_ids[0] if self.prefix_ids else self.tokenizer.eos_token_id
         out = []
-        for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc=f"biglm rolling {self.scorer}"):
+        for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc=f"biglm rolling {self.scorer_name}"):
             (text,) = req.args
             ll = score_rolling(self.model, [self._encode(text)], prefix_token=int(prefix), estimator=self.scorer,
                                chunk=min(self.rolling_chunk, self._max_length - 1), max_length=self._max_length,
                                batch_size=self.batch_size, row_batch_size=self.row_batch_size,
-                               mc_samples=self.mc_samples, seed=self.seed, score_block=self.score_block)[0]
+                               mc_samples=self.mc_samples, seed=self.seed, score_block=self.score_block,
+                               block_cache=self.score_cache)[0]
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), ll)
             out.append(ll)
         return out
