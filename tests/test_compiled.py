@@ -11,15 +11,27 @@ from biglm.model.packed import PackedLinear
 
 
 def test_compile_replaces_packing_and_keeps_the_state_dict(checkpoint):
+    """The compiled model's layers run compiled graphs (dynamo captures one on the first call, one per layer at
+    most, and none for the eager model), without the prepacked kernels, under the same parameter names."""
+    from torch._dynamo.utils import counters
+
     from biglm.checkpoint import load_model
 
     eager, _ = load_model(checkpoint, pack=True)
     compiled, _ = load_model(checkpoint, pack=True, compile=True)
     assert any(isinstance(m, PackedLinear) for m in eager.modules())
     assert not any(isinstance(m, PackedLinear) for m in compiled.modules())  # the prepacked kernels do not compile
-    assert all(layer._compiled_call_impl is not None for layer in compiled.model.layers)
-    assert all(layer._compiled_call_impl is None for layer in eager.model.layers)
     assert compiled.state_dict().keys() == eager.state_dict().keys()  # in place: names unchanged
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad():
+        want = eager(ids, prefix_len=3).logits
+        assert counters["stats"]["unique_graphs"] == 0  # the eager model compiles nothing
+        got = compiled(ids, prefix_len=3).logits
+    graphs = counters["stats"]["unique_graphs"]
+    assert 0 < graphs <= len(compiled.model.layers), graphs  # its layers ran as captured graphs
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("extra", [[], ["--block_length", "4", "--steps", "4"]])
