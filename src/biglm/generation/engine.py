@@ -13,6 +13,12 @@ Notable features
 - Continuous batching: `submit` queues; `step` admits waiting requests first (up to
   ``max_batch_rows`` rows, a length beam of K candidates is K rows), encodes their prompts, then
   runs one decoding call. A request that finishes leaves at once; the next one joins at the next step.
+- Chunked prefill, exact: a step encodes at most ``prefill_chunk`` prompt tokens' worth (times the layers, in
+  token-layers) beside its decoding call, shortest remaining first (the oldest always gets a share), so a long prompt
+  no longer stalls the running requests. A BiGLM prompt is one bidirectional prefix (its first tokens' keys depend
+  on its last ones, for shift models too), so it is not cut causally into token chunks as vLLM's causal prompts are:
+  a longer prompt's one pass is cut by layers and query rows (`_Prefill`), the same cache up to float rounding; a
+  shorter one is one `encode_prefix` pass, as `generate_ids` makes it.
 - Block decoding: a committed block joins that request's cache right after the step
   (`decoding.Decode.settle`, as in `generate_ids`), so later steps run only the suffix. With
   ``block_cache="append"`` the block is held and rides on the request's next step as its leading prefix
@@ -28,7 +34,7 @@ Notable features
 - Early finish: with one candidate, once the stable part holds an EOS (or, given a tokenizer, a
   stop string), the rest cannot change the answer, so the request ends there.
 - Prompt encoding and block extension are extra prefix passes, not counted in ``steps``
-  (as in `GenerationOutput.steps`).
+  (as in `GenerationOutput.steps`); ``prefill_work`` counts the prompts' token-layers.
 """
 
 from __future__ import annotations
@@ -47,10 +53,11 @@ from .decoding import (Decode, DecodeRun, _unchecked, check_prompt_ids, check_sp
                        uses_length_head)
 from .speculative import SpeculativeDecode, TreeCall
 
-DEFAULT_PREFILL_CHUNK = 256
-"""`DecodeEngine`'s default ``prefill_chunk``: a step's prompt encoding, in prompt tokens through every layer (on
-SmolLM2-135M, one CPU thread: about a 256-token prompt's pass per step; a lower value shortens each step while a long
-prompt is encoded, a higher one encodes it in fewer steps)"""
+DEFAULT_PREFILL_CHUNK = 64
+"""`DecodeEngine`'s default ``prefill_chunk``: a step's prompt encoding, in prompt tokens through every layer. Lower
+shortens each step while a long prompt is encoded; higher encodes it in fewer steps. On a CPU (SmolLM2-135M, one
+thread, a 4,000-token prompt beside three 8-token requests, docs/serving.md) 64 beat 256 on both; a GPU's steps
+afford more (vLLM's chunks are 512 and up)."""
 
 
 @dataclass
