@@ -260,7 +260,8 @@ def test_engine_merges_speculative_and_ordinary_requests_each_as_alone(shift, mo
         return real(input_ids, *args, **kwargs)
 
     monkeypatch.setattr(model, "forward", spy)
-    engine = DecodeEngine(model, max_batch_rows=5)  # the length beam's 2 rows make some requests wait
+    # the length beam's 2 rows make some requests wait; drafts at every load (draft_rows: `test_engine_drafts_...`)
+    engine = DecodeEngine(model, max_batch_rows=5, draft_rows=5)
     arrivals = {0: [0, 2], 1: [1, 5], 3: [3, 4]}
     spec = {str(i) for i, c in enumerate(ENGINE_CONFIGS) if c.draft_length}
     events: dict[str, list] = {}
@@ -289,6 +290,42 @@ def test_engine_merges_speculative_and_ordinary_requests_each_as_alone(shift, mo
     kept = [len(e.stable_ids) for e in events["4"]]
     assert kept == [1, 4, 7, 9] and alone[4].steps == 4  # m + 1 tokens a call after the first
     assert engine.positions == sum(seen)
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+def test_engine_drafts_only_while_a_step_holds_few_rows(shift):
+    """Above ``draft_rows`` running rows a new exact speculative request is decoded one token per call, and a running
+    one is called without the model's mask drafts (n-gram drafts still checked): every answer stays what
+    generate_ids writes alone, greedy, while the calls and positions follow the load."""
+    from biglm.generation import DecodeEngine
+
+    model = _blocks_model(shift_logits=shift)
+    cfg = DecodingConfig(max_new_tokens=16, strategy="confidence", draft_length=2, draft_ngram=2)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11], [12, 13, 12, 13], [20, 21]]
+    alone = [generate_ids(model, torch.tensor([p]), config=cfg) for p in prompts]
+    one = cfg.override(draft_length=0, draft_ngram=0, block_length=1)
+    plain = [generate_ids(model, torch.tensor([p]), config=one) for p in prompts]
+    assert [p.token_lists() for p in plain] == [a.token_lists() for a in alone]
+    engine = DecodeEngine(model, max_batch_rows=8, draft_rows=1)
+    engine.submit("0", prompts[0], cfg)
+    engine.step()  # "0" runs alone: it drafts with the model
+    for i in (1, 2, 3):
+        engine.submit(str(i), prompts[i], cfg)
+    done: dict[str, object] = {}
+    blocks = []
+    while engine.num_running or engine.num_waiting:
+        for e in engine.step():
+            if e.finished:
+                done[e.request_id] = e
+        req = engine._running.get("0")
+        if req is not None and engine.num_running > 1:
+            blocks.append(req.decode.block)
+    for i, want in enumerate(alone):
+        assert done[str(i)].token_ids == want.token_lists()[0], i
+    assert blocks and set(blocks) == {0}  # beside the others, "0" ran without mask drafts
+    for i in (1, 2, 3):  # admitted under load: one token per call (its calls, not the drafting ones)
+        e = done[str(i)]
+        assert e.steps == len(e.token_ids) + (e.finish_reason == "stop"), i  # a call per token (and the EOS)
 
 
 def test_engine_finishes_a_speculative_request_at_eos_and_at_a_stop_string():

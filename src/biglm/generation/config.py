@@ -255,7 +255,7 @@ def drafting_default(model_config: Any) -> dict[str, Any]:
     checked exactly (`drafts_exactly`), one token per call written in fewer calls (confidence at blocks of 1 with
     ``DEFAULT_DRAFT_LENGTH`` drafts of the model and n-gram lookup): the same answer as ``--strategy confidence
     --block_length 1 --draft_length 0`` (greedy, float32), the same distribution sampled. Other models: {} (the
-    paper's models keep Mask-Predict, DESIGN §4: drafts are not exact under a bidirectional prefix)."""
+    paper's models keep Mask-Predict, the published algorithm: drafts are not exact under a bidirectional prefix)."""
     if not drafts_exactly(model_config):
         return {}
     return {"strategy": "confidence", "draft_length": DEFAULT_DRAFT_LENGTH, "draft_ngram": DEFAULT_DRAFT_NGRAM}

@@ -39,6 +39,7 @@ Notable features
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -299,6 +300,9 @@ class _CachePool:
                            hidden=None if b.hidden is None else b.hidden[:total, :width], ends=ends)
 
 
+DEFAULT_DRAFT_ROWS = 4  # rows up to which a step drafts with the model (docs/LOG.md 2026-11-27)
+
+
 class DecodeEngine:
     """Decode many requests at once, one merged model call per `step` (see the module docstring).
 
@@ -306,12 +310,14 @@ class DecodeEngine:
     """
 
     def __init__(self, model: torch.nn.Module, *, max_batch_rows: int = 64, device: torch.device | str | None = None,
-                 tokenizer=None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+                 tokenizer=None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, draft_rows: int = DEFAULT_DRAFT_ROWS
+                 ) -> None:
         """``model``: a `BiGLMForMaskedLM` in eval mode; ``max_batch_rows``: rows (requests × length
         candidates) decoded together; ``device``: where prompts go (default: the model's);
         ``tokenizer``: needed only for requests with stop strings, and to drop ids past its vocabulary;
         ``prefill_chunk``: the prompt encoding one step does, in prompt tokens through every layer (a longer prompt
-        is encoded over several steps, see the module docstring)."""
+        is encoded over several steps, see the module docstring); ``draft_rows``: the rows up to which a step is
+        bound by reading the weights, so drafts are nearly free (more: see `_drafts_pay`)."""
         if max_batch_rows < 1:
             raise ValueError(f"max_batch_rows={max_batch_rows} must be >= 1.")
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
@@ -324,6 +330,9 @@ class DecodeEngine:
         self.suppress = list(range(len(tokenizer), model.config.vocab_size)) if tokenizer is not None else []
         self.positions = 0  # query positions the merged calls have computed (padding included): a cost counter
         self.prefill_chunk = prefill_chunk
+        if isinstance(draft_rows, bool) or not isinstance(draft_rows, int) or draft_rows < 0:
+            raise ValueError(f"draft_rows={draft_rows!r} must be an integer >= 0 (0: never draft with the model).")
+        self.draft_rows = draft_rows
         self.prefill_work = 0  # prompt token-layers encoded (a prompt of P tokens: P x layers): a cost counter
         self._waiting: OrderedDict[str, _Request] = OrderedDict()
         self._prefilling: OrderedDict[str, _Request] = OrderedDict()  # admitted, prompt being encoded
@@ -398,6 +407,13 @@ class DecodeEngine:
         events, self._cancelled = events + self._cancelled, []
         return events
 
+    def _drafts_pay(self, *, extra: int = 0) -> bool:
+        """Whether a step of the running rows (and ``extra`` more) is bound by reading the weights, where checking
+        drafts costs next to nothing (at most ``draft_rows`` rows): above it the engine calls speculative
+        requests without the model's mask drafts (n-gram drafts still ride: a few positions) and starts new exact
+        ones as one token per call (docs/serving.md)."""
+        return sum(r.rows for r in self._running.values()) + extra <= self.draft_rows
+
     # --- internals -----------------------------------------------------------------------------------------
 
     def _admit(self) -> None:
@@ -467,6 +483,11 @@ class DecodeEngine:
     def _start(self, req: _Request, cache: PrefixCache | None = None) -> None:
         """``req``'s decode set up, its prompt encoded in one pass or given (``cache``, a `_Prefill`'s)."""
         prompt = self._prompt(req)
+        if req.config.draft_length and req.config.draft_accept == 1.0 and not self._drafts_pay(extra=req.rows):
+            # exact drafts only save calls; under this load a call is bound by arithmetic, where every checked
+            # position costs: one token per call writes the same answer (greedy; sampled: the same distribution)
+            req.config = dataclasses.replace(req.config, draft_length=0, draft_ngram=0, draft_model=True,
+                                             block_length=1)
         if req.config.draft_length:
             req.decode = SpeculativeDecode(self.model, prompt, config=req.config, suppress_ids=self.suppress,
                                            prompt_cache=cache)
@@ -513,6 +534,10 @@ class DecodeEngine:
         branches need an explicit attention rule, and the model takes a rule or a prefix split, not both, so every
         row is said as a rule (`_as_tree`). Rows are right-padded to the widest (masked keys, queries that see
         everything, read by no one); each request's cache columns sit at the right end of the merged cache's."""
+        model_drafts = self._drafts_pay()
+        for r in reqs:  # the mask blocks that draft the next call cost (m + 1)^2 positions: only while drafts pay
+            if isinstance(r.decode, SpeculativeDecode):
+                r.decode.model_drafts = r.decode.config.draft_model and model_drafts
         calls = [self._as_tree(r) if isinstance(r.decode, Decode) else (r.decode.segment(), None) for r in reqs]
         cache = PrefixCache.merge([r.decode.cache for r in reqs])
         C, width = cache.length, max(call.ids.shape[1] for call, _ in calls)
