@@ -114,3 +114,128 @@ def test_a_flex_model_loads_on_a_cpu_with_sdpa_and_the_same_logits(checkpoint, t
     ids = torch.randint(5, len(tok), (2, 10))
     with torch.inference_mode():
         torch.testing.assert_close(model(ids, prefix_len=4).logits, flex(ids, prefix_len=4).logits, atol=1e-5, rtol=1e-5)
+
+
+# --- issue 37 items 11, 12: one shared loader refuses a tokenizer that is not the model's, and unreadable weights ---
+def _model_dir(checkpoint: Path, tmp_path: Path, name: str = "m") -> Path:
+    import shutil
+
+    return Path(shutil.copytree(checkpoint, tmp_path / name))
+
+
+def _one_line(argv: list[str], capsys) -> str:
+    from biglm.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def _swap_tokenizer(folder: Path, tok) -> None:
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / f).unlink(missing_ok=True)
+    tok.save_pretrained(folder)
+
+
+def test_a_tokenizer_that_does_not_fit_the_model_is_refused_in_one_line(checkpoint, tmp_path, capsys):
+    """A 49,153-row model beside a 1,000-token tokenizer wrote garbage with exit 0 (issue 37 item 11): the loader
+    every command shares refuses a tokenizer with more tokens than the embedding, another mask id, a special id past
+    the embedding, or (a converted model) a fingerprint other than the one recorded at conversion."""
+    import json
+
+    from biglm.checkpoint import load_model
+    from biglm.data.tokenizer import TokenizerError, train_tokenizer
+    from biglm.model import BiGLMConfig
+
+    texts = ["the quick brown fox jumps over the lazy dog", "pack my box with five dozen liquor jugs"] * 40
+    vocab = BiGLMConfig.from_pretrained(checkpoint).vocab_size
+    small = train_tokenizer(texts=texts, vocab_size=280)  # mask id 4, as the model's, but another mapping
+    # a model whose mask token is its last row (as `biglm convert` adds it) beside a small biglm tokenizer
+    bigger = _model_dir(checkpoint, tmp_path, "bigger")
+    cfg = json.loads((bigger / "config.json").read_text())
+    (bigger / "config.json").write_text(json.dumps({**cfg, "mask_token_id": vocab - 1}))
+    with pytest.raises(TokenizerError, match=f"has mask id 4 but the model's is {vocab - 1}"):
+        load_model(bigger)
+    err = _one_line(["generate", str(bigger), "--prompt", "the cat"], capsys)
+    assert "is not the model's tokenizer" in err and str(bigger) in err
+    # more tokens than the embedding has rows
+    many = _model_dir(checkpoint, tmp_path, "many")
+    _swap_tokenizer(many, train_tokenizer(texts=[" ".join(f"w{i}x{j}" for j in range(60)) for i in range(60)],
+                                          vocab_size=vocab + 200))
+    with pytest.raises(TokenizerError, match=f"but the model's embedding has {vocab:,} rows"):
+        load_model(many)
+    # a special id past the embedding (a pad added after the model was saved)
+    padded = _model_dir(checkpoint, tmp_path, "padded")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(padded)
+    tok.add_special_tokens({"additional_special_tokens": ["<extra>"]})
+    _swap_tokenizer(padded, tok)
+    cfg = json.loads((padded / "config.json").read_text())
+    assert len(tok) == vocab + 1
+    (padded / "config.json").write_text(json.dumps({**cfg, "vocab_size": vocab}))
+    with pytest.raises(TokenizerError):
+        load_model(padded)
+    # the fingerprint `biglm convert` records: a same-size tokenizer with other ids is refused
+    converted = _model_dir(checkpoint, tmp_path, "converted")
+    from biglm.data.tokenizer import tokenizer_fingerprint
+
+    (converted / "biglm_source.json").write_text(json.dumps(
+        {"kind": "hub", "name": "org/x", "tokenizer_fingerprint": tokenizer_fingerprint(AutoTokenizer.from_pretrained(
+            checkpoint))}))
+    load_model(converted)  # its own tokenizer fits
+    other = train_tokenizer(texts=texts, vocab_size=len(AutoTokenizer.from_pretrained(checkpoint)))
+    _swap_tokenizer(converted, other)
+    assert len(other) <= vocab and other.mask_token_id == BiGLMConfig.from_pretrained(converted).mask_token_id
+    with pytest.raises(TokenizerError, match="maps text to other ids"):
+        load_model(converted)
+
+
+def test_a_model_without_a_tokenizer_says_where_it_looked(checkpoint, tmp_path, capsys):
+    bare = _model_dir(checkpoint, tmp_path)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (bare / f).unlink(missing_ok=True)
+    err = _one_line(["generate", str(bare), "--prompt", "the cat"], capsys)
+    assert f"the model's tokenizer is missing: looked for tokenizer.json or tokenizer_config.json in {bare}" in err
+    assert "sentencepiece" not in err
+
+
+def test_truncated_weights_are_one_line_for_generate_serve_and_eval(checkpoint, tmp_path, capsys, monkeypatch):
+    """A truncated model.safetensors ended generate, serve and eval in safetensors' traceback (issue 37 item 12):
+    the shared loader says it in one line, for each command."""
+    folder = _model_dir(checkpoint, tmp_path)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    said = f"the weights in {folder} (model.safetensors) cannot be read"
+    for argv in (["generate", str(folder), "--prompt", "the cat"], ["serve", str(folder), "--port", "0"]):
+        err = _one_line(argv, capsys)
+        assert said in err and "truncated or damaged" in err, err
+    from biglm.scoring.cli import main as eval_main
+
+    capsys.readouterr()
+    assert eval_main(["--model_args", f"pretrained={folder}", "--tasks", "piqa", "--limit", "1"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("biglm eval:")]
+    assert len(err) == 1 and said in err[0], err
+
+
+def test_eval_without_the_hub_says_lm_eval_fetches_the_data_and_how_to_use_local_files(checkpoint, capsys,
+                                                                                        monkeypatch):
+    """`biglm eval --tasks piqa` with no network ended in datasets' ConnectionError traceback."""
+    import datasets
+
+    def unreachable(path, *a, **k):
+        raise ConnectionError(f"Couldn't reach '{path}' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    from biglm.scoring.cli import main as eval_main
+
+    capsys.readouterr()
+    assert eval_main(["--model_args", f"pretrained={checkpoint}", "--tasks", "piqa", "--limit", "1"]) == 2
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.startswith("biglm eval:")]
+    assert len(err) == 1 and "in dataset_module_factory" not in captured.err, captured.err  # (lm-eval's log aside)
+    assert "lm-eval fetches each task's data from the Hugging Face Hub" in err[0]
+    assert "Couldn't reach 'baber/piqa'" in err[0]
+    assert "--suite paper --suite_tasks PIQA --data_dir DIR" in err[0] and "<data_dir>/baber__piqa/validation.jsonl" in err[0]

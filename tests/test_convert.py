@@ -307,7 +307,12 @@ def test_gguf_file_converts_with_equal_logits(tmp_path, tok_without_mask, tied, 
         torch.testing.assert_close(model(ids, causal=True).logits[..., :len(tok_without_mask)], original(ids).logits,
                                    rtol=1e-4, atol=1e-4)
     source = json.loads((out / "biglm_source.json").read_text())
-    assert source == {"kind": "gguf", "name": f.name, "sha256": file_sha256(f), "shift": False}
+    from transformers import AutoTokenizer
+
+    from biglm.data.tokenizer import tokenizer_fingerprint
+
+    assert source == {"kind": "gguf", "name": f.name, "sha256": file_sha256(f), "shift": False,
+                      "tokenizer_fingerprint": tokenizer_fingerprint(AutoTokenizer.from_pretrained(out))}
     assert str(tmp_path) not in json.dumps(source)  # a file name, never a local path
     assert "GGUF file `tiny-llama.F32.gguf`" in capsys.readouterr().out
 

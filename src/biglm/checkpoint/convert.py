@@ -115,7 +115,7 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from ..data.tokenizer import MASK, PAD
+    from ..data.tokenizer import MASK, PAD, tokenizer_fingerprint
     from ..model import BiGLMConfig, BiGLMForMaskedLM
     from .model_card import convert_card
     from .source import resolve_source, write_source
@@ -190,7 +190,7 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
     with staged_output(out, overwrite=overwrite) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        write_source(tmp, where.ref, shift=shift)
+        write_source(tmp, where.ref, shift=shift, tokenizer_fingerprint=tokenizer_fingerprint(tok))
         (tmp / "README.md").write_text(convert_card(config=cfg, source=where.ref, name=out.name))
     log(f"[biglm] {src_cfg.model_type} {where.ref.describe()} -> BiGLM {out}: {cfg.num_hidden_layers} layers, hidden "
         f"{cfg.hidden_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, rope_theta {theta:g}, "

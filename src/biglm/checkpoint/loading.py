@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,45 @@ from ..model import BiGLMConfig, BiGLMForConditionalGeneration, BiGLMForMaskedLM
 from .layout import META, checkpoint_dirs, checkpoint_to_read, run_dir_of
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+def read_tokenizer(folder: Path, config: BiGLMConfig, *, model_dir: Path | None = None):
+    """The tokenizer in ``folder`` for a model of ``config``, refused in one line when it is missing
+    (`FileNotFoundError` naming where it was looked for, not transformers' "install sentencepiece or tiktoken") or
+    does not fit the model (`check_tokenizer_fits`, a ValueError: its size, its special ids, or the fingerprint that
+    `biglm convert` recorded in ``model_dir``'s biglm_source.json). Every loader reads a tokenizer through here."""
+    from transformers import AutoTokenizer
+
+    from ..data.tokenizer import TOKENIZER_FILES, check_tokenizer_fits
+    from .source import SOURCE_FILE
+
+    folder = Path(folder)
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"the model's tokenizer is missing: looked for {' or '.join(TOKENIZER_FILES)} in "
+                                f"{folder}; copy the tokenizer the model was trained or converted with there")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    recorded = None
+    if model_dir is not None and (model_dir / SOURCE_FILE).is_file():
+        try:
+            recorded = json.loads((model_dir / SOURCE_FILE).read_text()).get("tokenizer_fingerprint")
+        except (OSError, ValueError, AttributeError):
+            recorded = None
+    check_tokenizer_fits(tokenizer, config, where=folder, fingerprint=recorded)
+    return tokenizer
+
+
+def _read_weights(path: Path, cls, dtype: torch.dtype | None):
+    """``cls.from_pretrained(path)``, with weights that cannot be read (a truncated or damaged safetensors file:
+    safetensors' own error, not an OSError) said in one line as a ValueError."""
+    try:
+        return cls.from_pretrained(path, dtype=dtype)
+    except Exception as e:
+        if type(e).__name__ != "SafetensorError":
+            raise
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        files = ", ".join(sorted(p.name for p in path.glob("*.safetensors")))
+        raise ValueError(f"the weights in {path} ({files}) cannot be read ({first}): the file is truncated or damaged; "
+                         "copy it again, or export or convert the model again") from None
 
 
 def load_inference_checkpoint(path: str | Path):
@@ -37,10 +77,10 @@ def read_checkpoint_model(ckpt: Path):
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from transformers import AutoTokenizer
 
     run_dir = run_dir_of(ckpt)
     config = BiGLMConfig.from_pretrained(run_dir)
+    tokenizer = read_tokenizer(run_dir / "tokenizer", config)  # before the weights: a wrong one costs no reading
     model = BiGLMForMaskedLM(config)
     state = {"model": get_model_state_dict(model, options=StateDictOptions())}
     try:
@@ -50,7 +90,6 @@ def read_checkpoint_model(ckpt: Path):
         raise ValueError(f"checkpoint {ckpt} does not fit the model of {run_dir / 'config.json'} ({first}): "
                          "keep a run's checkpoints beside the config.json they were written with") from None
     model.load_state_dict(state["model"])
-    tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
     return model.eval(), tokenizer
 
 
@@ -75,8 +114,13 @@ def check_model_path(path: str | Path) -> None:
 
 
 def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               pack: bool = False, compile: bool = False):
+               pack: bool = False, compile: bool = False, batch_invariant: bool = False):
     """Return ``(model, tokenizer)`` in eval mode from ``path``.
+
+    ``batch_invariant``: each row of a call computed independently of the rows beside it (`BiGLMModel.batch_invariant`;
+    the linear layers prepacked, a one-row call as two rows, and one attention kernel over each row's real keys), so a
+    request's answer does not depend on what it is batched with, in bfloat16 too. On a CPU only (its kernels were
+    measured there), without ``compile``.
 
     ``pack``: on a CPU, hold every linear layer's weight prepacked for oneDNN (`model.packed`: 1.5-3x faster decoding
     calls at a real model's shape); for inference only (generate, serve, eval), never for a model that will train.
@@ -93,18 +137,20 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     as that class, so decoding uses its length head. A model trained with FlexAttention (a GPU run) loads on a CPU
     with sdpa: the same attention, without FlexAttention's uncompiled CPU path.
     """
-    from transformers import AutoTokenizer
-
     path = Path(path)
+    if batch_invariant and (compile or torch.device(device).type != "cpu"):
+        raise ValueError("batch_invariant runs on a CPU without compile (its kernels are measured row-invariant there): "
+                         f"drop compile / use device cpu, or drop batch_invariant (device {device}, compile {compile}).")
     if not path.exists():
         raise FileNotFoundError(f"no model at {path}: pass a directory written by `biglm export` or `biglm pretrain`.")
     if (path / "task.json").is_file() and (path / "best" / "config.json").is_file():
         path = path / "best"  # a fine-tuning run: its best epoch's export
     if (path / "config.json").exists() and any(path.glob("*.safetensors")):
-        archs = BiGLMConfig.from_pretrained(path).architectures or []
+        config = BiGLMConfig.from_pretrained(path)
+        archs = config.architectures or []
         cls = BiGLMForConditionalGeneration if BiGLMForConditionalGeneration.__name__ in archs else BiGLMForMaskedLM
-        model = cls.from_pretrained(path, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = read_tokenizer(path, config, model_dir=path)
+        model = _read_weights(path, cls, dtype)
     else:
         model, tokenizer = load_inference_checkpoint(path)
         if dtype is not None:
@@ -118,10 +164,13 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     if compile:
         for layer in model.model.layers:
             layer.compile(dynamic=True)  # in place: parameter names and state_dict unchanged
-    elif pack and torch.device(device).type == "cpu":
+    elif (pack or batch_invariant) and torch.device(device).type == "cpu":
         from ..model.packed import pack_linears
 
-        pack_linears(model)
+        if not pack_linears(model, batch_invariant=batch_invariant) and batch_invariant:
+            raise ValueError("batch_invariant needs oneDNN's prepacked linear kernels, which this PyTorch build lacks "
+                             "(torch.backends.mkldnn): drop batch_invariant.")
+        model.model.batch_invariant = batch_invariant
     return model, tokenizer
 
 

@@ -109,7 +109,34 @@ class TokenizerError(ValueError):
 
 
 # the files a Hugging Face tokenizer folder is recognised by (a fast tokenizer's own, or the config naming its class)
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def check_tokenizer_fits(tok: PreTrainedTokenizerFast, config, *, where: str | os.PathLike[str],
+                         fingerprint: str | None = None) -> None:
+    """Refuse (`TokenizerError`, one line) a tokenizer that is not the model's: more tokens than the model's embedding
+    has rows, a special id past them, a mask or pad id other than the model's (``config``'s ``vocab_size``,
+    ``mask_token_id``, ``pad_token_id``), or, when ``fingerprint`` is given (recorded at conversion), another
+    mapping of text to ids. Such a pair decodes garbage with no error of its own."""
+    fix = (f"put the tokenizer the model was trained or converted with in {where} (`biglm export` and `biglm convert` "
+           "write it beside the weights)")
+    vocab, n = int(config.vocab_size), len(tok)
+    if n > vocab:
+        raise TokenizerError(f"the tokenizer in {where} has {n:,} tokens but the model's embedding has {vocab:,} rows: "
+                             f"it is not the model's tokenizer; {fix}")
+    for name in ("mask", "pad"):
+        want, got = getattr(config, f"{name}_token_id", None), getattr(tok, f"{name}_token_id")
+        if want is not None and got != want and (name == "mask" or got is not None):
+            raise TokenizerError(f"the tokenizer in {where} has {name} id {got} but the model's is {want} "
+                                 f"({n:,} tokens beside {vocab:,} embedding rows): it is not the model's tokenizer; "
+                                 f"{fix}")
+    beyond = sorted(i for i in tok.all_special_ids if i >= vocab)
+    if beyond:
+        raise TokenizerError(f"the tokenizer in {where} has special token id {beyond[0]}, past the model's {vocab:,} "
+                             f"embedding rows: it is not the model's tokenizer; {fix}")
+    if fingerprint is not None and tokenizer_fingerprint(tok) != fingerprint:
+        raise TokenizerError(f"the tokenizer in {where} maps text to other ids than the one the model was converted "
+                             f"with (fingerprint {tokenizer_fingerprint(tok)} vs {fingerprint}): {fix}")
 
 
 def check_tokenizer_source(name_or_path: str | os.PathLike[str], *, what: str = "tokenizer") -> None:
@@ -121,8 +148,8 @@ def check_tokenizer_source(name_or_path: str | os.PathLike[str], *, what: str = 
     p = Path(spec).expanduser()
     hint = "pass the folder `biglm tokenizer train` wrote (tokenizer.json inside) or a hub name (OWNER/NAME)"
     if p.is_dir():
-        if not any((p / f).is_file() for f in _TOKENIZER_FILES):
-            raise TokenizerError(f"{what} {spec}: the folder holds no tokenizer ({' or '.join(_TOKENIZER_FILES)}); "
+        if not any((p / f).is_file() for f in TOKENIZER_FILES):
+            raise TokenizerError(f"{what} {spec}: the folder holds no tokenizer ({' or '.join(TOKENIZER_FILES)}); "
                                  f"{hint}")
     elif p.exists():
         raise TokenizerError(f"{what} {spec}: is a file, not a tokenizer folder; {hint}")

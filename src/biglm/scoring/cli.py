@@ -222,8 +222,11 @@ def main(argv: list[str]) -> int:
     else:
         try:
             results = evaluate(model_args=args.model_args, tasks=args.tasks, include_path=args.include_path, **common)
-        except ModelArgsError as e:
+        except (ModelArgsError, FileNotFoundError, ValueError) as e:  # a bad model_arg; a model that cannot load
             print(f"biglm eval: {e}", file=sys.stderr)
+            return 2
+        except ConnectionError as e:  # datasets: "Couldn't reach 'baber/piqa' on the Hub (LocalEntryNotFoundError)"
+            print(f"biglm eval: {hub_unreachable(e, args.tasks)}", file=sys.stderr)
             return 2
     if not results:  # not rank 0 under torchrun
         return 0
@@ -239,6 +242,21 @@ def main(argv: list[str]) -> int:
               "Avg over the Table 1 columns that ran)")
         print(format_table(header, row))
     return 0
+
+
+def hub_unreachable(e: BaseException, tasks: tuple[str, ...]) -> str:
+    """One line for a task whose data lm-eval could not fetch: what happened, and how to point biglm at local files
+    (`--suite paper --suite_tasks ... --data_dir`, hub layout) for the tasks the paper suite knows."""
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    local = [t for t in select_tasks(None) if t.task in tasks]
+    if local:
+        where = ", ".join(f"<data_dir>/{t.hub}{'/' + t.config if t.config else ''}/{t.splits[0]}.jsonl" for t in local)
+        fix = (f"to read local files instead, run biglm eval --suite paper --suite_tasks "
+               f"{','.join(t.column for t in local)} --data_dir DIR (files in the hub's layout: {where})")
+    else:
+        fix = ("to use local files, give the task a YAML whose dataset_path is a local folder (--include_path), or "
+               "fill the datasets cache where the Hub is reachable and set HF_DATASETS_OFFLINE=1")
+    return f"lm-eval fetches each task's data from the Hugging Face Hub, and it cannot be reached ({first}); {fix}"
 
 
 def _main_multitask(args: EvalArgs, argv: list[str]) -> int:
