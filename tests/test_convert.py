@@ -563,3 +563,45 @@ def test_a_truncated_or_foreign_gguf_is_refused_in_one_line(tmp_path, tok_withou
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and f"{name} is not a readable GGUF file" in err, (name, err)
         assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_default_decoding_of_a_drafting_model_writes_one_token_per_calls_text_on_the_real_model(real_smol):
+    """The real SmolLM2 weights seen as a drafting model (prefix blocks of 1, as `blocks-adapt` sets them before its
+    first step): its default decoding (model and n-gram drafts, `drafting_default`) writes, in float32 greedy, token
+    for token what one token per call writes, for a left-padded batch of three kinds of prompts (a continuation, a
+    chat turn, a rewrite), through `generate_ids` and through the server's engine beside a one-token-per-call request,
+    in fewer calls; each call after the first runs cached positions only."""
+    from transformers import AutoTokenizer
+
+    from biglm.generation import DecodeEngine, generate_ids, left_pad
+    from biglm.generation.config import model_decoding
+
+    tok = AutoTokenizer.from_pretrained(real_smol)
+    model = BiGLMForMaskedLM.from_pretrained(real_smol, dtype=torch.float32).eval()
+    model.config.prefix_attention, model.config.prefix_block_lengths = "blocks", [1, 8, 16, 32]
+    chat = lambda text: tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,  # noqa: E731
+                                                add_generation_prompt=True)
+    texts = [DECODE_TEXTS[0], chat("What is the capital of France?"),
+             chat("Rewrite in simpler words: The committee deliberated at length before reaching a consensus.")]
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    N = 24
+    default = model_decoding(model.config, {"max_new_tokens": N})
+    assert default.draft_length >= 1 and default.draft_ngram >= 1 and default.strategy == "confidence"
+    plain = model_decoding(model.config, {"max_new_tokens": N, "strategy": "confidence", "block_length": 1,
+                                          "steps": N, "draft_length": 0})
+    assert plain.draft_length == 0
+    ids, mask = left_pad(prompts, pad_id=model.config.pad_token_id)
+    ref = generate_ids(model, ids, mask, config=plain)
+    out = generate_ids(model, ids, mask, config=default)
+    assert out.token_lists() == ref.token_lists()
+    assert sum(out.calls_per_row()) < sum(len(t) for t in out.token_lists())  # fewer calls than tokens
+    assert out.forward_calls == out.steps + 1  # the prompts' one pass, then cached calls only
+    engine = DecodeEngine(model, max_batch_rows=8, draft_rows=8)
+    engine.submit("plain", prompts[0], plain)
+    for i, p in enumerate(prompts):
+        engine.submit(str(i), p, default)
+    done = {}
+    while engine.num_running or engine.num_waiting:
+        done.update({e.request_id: e for e in engine.step() if e.finished})
+    assert [done[str(i)].token_ids for i in range(3)] == ref.token_lists()
+    assert done["plain"].token_ids == ref.token_lists()[0]

@@ -444,3 +444,46 @@ def test_a_model_never_trained_on_blocks_of_1_is_warned_once_per_decode():
         warnings.simplefilter("error")  # any warning fails
         generate_ids(_blocks_model(), ids, mask, draft_length=3, **kw)  # trained on 1, 4, 8
         generate_ids(untrained, ids, mask, block_length=8, **kw)  # not speculative
+
+
+def _two_sample_p(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The chi-square test's p-value that two samples of outcome codes come from one distribution."""
+    from scipy.stats import chi2_contingency
+
+    k = int(max(a.max(), b.max())) + 1
+    table = torch.stack((torch.bincount(a, minlength=k), torch.bincount(b, minlength=k)))
+    table = table[:, table.sum(0) > 0]
+    return float(chi2_contingency(table.numpy()).pvalue)
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+def test_sampled_speculative_answers_follow_one_token_per_calls_distribution(shift, monkeypatch):
+    """Many sampled answers of one prompt (a 12-token vocabulary, so every outcome is seen often), drafted by the model
+    and by n-grams: the empirical distribution of the answers' tokens, each position and each pair of neighbours, is
+    one-token-per-call decoding's (chi-square, p > 1e-3), while drafts are kept often. The test can fail: keeping a
+    rejected draft's token possible in the resample (no residual) is caught."""
+    from biglm.generation import speculative
+
+    torch.manual_seed(0)
+    config = BiGLMConfig.from_preset("tiny", vocab_size=12, initializer_range=0.5, prefix_attention="blocks",
+                                     prefix_block_lengths=[1, 4], shift_logits=shift)
+    model = BiGLMForMaskedLM(config).eval()
+    n, N = 6000, 4
+    prompt = torch.tensor([[5, 6, 7, 5, 6, 7, 5]]).expand(n, -1)
+    kw = dict(max_new_tokens=N, strategy="confidence", temperature=1.0, ignore_eos=True)
+    ref = generate_ids(model, prompt, config=DecodingConfig(block_length=1, seed=1, **kw)).tokens
+    cfg = DecodingConfig(draft_length=2, draft_ngram=2, seed=2, **kw)
+    out = generate_ids(model, prompt, config=cfg)
+    assert float(out.row_calls.float().mean()) < N - 0.5  # drafts were kept, often
+
+    def codes(tokens: torch.Tensor) -> list[torch.Tensor]:
+        pairs = [tokens[:, i] * 12 + tokens[:, i + 1] for i in range(N - 1)]
+        return [tokens[:, i] for i in range(N)] + pairs
+
+    assert min(_two_sample_p(a, b) for a, b in zip(codes(ref), codes(out.tokens))) > 1e-3
+
+    real = speculative._one_more
+    monkeypatch.setattr(speculative, "_one_more", lambda check, cfg, g, *, kept, rejected, m: real(
+        check, cfg, g, kept=kept, rejected=None, m=m))  # no residual: the rejected draft may be drawn again
+    wrong = generate_ids(model, prompt, config=cfg).tokens
+    assert min(_two_sample_p(a, b) for a, b in zip(codes(ref), codes(wrong))) < 1e-6
