@@ -72,6 +72,7 @@ def test_run_lock_refuses_a_second_holder_and_is_reentrant_in_one_process(tmp_pa
     import fcntl
 
     with RunLock(tmp_path, command="biglm finetune x") as lock:
+        (tmp_path / "config.json").write_text("{}")  # a run that wrote something: its lock file stays
         info = json.loads(lock.path.read_text())
         assert info["pid"] == os.getpid() and info["command"] == "biglm finetune x" and info["host"]
         with RunLock(tmp_path):  # the CLI holds it and the loop takes it again
@@ -239,3 +240,48 @@ def test_eval_without_the_hub_says_lm_eval_fetches_the_data_and_how_to_use_local
     assert "lm-eval fetches each task's data from the Hugging Face Hub" in err[0]
     assert "Couldn't reach 'baber/piqa'" in err[0]
     assert "--suite paper --suite_tasks PIQA --data_dir DIR" in err[0] and "<data_dir>/baber__piqa/validation.jsonl" in err[0]
+
+
+def test_a_lock_that_guarded_nothing_leaves_no_file_and_no_folder(tmp_path):
+    """A run refused after taking its lock (issue 37 item 10) left OUT/run.lock, and OUT, behind: the lock removes
+    the file and the folders it made when nothing else was written; a folder it did not make stays."""
+    out = tmp_path / "runs" / "a"
+    with RunLock(out):
+        assert (out / "run.lock").is_file()
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "kept").mkdir()
+    with RunLock(tmp_path / "kept"):
+        pass
+    assert (tmp_path / "kept").is_dir() and list((tmp_path / "kept").iterdir()) == []
+    with RunLock(out):
+        (out / "config.json").write_text("{}")
+    assert (out / "run.lock").read_text() == "" and (out / "config.json").is_file()
+    # an output file's lock: gone when the file was never written, kept (empty) beside a written one
+    with RunLock.for_file(tmp_path / "gen" / "answers.jsonl"):
+        pass
+    assert not (tmp_path / "gen").exists()
+    with RunLock.for_file(tmp_path / "gen" / "answers.jsonl"):
+        (tmp_path / "gen" / "answers.jsonl").write_text("{}\n")
+    assert (tmp_path / "gen" / "answers.jsonl.lock").is_file()
+
+
+def test_a_lock_taken_on_a_file_removed_meanwhile_is_taken_again(tmp_path, monkeypatch):
+    """Between a run's open and its flock, a refused run may remove the lock file: the lock must then be the new
+    file at that path, or two runs would hold two inodes of one name."""
+    import fcntl
+
+    import biglm.checkpoint.lock as lock_module
+
+    real_flock, swapped = fcntl.flock, []
+
+    def flock(fd, op):
+        if not swapped:  # the file this run opened is unlinked and a new one made before the flock lands
+            swapped.append(os.fstat(fd).st_ino)
+            (tmp_path / "run.lock").unlink()
+            (tmp_path / "run.lock").write_text("")
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(lock_module.fcntl, "flock", flock)
+    (tmp_path / "config.json").write_text("{}")
+    with RunLock(tmp_path) as held:
+        assert os.fstat(held._fd).st_ino == os.stat(tmp_path / "run.lock").st_ino != swapped[0]

@@ -121,7 +121,7 @@ def test_interrupted_save_keeps_previous_checkpoint(prepared, tmp_path, monkeypa
     partial = tmp_path / "checkpoints" / ".tmp-step_0000005"
     partial.mkdir()
     (partial / "__0_0.distcp").write_bytes(b"half")
-    t2 = Trainer(_cfg(prepared, tmp_path, steps=4), info=SINGLE, echo=lambda s: None)
+    t2 = Trainer(_cfg(prepared, tmp_path, steps=3), info=SINGLE, echo=lambda s: None)
     assert t2.maybe_resume() and t2.step == 3
     assert not partial.exists()
 
@@ -249,8 +249,13 @@ def test_sigterm_saves_and_stops(prepared, tmp_path):
 
 
 def test_non_finite_loss_stops_without_touching_checkpoints(prepared, tmp_path):
-    Trainer(_cfg(prepared, tmp_path, steps=3), info=SINGLE, echo=lambda s: None).train()
+    def stop_at_3(loop, step):  # an 8-step run stopped after step 3 (as SIGTERM does): a resume keeps its schedule
+        if step == 3:
+            loop._stop_signal = signal.SIGTERM
+
+    Trainer(_cfg(prepared, tmp_path, steps=8), info=SINGLE, echo=lambda s: None, after_step=stop_at_3).train()
     ckpt = checkpoint_dirs(tmp_path)[0]
+    assert ckpt.name == "step_0000003"
     stamp = {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()}
 
     trainer = Trainer(_cfg(prepared, tmp_path, steps=8, save_every=1), info=SINGLE, echo=lambda s: None)
@@ -277,7 +282,7 @@ def _load_weights(ckpt: Path) -> dict:
 
 def test_resume_with_changed_shape_is_refused(prepared, tmp_path):
     Trainer(_cfg(prepared, tmp_path, steps=3), info=SINGLE, echo=lambda s: None).train()
-    bigger = _cfg(prepared, tmp_path, steps=6, model=ModelArgs(max_position_embeddings=64, hidden_size=128))
+    bigger = _cfg(prepared, tmp_path, steps=3, model=ModelArgs(max_position_embeddings=64, hidden_size=128))
     with pytest.raises(CheckpointError, match="different model shape.*hidden_size: checkpoint 64 vs now 128"):
         Trainer(bigger, info=SINGLE, echo=lambda s: None).train()
 
@@ -554,3 +559,62 @@ def test_the_first_step_is_logged_whatever_log_every_and_validation_shows_progre
     lines.clear()
     trainer.train()
     assert [int(line.split()[1].split("/")[0]) for line in lines if "| loss" in line] == [1, 2, 3]
+
+
+# --- issue 37 items 9, 10: a resume keeps its schedule, a finished run says so, a refused run leaves no folder ------
+def test_a_resume_with_another_schedule_is_refused_naming_the_fields(prepared, tmp_path, capsys):
+    """Resuming with another --steps moved the lr from 6.95e-05 at step 6 to 2.07e-04 at step 7 in silence."""
+    from biglm.cli import main
+
+    Trainer(_cfg(prepared, tmp_path, steps=3), info=SINGLE, echo=lambda s: None).train()
+    saved = (tmp_path / "train_config.json").read_text()
+    ckpts = [d.name for d in checkpoint_dirs(tmp_path)]
+    with pytest.raises(CheckpointError, match=r"other settings than these \(steps 3 -> 6; lr 0.003 -> 0.001\)"):
+        Trainer(_cfg(prepared, tmp_path, steps=6, lr=1e-3), info=SINGLE, echo=lambda s: None).train()
+    assert (tmp_path / "train_config.json").read_text() == saved and [d.name for d in checkpoint_dirs(tmp_path)] == ckpts
+    shards, tok = prepared
+    capsys.readouterr()
+    assert main(["pretrain", "--preset", "tiny", "--model.max_position_embeddings", "64", "--data", str(shards),
+                 "--tokenizer", str(tok), "--out_dir", str(tmp_path), "--seq_len", "32", "--micro_batch", "4",
+                 "--global_batch", "8", "--steps", "6", "--lr", "3e-3", "--min_lr", "3e-4", "--warmup_steps", "1",
+                 "--eval_windows", "8", "--name", "t"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "steps 3 -> 6" in err and f"--init_from {tmp_path}" in err, err
+    # changes that leave the schedule alone still resume
+    result = Trainer(_cfg(prepared, tmp_path, steps=3, log_every=2, eval_every=0, keep_last=2), info=SINGLE,
+                     echo=lambda s: None).train()
+    assert result.step == 3
+
+
+def test_rerunning_a_finished_run_says_already_finished_and_trains_nothing(prepared, tmp_path):
+    Trainer(_cfg(prepared, tmp_path, steps=3), info=SINGLE, echo=lambda s: None).train()
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+    newest = checkpoint_dirs(tmp_path)[-1]
+    stamp = (newest / "meta.json").stat().st_mtime_ns
+    said: list[str] = []
+    result = Trainer(_cfg(prepared, tmp_path, steps=3), info=SINGLE, echo=said.append).train()
+    assert result.step == 3 and result.losses == [] and result.val_losses == []
+    finished = [s for s in said if "already finished" in s]
+    assert len(finished) == 1 and "step 3 of 3" in finished[0] and not any("resumed from" in s for s in said), said
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics  # nothing trained, evaluated or logged again
+    assert [d.name for d in checkpoint_dirs(tmp_path)] == [newest.name] or checkpoint_dirs(tmp_path)[-1] == newest
+    assert (newest / "meta.json").stat().st_mtime_ns == stamp  # no checkpoint written again
+
+
+def test_a_run_refused_after_taking_its_lock_leaves_no_folder(prepared, tmp_path, capsys):
+    """Data in another tokenizer's ids is found only once the run holds its folder's lock: the refusal left
+    OUT/run.lock behind (README: a refused run leaves no folder)."""
+    from biglm.cli import main
+    from biglm.data import train_tokenizer
+
+    shards, _ = prepared
+    other = tmp_path / "other_tok"
+    train_tokenizer(texts=["completely different text corpus here"] * 50, vocab_size=300, out_dir=str(other))
+    out = tmp_path / "runs" / "x"
+    capsys.readouterr()
+    assert main(["pretrain", "--preset", "tiny", "--data", str(shards), "--tokenizer", str(other), "--out_dir",
+                 str(out), "--seq_len", "32", "--global_batch", "8", "--micro_batch", "4", "--steps", "2",
+                 "--warmup_steps", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "tokenizer" in err, err
+    assert not out.exists() and not (tmp_path / "runs").exists()

@@ -4,8 +4,10 @@ The lock is ``fcntl.flock`` on the file, so the operating system releases it whe
 dies (kill -9, out of memory): a lock can only be stale in the sense that the file still names a process that
 no longer holds it. The holder writes its pid, host, start time and command into the file for the refusal
 message; a later run that gets the lock while the file still names someone (a run that died) says it takes
-the lock over. A clean release empties the file but leaves it in place: unlinking a flock'ed file lets two
-later runs lock two different inodes of the same name.
+the lock over. A clean release empties the file but leaves it in place, except where the lock made the file and
+nothing else was written beside it (a run refused before its first file): then the file goes, and the folders the
+lock made, so a refused run leaves no folder. A run that locks a file someone unlinked meanwhile (it opened the old
+inode) sees that the path no longer names its inode and locks again, so two runs never hold two inodes of one name.
 
 Used by `biglm pretrain` and `biglm finetune` (rank 0 only under torchrun: the training loops broadcast its
 outcome, see `biglm.training.checkpoint.hold_run_dir`), and meant for any command that writes a run directory,
@@ -50,6 +52,7 @@ class RunLock:
         self._fd: int | None = None
         self._depth = 0
         self._key = ""
+        self._made: list[Path] = []  # what acquire created (folders, then the lock file): removed if left unused
 
     @classmethod
     def for_file(cls, path: str | Path, **kwargs) -> "RunLock":
@@ -58,27 +61,41 @@ class RunLock:
         return cls(path.parent, name=path.name + ".lock", what=str(path), **kwargs)
 
     def acquire(self) -> "RunLock":
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self._key = str(self.path.resolve())
         held = _HELD.get(self._key)
         if held is not None:  # re-entry in this process (CLI, then the training loop)
             held._depth += 1
             self._fd, self._depth = None, -1  # this handle defers to the outer one
             return self
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            other = _read_info(fd)
-            os.close(fd)
-            raise RunDirLockedError(
-                f"{self.what} is in use by another run ({describe_holder(other)}): wait for it to finish or stop "
-                f"it, or choose another output {'file' if self.path.name != LOCK_NAME else 'directory'}") from None
-        except OSError as e:  # a file system without locks (some network mounts): run, but say the check is off
-            os.close(fd)
-            self.echo(f"[biglm] warning: cannot lock {self.path} ({e.strerror or e}): running without the "
-                      "one-run-per-directory check")
-            return self
+        while True:
+            missing = [d for d in (self.run_dir, *self.run_dir.parents) if not d.exists()]
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                made = True
+            except FileExistsError:
+                fd, made = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                other = _read_info(fd)
+                os.close(fd)
+                raise RunDirLockedError(
+                    f"{self.what} is in use by another run ({describe_holder(other)}): wait for it to finish or stop "
+                    f"it, or choose another output {'file' if self.path.name != LOCK_NAME else 'directory'}") from None
+            except OSError as e:  # a file system without locks (some network mounts): run, but say the check is off
+                os.close(fd)
+                self.echo(f"[biglm] warning: cannot lock {self.path} ({e.strerror or e}): running without the "
+                          "one-run-per-directory check")
+                return self
+            try:
+                current = os.stat(self.path).st_ino
+            except FileNotFoundError:
+                current = None
+            if current == os.fstat(fd).st_ino:
+                break
+            os.close(fd)  # a refused run removed the file between our open and our lock: lock the new one
+        self._made = [*missing, self.path] if made else []
         previous = _read_info(fd)
         if previous:
             self.echo(f"[biglm] taking over the lock of {self.what} left by a run that is no longer running "
@@ -109,8 +126,25 @@ class RunLock:
         _HELD.pop(self._key, None)
         try:
             os.ftruncate(fd, 0)  # a clean end: the next run finds nobody to take over from
+            if self._made and self._unused():
+                self.path.unlink(missing_ok=True)  # while still locked: a run that opened it re-locks (acquire)
+                for folder in self._made[:-1]:  # deepest first; only folders the lock made, and only if empty
+                    try:
+                        folder.rmdir()
+                    except OSError:
+                        break
         finally:
             os.close(fd)  # closing the last descriptor releases the flock
+
+    def _unused(self) -> bool:
+        """Whether nothing but the lock was written: a run folder holding only the lock file, or a locked output
+        file that does not exist."""
+        if self.path.name != LOCK_NAME:
+            return not self.path.with_name(self.path.name[: -len(".lock")]).exists()
+        try:
+            return [p.name for p in self.run_dir.iterdir()] == [LOCK_NAME]
+        except OSError:
+            return False
 
     def __enter__(self) -> "RunLock":
         return self.acquire()

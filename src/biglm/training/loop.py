@@ -16,6 +16,7 @@ checkpoints with an exact resume (model, optimiser, step, RNG state and the prog
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -25,6 +26,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..checkpoint import CheckpointError, checkpoint_dirs
+from ..config import to_dict
 from .checkpoint import Checkpointer, hold_run_dir
 from .config import LoopConfig
 from .distributed import DistInfo, all_reduce_sum, parallelize, set_gradient_sync, shape_template, unsharded_copy
@@ -47,6 +50,10 @@ class TrainLoop:
     ``after_step(loop, step)`` is called after every optimiser step (tests, fault injection)."""
 
     total_steps: int
+    config_file: str | None = None
+    """the run's saved configuration (in the output directory), which `check_resume` compares against"""
+    fixed_on_resume: tuple[str, ...] = ()
+    """the configuration's fields a resume may not change: the schedule the saved steps were taken under"""
 
     def __init__(self, cfg: LoopConfig, *, info: DistInfo, out: Path, echo: Callable[[str], None] | None = None,
                  after_step: Callable[[Any, int], None] | None = None) -> None:
@@ -158,8 +165,30 @@ class TrainLoop:
         self.echo(f"[biglm] saved checkpoint {path}")
         return path
 
+    def check_resume(self) -> None:
+        """Refuse (`CheckpointError`, one line naming each field with its saved and new value) a resume whose
+        ``fixed_on_resume`` fields differ from the run's saved configuration: the steps already taken followed the
+        saved schedule, and continuing under another one silently changes it (lr 6.95e-05 at step 6 became 2.07e-04
+        at step 7 with another --steps). Checked before any run file is rewritten."""
+        saved_path = self.out / self.config_file if self.config_file else None
+        if not self.fixed_on_resume or saved_path is None or not saved_path.is_file() or not checkpoint_dirs(self.out):
+            return
+        try:
+            saved = json.loads(saved_path.read_text())
+        except (OSError, ValueError):
+            return
+        now = to_dict(self.cfg)
+        changed = [f"{k} {_said(saved[k])} -> {_said(now.get(k))}" for k in self.fixed_on_resume
+                   if k in saved and saved[k] != now.get(k)]
+        if changed:
+            raise CheckpointError(
+                f"{self.out} was trained with other settings than these ({'; '.join(changed)}): a resume keeps the "
+                f"schedule its checkpoints were taken under. Run it again with the saved values ({saved_path}), or "
+                f"start a new run from it: --init_from {self.out} --out_dir NEW_DIR")
+
     def maybe_resume(self) -> bool:
         """Resume from the newest complete checkpoint in the output directory, if any."""
+        self.check_resume()
         self.write_run_files()
         resumed = self.checkpointer.resume(model=self.model, optimizer=self.optimizer)
         if resumed is None:
@@ -168,7 +197,12 @@ class TrainLoop:
         self.step = extra["step"]
         self.load_state_dict(extra)
         restore_rng(extra, self.info.device)
-        self.echo(f"[biglm] resumed from {ckpt} (step {self.step})")
+        if self.step >= self.total_steps:
+            self.echo(f"[biglm] {self.out} already finished: step {self.step} of {self.total_steps} ({ckpt}); "
+                      f"nothing to train. To train on, start a new run from it: --init_from {self.out} --out_dir "
+                      "NEW_DIR --steps N")
+        else:
+            self.echo(f"[biglm] resumed from {ckpt} (step {self.step})")
         return True
 
     # ------------------------------------------------------------------ the loop
@@ -233,6 +267,10 @@ class TrainLoop:
         """Seconds to the last step at this run's pace so far."""
         done = max(self.step - self.step_start, 1)
         return (time.perf_counter() - self.t_start) / done * (self.total_steps - self.step)
+
+
+def _said(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
 __all__ = ["Evaluation", "TrainLoop"]

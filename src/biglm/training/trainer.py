@@ -103,7 +103,12 @@ class Trainer(TrainLoop):
 
     ``after_step(trainer, step)`` is called after every optimizer step (tests, fault injection). ``task_evaluator``
     scores the model every --eval_tasks_every steps (``evaluate(model=, tokenizer=)``; `biglm pretrain` builds
-    lm-eval's). The settings are checked once, where they enter (`TrainConfig.validate`)."""
+    lm-eval's). The settings are checked once, where they enter (`TrainConfig.validate`). A resume refuses another
+    schedule than the run's saved one (``fixed_on_resume``: `TrainLoop.check_resume`)."""
+
+    config_file = "train_config.json"
+    fixed_on_resume = ("steps", "lr", "min_lr", "schedule", "warmup_steps", "anneal_fraction", "global_batch",
+                       "seq_len", "attention_anneal_steps", "betas", "weight_decay")
 
     LOG_INTERVAL_S = 60.0  # a log line at least this often (and at the first step), whatever --log_every
 
