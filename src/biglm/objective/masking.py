@@ -63,6 +63,12 @@ class ObjectiveConfig:
     """biglm-blocks: share of windows whose suffix is one block of the window's block length (p = L - B):
     block decoding's own condition, where the block being written is the whole suffix and nothing follows it
     (the paper's draw of p leaves at least αL suffix tokens); 0: every window draws p as the paper does"""
+    draft_prob: float = 0.0
+    """biglm-blocks: share of windows in speculative decoding's drafting condition: the text written so far as
+    blocks of 1 (past a prompt boundary q), none of it masked, then ``draft_width`` masks, all masked, which learn
+    the tokens that follow (a draft slot k tokens ahead); 0: none"""
+    draft_width: int = 4
+    """biglm-blocks: the masks after the text in a drafting window (speculative decoding's draft_length + 1)"""
 
     def __post_init__(self) -> None:
         if self.diffusion:
@@ -97,6 +103,13 @@ class ObjectiveConfig:
                 raise ValueError(f"plain_prefix_prob={self.plain_prefix_prob} must lie in [0, 1].")
             if not 0.0 <= self.suffix_block_prob <= 1.0:
                 raise ValueError(f"suffix_block_prob={self.suffix_block_prob} must lie in [0, 1].")
+            if not 0.0 <= self.draft_prob <= 1.0:
+                raise ValueError(f"draft_prob={self.draft_prob} must lie in [0, 1].")
+            if self.draft_width < 1:
+                raise ValueError(f"draft_width={self.draft_width} must be >= 1.")
+        elif self.draft_prob:
+            raise ValueError(f"draft_prob={self.draft_prob} applies to biglm-blocks only (it needs prefix_blocks): "
+                             "set prefix_blocks or leave draft_prob at 0.")
         elif self.suffix_block_prob:
             raise ValueError(f"suffix_block_prob={self.suffix_block_prob} applies to biglm-blocks only (it needs "
                              "prefix_blocks): set prefix_blocks or leave suffix_block_prob at 0.")
@@ -298,6 +311,14 @@ def draw_masks(
             masked = torch.where(one[:, None], _split_masks(split, beta_x, beta_y, uniform(B, L)), masked)
         q = (u_prompt * (split + 1)).long().clamp_max(split)  # q ~ U{0..p}
         prompt_len = torch.where(u_plain < objective.plain_prefix_prob, split, q)
+        if objective.draft_prob:  # drawn last: without it no draw moves
+            draft = uniform(B) < objective.draft_prob
+            p = torch.full_like(split, max(1, L - objective.draft_width))
+            split = torch.where(draft, p, split)
+            masked = torch.where(draft[:, None], torch.arange(L, device=dev)[None, :] >= p[:, None], masked)
+            block_len = torch.where(draft, torch.ones_like(block_len), block_len)
+            prompt_len = torch.where(draft, (u_prompt * (p + 1)).long().clamp_max(p), prompt_len)
+            ratios = torch.where(draft[:, None], torch.tensor([0.0, 1.0], device=dev), ratios)
     pattern = MaskPattern(masked=masked, split=split, prefix_attention=objective.prefix_attention, ratios=ratios,
                           weight=weight, prompt_len=prompt_len, block_len=block_len)
     if objective.corruption is not None:
