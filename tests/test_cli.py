@@ -38,3 +38,19 @@ def test_pretrain_help_and_bad_option(capsys):
     assert "unknown option --no_such_field" in capsys.readouterr().err
     assert main(["pretrain", "no-such-recipe"]) == 2
     assert "unknown recipe" in capsys.readouterr().err
+
+
+def test_generate_refuses_an_output_that_is_a_folder_before_loading(tmp_path, capsys):
+    """`biglm generate --input X --output RUN_DIR` ended in IsADirectoryError's traceback after loading the model
+    (issue 37 item 7: nothing is written into a folder, a run's above all)."""
+    import json
+
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": 1, "prompt": "the cat"}) + "\n")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "no-model"), "--input", str(tmp_path / "in.jsonl"), "--output",
+                 str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--output {run} is a folder" in err, err
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]

@@ -238,6 +238,10 @@ def _main_file(args: GenerateArgs, argv: list[str]) -> int:
     except BatchInputError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
+    if args.output is not None and Path(args.output).is_dir():  # a folder (a run's, say) is never written into
+        print(f"{prog}: --output {args.output} is a folder: give the JSONL file the answers go to (e.g. "
+              f"{Path(args.output) / 'answers.jsonl'})", file=sys.stderr)
+        return 2
     given = given_options(type(args), argv)
     backend, cluster = None, None
     if args.replicas is not None:
