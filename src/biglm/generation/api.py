@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .config import DecodingConfig
+from .config import DecodingConfig, model_decoding
 from .decoding import StepCallback, generate_ids, left_pad, require_mask_token, uses_length_head
 
 
@@ -61,8 +61,8 @@ def generate(
         tokenizer: its tokenizer (a transformers tokenizer).
         prompts: the texts to continue; different lengths are batched with left padding.
         config: the decoding options (`DecodingConfig`: strategy, steps, sampling, length beam,
-            stop strings, ``early_stop``...); default: its defaults, the published Mask-Predict
-            with T = 10 model calls.
+            stop strings, ``early_stop``...); default: the model's (`config.model_decoding` with ``overrides``: the
+            published Mask-Predict with T = 10 model calls, or a drafting model's exact speculative decoding).
         on_step: called with a `decoding.StepInfo` after every model call.
         **overrides: `DecodingConfig` fields set on top of ``config``, e.g.
             ``generate(model, tok, prompts, steps=8, early_stop=True)``; validated with it, once.
@@ -74,7 +74,8 @@ def generate(
         raise TypeError("prompts must be a list of strings (wrap a single prompt in a list).")
     if len(prompts) == 0:
         raise ValueError("prompts is empty: pass at least one prompt.")
-    cfg = (config or DecodingConfig()).override(**overrides)
+    # no config: the model's decoding, as every entry point builds it (a drafting model's own default included)
+    cfg = config.override(**overrides) if config is not None else model_decoding(model.config, overrides)
     room = _check_model(model, cfg)
     encoded = encode_prompts(tokenizer, prompts, max_prompt_tokens=room)
     return generate_from_ids(model, tokenizer, encoded, config=cfg, on_step=on_step)

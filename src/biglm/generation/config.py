@@ -13,7 +13,10 @@ everywhere without an edit here; its field lists the registry as its choices (th
 
 The default is the published Mask-Predict (Ghazvininejad et al. 2019): T iterations
 are T model calls. ``early_stop`` (end a row once an iteration changes none of its tokens) is an
-opt-in speed option.
+opt-in speed option. At the entry points (`model_decoding`: generate, chat, serve, batch files) a model on which
+drafts are checked exactly (a `biglm-blocks` model trained on blocks of 1, what `blocks-adapt` makes) has a default
+of its own, `drafting_default`: one token per call's answer in fewer calls (speculative decoding with the model's
+drafts and n-gram lookup), unless an option that chooses how to decode is given or saved.
 
 Block decoding defaults, by measurement (benchmarks/bench_generation.py, docs/LOG.md 2026-11-24:
 a 4x192 model trained on a synthetic grammar, answers checked against the grammar; CPU timings
