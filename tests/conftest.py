@@ -26,6 +26,19 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+REAL_GGUF = REPO.parent / "shared" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def real_smol(tmp_path_factory) -> Path:
+    """The shipped SmolLM2-135M-Instruct converted once per session (shift on, `biglm convert`'s default)."""
+    from biglm.checkpoint.convert import convert_checkpoint
+
+    if not REAL_GGUF.is_file():
+        pytest.skip(f"the real SmolLM2 GGUF file is not at {REAL_GGUF}")
+    return convert_checkpoint(REAL_GGUF, tmp_path_factory.mktemp("real") / "smol", shift=True, log=lambda s: None)
+
+
 @pytest.fixture
 def tiny_config():
     from biglm import BiGLMConfig

@@ -338,12 +338,7 @@ def test_gguf_in_a_folder_and_bad_sources_said_in_one_line(tmp_path, tok_without
 REAL_GGUF = Path(__file__).resolve().parents[2] / "shared" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-@pytest.fixture(scope="module")
-def real_smol(tmp_path_factory) -> Path:
-    """The shipped SmolLM2-135M-Instruct converted once for this module (shift on, `biglm convert`'s default)."""
-    if not REAL_GGUF.is_file():
-        pytest.skip(f"the real SmolLM2 GGUF file is not at {REAL_GGUF}")
-    return convert_checkpoint(REAL_GGUF, tmp_path_factory.mktemp("real") / "smol", shift=True, log=lambda s: None)
+# real_smol (the real SmolLM2 converted once per session): tests/conftest.py
 
 
 def test_real_smollm2_gguf_converts_with_equal_logits(real_smol):

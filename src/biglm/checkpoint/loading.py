@@ -117,10 +117,10 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
                pack: bool = False, compile: bool = False, batch_invariant: bool = False):
     """Return ``(model, tokenizer)`` in eval mode from ``path``.
 
-    ``batch_invariant``: each row of a call computed independently of the rows beside it (`BiGLMModel.batch_invariant`;
-    the linear layers prepacked, a one-row call as two rows, and one attention kernel over each row's real keys), so a
-    request's answer does not depend on what it is batched with, in bfloat16 too. On a CPU only (its kernels were
-    measured there), without ``compile``.
+    ``batch_invariant``: each row of a call computed independently of the rows beside it (`BiGLMModel.batch_invariant`:
+    one attention kernel over each row's real keys, RoPE positions counted per row), so a request's answer does not
+    depend on what it is decoded with. For bfloat16 weights on a CPU, without ``compile`` (where its kernels were
+    measured row-invariant; anything else is refused).
 
     ``pack``: on a CPU, hold every linear layer's weight prepacked for oneDNN (`model.packed`: 1.5-3x faster decoding
     calls at a real model's shape); for inference only (generate, serve, eval), never for a model that will train.
@@ -164,13 +164,17 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     if compile:
         for layer in model.model.layers:
             layer.compile(dynamic=True)  # in place: parameter names and state_dict unchanged
-    elif (pack or batch_invariant) and torch.device(device).type == "cpu":
+    elif pack and torch.device(device).type == "cpu":
         from ..model.packed import pack_linears
 
-        if not pack_linears(model, batch_invariant=batch_invariant) and batch_invariant:
-            raise ValueError("batch_invariant needs oneDNN's prepacked linear kernels, which this PyTorch build lacks "
-                             "(torch.backends.mkldnn): drop batch_invariant.")
-        model.model.batch_invariant = batch_invariant
+        pack_linears(model)
+    if batch_invariant:
+        held = next(model.parameters()).dtype
+        if held != torch.bfloat16:
+            raise ValueError(f"batch_invariant is measured for bfloat16 weights, and these are {held}: load them with "
+                             "dtype bfloat16 (--dtype bfloat16), or drop batch_invariant (in float32 the matrix kernels "
+                             "pick their summation order by shape).")
+        model.model.batch_invariant = True
     return model, tokenizer
 
 

@@ -109,11 +109,20 @@ class GenerateArgs(ReplicaOptions, DecodingConfig):
     compile: bool = False
     """torch.compile each decoder layer (dynamic shapes: compiled once, at the first call, instead of the prepacked
     CPU kernels); for accelerators: on a CPU at batch 1 the default prepacked eager path is faster (docs/LOG.md)"""
+    batch_invariant: bool = False
+    """each answer independent of the others decoded beside it (kernels whose rows do not depend on the other rows:
+    the same answer alone, batched or under any load, in bfloat16 too); on a CPU, without --compile; about 25% fewer
+    tokens/s (docs/serving.md)"""
     show_steps: bool = False
     """print the answer after every model call, masked slots as _"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.batch_invariant and (self.compile or self.device != "cpu"):
+            raise ConfigError("--batch_invariant runs on a CPU without --compile (its kernels are measured "
+                              "row-invariant there): drop --compile / pass --device cpu, or drop --batch_invariant")
+        if self.batch_invariant and self.replicas is not None:
+            raise ConfigError("--batch_invariant applies to one process: drop --replicas, or --batch_invariant")
         if not self.checkpoint:
             raise ConfigError("missing CHECKPOINT: a directory written by `biglm export` or `biglm pretrain`")
         if self.input is not None:
@@ -181,7 +190,8 @@ def _step_printer(tokenizer, mask_id: int):
     return show
 
 
-def load_for_cli(path: Path, *, prog: str, device: str | None, dtype: str | None, compile: bool = False):
+def load_for_cli(path: Path, *, prog: str, device: str | None, dtype: str | None, compile: bool = False,
+                 batch_invariant: bool = False):
     """``(model, tokenizer)`` from a command's checkpoint argument, or None after one line on stderr naming the
     problem (a missing path, or a directory that holds no loadable model)."""
     if not path.exists():
@@ -192,7 +202,7 @@ def load_for_cli(path: Path, *, prog: str, device: str | None, dtype: str | None
 
     try:
         return load_model(path, device=device, dtype=_DTYPES.get(dtype) if dtype else None, pack=True,
-                          compile=compile)
+                          compile=compile, batch_invariant=batch_invariant)
     except (FileNotFoundError, OSError, ValueError) as e:
         print(f"{prog}: cannot load {path}: {e}", file=sys.stderr)
         return None
@@ -209,7 +219,7 @@ def main(argv: list[str]) -> int:
     if args.input is not None:
         return _main_file(args, argv)
     loaded = load_for_cli(Path(args.checkpoint), prog="biglm generate", device=args.device, dtype=args.dtype,
-                          compile=args.compile)
+                          compile=args.compile, batch_invariant=args.batch_invariant)
     if loaded is None:
         return 2
     model, tokenizer = loaded
@@ -273,7 +283,8 @@ def _run_file(args: GenerateArgs, given: dict, backend, prog: str) -> int:
     # with replicas, this copy only checks and prepares the rows (the model's settings, token ids): on the cpu
     device = "cpu" if backend is not None else args.device
     loaded = load_for_cli(Path(args.checkpoint), prog=prog, device=device, dtype=args.dtype,
-                          compile=args.compile and backend is None)  # with replicas, each holder compiles its own
+                          compile=args.compile and backend is None,  # with replicas, each holder compiles its own
+                          batch_invariant=args.batch_invariant)
     if loaded is None:
         return 2
     model, tokenizer = loaded

@@ -411,7 +411,10 @@ class DecodeEngine:
         """Whether a step of the running rows (and ``extra`` more) is bound by reading the weights, where checking
         drafts costs next to nothing (at most ``draft_rows`` rows): above it the engine calls speculative
         requests without the model's mask drafts (n-gram drafts still ride: a few positions) and starts new exact
-        ones as one token per call (docs/serving.md)."""
+        ones as one token per call (docs/serving.md). Always, for a batch-invariant model (`load_model(...,
+        batch_invariant=True)`): a sampled answer would follow the load."""
+        if getattr(self.model.model, "batch_invariant", False):
+            return True
         return sum(r.rows for r in self._running.values()) + extra <= self.draft_rows
 
     # --- internals -----------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ Notable features
 - An explicit rule (``rule``, (B, Lq, Lk) bool) replaces the prefix rule for a call whose queries form no
   prefix/suffix split: speculative decoding's drafted tokens, each seen only by what follows it in its own
   branch (`generation.speculative`). Key padding still applies on top.
+- Batch invariance (``AttentionMask.batch_invariant``, `batch_invariant_attention`): a row's result does not depend
+  on the rows beside it, so a seed gives one answer whatever else shares the call (as vLLM's batch-invariant mode).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class AttentionMask:
             grows it from 0 to the window over the first steps. An int or a 0-dim long tensor.
         rule: (B, Lq, Lk) bool, which keys each query may see, given outright (instead of ``prefix_len`` and the
             switches above); ``key_valid`` still applies.
+        batch_invariant: every layer attends with `batch_invariant_attention` (the model's ``batch_invariant``).
     """
 
     batch: int
@@ -68,7 +71,9 @@ class AttentionMask:
     causal: bool = False
     lookahead: torch.Tensor | int | None = None
     rule: torch.Tensor | None = None
+    batch_invariant: bool = False
     _dense: torch.Tensor | None = field(default=None, repr=False)
+    _compact: tuple | None = field(default=None, repr=False)
     _block: object | None = field(default=None, repr=False)
 
     @property
@@ -120,6 +125,27 @@ class AttentionMask:
             self._dense = self.allowed(b, q, k)[:, None]
         return self._dense
 
+    def compacted(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(order, dense)`` for `batch_invariant_attention`: ``order`` (B, W) long takes each row's real keys first,
+        in their order, then fillers (any key, masked out) up to W, the key count rounded up to `INVARIANT_KEY_BUCKET`
+        (None when the keys are so already); ``dense`` (B, 1, Lq, W) the mask of those columns."""
+        if self._compact is None:
+            B, Lk = self.batch, self.k_len
+            width = -(-Lk // INVARIANT_KEY_BUCKET) * INVARIANT_KEY_BUCKET
+            dense = self.dense(device)
+            if dense is None:
+                dense = torch.ones(B, 1, self.q_len, Lk, dtype=torch.bool, device=device)
+            kv, order = self.key_valid, None
+            if kv is not None and bool((kv[:, 1:] & ~kv[:, :-1]).any()):  # a real key after padding somewhere
+                order = torch.argsort((~kv).to(torch.uint8), dim=1, stable=True)
+                dense = dense.gather(3, order[:, None, None, :].expand(-1, 1, self.q_len, -1))
+            if width > Lk:
+                base = order if order is not None else torch.arange(Lk, device=device).expand(B, Lk)
+                order = torch.cat((base, base[:, :1].expand(B, width - Lk)), 1)
+                dense = F.pad(dense, (0, width - Lk), value=False)
+            self._compact = (order, dense)
+        return self._compact
+
     def block_mask(self, device: torch.device):
         """FlexAttention BlockMask for this mask (None when attention is full)."""
         if self.is_full:
@@ -170,14 +196,56 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: A
     """Attention for a few queries with grouped key/value heads as two matrix products: the query heads that share a
     key/value head become rows of one product with it (no key/value copy per head), scores and softmax in float32.
     q (B, H, Lq, D); k, v (B, Hkv, Lk, D)."""
+    return _grouped(q, k, v, mask.dense(q.device))
+
+
+def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
+    # `grouped_attention` given the dense mask (B, 1, Lq, Lk) or None
     B, H, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     rep = H // Hkv
     scores = (q.reshape(B, Hkv, rep * Lq, D) @ k.transpose(-1, -2)).float() * D ** -0.5  # (B, Hkv, rep*Lq, Lk)
-    dense = mask.dense(q.device)  # (B, 1, Lq, Lk) or None
     if dense is not None:
         scores = scores.view(B, Hkv, rep, Lq, Lk).masked_fill(~dense[:, :, None], float("-inf")).view(B, Hkv, rep * Lq, Lk)
     return (scores.softmax(dim=-1).to(v.dtype) @ v).view(B, H, Lq, D)
+
+
+# Keys per block in `batch_invariant_attention`: a call's key count is rounded up to a multiple, so a row's real keys
+# fill the same whole vectors of the kernels' reductions alone or batched (the padding after them adds whole blocks of
+# zeros: 15 real keys alone and 4 padding after them batched differed, a partial vector against a full one)
+INVARIANT_KEY_BUCKET = 64
+# Queries per product in `batch_invariant_attention`: bounds its float32 scores (a long prompt's encoding) and, being
+# fixed, is no function of the batch
+INVARIANT_QUERY_CHUNK = 256
+
+
+def batch_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
+                              dropout_p: float = 0.0) -> torch.Tensor:
+    """Attention whose result for a row does not depend on the other rows of the call (their number, their lengths,
+    the padding they bring), so a request's answer is the same alone or batched.
+
+    Where a batched call's rows drift on a CPU in bfloat16 (measured on SmolLM2-135M, docs/LOG.md 2026-11-27):
+    PyTorch's fused kernel for one row vs `grouped_attention` for several, and padding keys *between* a row's real
+    keys (the engine's pooled caches are right-padded to the longest, then the call's own keys follow; merged caches
+    are left-padded), which moves the real keys within the kernels' vector lanes and reduction blocks: 4 of 150
+    random rows differ in their last bit. Padding *after* a row's keys changed none, nor did the row count or the
+    query count (padded queries), except where it turned a partial vector of the reductions into a full one. So: one
+    kernel for every call (`grouped_attention`'s products, float32 softmax), each row's real keys moved to the front
+    in their order and the keys padded after them to a multiple of `INVARIANT_KEY_BUCKET`, queries taken in fixed
+    chunks. In bfloat16 the linear layers need nothing (`model.packed`). In float32 the matrix kernels pick their
+    summation order by shape (a row's result changes with the key count even when the extra keys are padding at its
+    end), so this mode is bfloat16's (`load_model` refuses it for other weights)."""
+    if dropout_p > 0.0:
+        raise ValueError("batch_invariant attention is for inference: it has no attention dropout.")
+    order, dense = mask.compacted(q.device)
+    if order is not None:
+        idx = order[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+        k, v = k.gather(2, idx), v.gather(2, idx)
+    Lq, C = q.shape[2], INVARIANT_QUERY_CHUNK
+    if Lq <= C:
+        return _grouped(q, k, v, dense)
+    return torch.cat([_grouped(q[:, :, s:s + C], k, v, None if dense is None else dense[:, :, s:s + C])
+                      for s in range(0, Lq, C)], dim=2)
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,

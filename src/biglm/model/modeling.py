@@ -14,6 +14,10 @@ Notable features
 - The AR "shift" (`BiGLMConfig.shift_logits`, for models converted from autoregressive checkpoints): the
   logits of position i come from the final hidden state of position i-1. The prefix cache then also carries
   the prefix's final hidden states, so the first suffix position's logits stay exact with a cached prefix.
+- Batch invariance (``BiGLMModel.batch_invariant``, set by `load_model(..., batch_invariant=True)`): a row's result
+  does not depend on the rows beside it, in bfloat16 (`attention.batch_invariant_attention`; the linear layers' rows
+  are so already, `packed`), and the RoPE positions a call does not give count each row's real tokens, so a
+  left-padded row sits where it would alone.
 - Written for one device; parallelism and compilation are applied from outside
   (`biglm.training.distributed`).
 """
@@ -30,7 +34,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
 
 from ..objective.loss import IGNORE_INDEX, token_loss
-from .attention import BACKENDS, AttentionMask
+from .attention import BACKENDS, AttentionMask, batch_invariant_attention
 from .config import BiGLMConfig
 
 
@@ -322,7 +326,8 @@ class BiGLMAttention(nn.Module):
         if past is not None:
             k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
         dropout = self.config.attention_dropout if self.training else 0.0
-        out = BACKENDS[self.config.attn_backend](q, k, v, mask, dropout)  # (B, H, L, D)
+        attend = batch_invariant_attention if mask.batch_invariant else BACKENDS[self.config.attn_backend]
+        out = attend(q, k, v, mask, dropout)  # (B, H, L, D)
         out = out.transpose(1, 2).reshape(B, L, self.n_heads * self.head_dim)
         return self.o_proj(out), new_kv
 
@@ -389,6 +394,8 @@ class BiGLMModel(BiGLMPreTrainedModel):
         # host-side input checks (one device sync per call) for users and inference; the trainer checks only its
         # first micro-batch (its shards were checked against the tokenizer when opened) and then turns them off
         self.validate_inputs = True
+        # each row's result independent of the rows beside it, for inference (module docstring); not saved
+        self.batch_invariant = False
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -511,13 +518,17 @@ class BiGLMModel(BiGLMPreTrainedModel):
             lookahead = torch.as_tensor(lookahead, device=input_ids.device)
         mask = AttentionMask(batch=B, q_len=L, k_len=L + offset, q_offset=offset,
                              prefix_len=prefix_len, key_valid=key_valid, doc_ids=doc_ids, prompt_len=prompt_len,
-                             block_len=block_len, causal=causal, lookahead=lookahead, rule=attention_rule)
+                             block_len=block_len, causal=causal, lookahead=lookahead, rule=attention_rule,
+                             batch_invariant=self.batch_invariant)
         # build the mask once, outside the (possibly compiled) blocks, for the backend that will read it
         if self.config.attn_backend == "flex":
             mask.block_mask(input_ids.device)
         else:
             mask.dense(input_ids.device)
-        if position_ids is None:
+        if position_ids is None and self.batch_invariant and key_valid is not None:
+            # each row's real tokens counted: a left-padded row's RoPE angles (its rounding) are those it has alone
+            position_ids = (key_valid.long().cumsum(1) - 1).clamp_min(0)[:, offset:]
+        elif position_ids is None:
             position_ids = torch.arange(offset, offset + L, device=input_ids.device).expand(B, L)
         x = self.embed_tokens(input_ids)
         if self.training:

@@ -9,6 +9,11 @@ freezing emits on CPU) reads it as it lies. Measured at the SmolLM2-135M shape, 
 (docs/LOG.md 2026-11-26 night). The results equal `F.linear`'s in bfloat16 at those shapes and differ by float32
 summation order in float32.
 
+Batch invariance (`BiGLMModel.batch_invariant`) needs a row's result not to depend on the rows beside it. In
+bfloat16 the prepacked kernels' rows were measured independent of the row count (1-256 rows, a row at the first, middle
+and last place, one and two threads, every SmolLM2-135M shape; `F.linear`'s too). In float32 they are not: a one-row
+call takes another kernel than two rows, and `F.linear` (MKL) differs from 4 rows on; so the mode is bfloat16's.
+
 Only for inference: the packed copy does not follow later changes to the weight (training, loading weights
 afterwards). `pack_linears` leaves a model as it is where oneDNN is missing or refuses the layout.
 """

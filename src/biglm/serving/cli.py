@@ -87,6 +87,10 @@ class ServeArgs(ReplicaOptions):
     compile: bool = False
     """torch.compile each decoder layer (dynamic shapes: compiled once, at the first call, instead of the prepacked
     CPU kernels); for accelerators: on a CPU at batch 1 the default prepacked eager path is faster (docs/LOG.md)"""
+    batch_invariant: bool = False
+    """each answer independent of the others decoded beside it (kernels whose rows do not depend on the other rows:
+    the same answer alone, batched or under any load, in bfloat16 too); on a CPU, without --compile; about 25% fewer
+    tokens/s (docs/serving.md)"""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     """uvicorn's log level"""
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
@@ -110,6 +114,9 @@ class ServeArgs(ReplicaOptions):
             if not lo <= self.replicas <= hi:
                 raise ConfigError(f"--replicas {self.replicas} (the replicas to start with) must lie in "
                                   f"[--min_replicas {lo}, --max_replicas {hi}]")
+        if self.batch_invariant and (self.compile or self.device != "cpu"):
+            raise ConfigError("--batch_invariant runs on a CPU without --compile (its kernels are measured "
+                              "row-invariant there): drop --compile / pass --device cpu, or drop --batch_invariant")
         if not self.checkpoint:
             raise ConfigError("missing RUN_OR_HF_DIR: a directory written by `biglm export` or `biglm pretrain`")
         if not 0 <= self.port <= 65535:
@@ -266,7 +273,7 @@ def build_app(args: ServeArgs, *, given: Collection[str] | None = None, health: 
 
     path = Path(args.checkpoint)
     model, tokenizer = load_model(path, device=args.device, dtype=_DTYPES.get(args.dtype) if args.dtype else None,
-                                  pack=True, compile=args.compile)
+                                  pack=True, compile=args.compile, batch_invariant=args.batch_invariant)
     defaults = server_defaults(model.config, args, given=given)
     name = args.model_name or path.resolve().name
     settings = ServeSettings(model_name=name, max_batch_rows=args.max_batch_rows, max_queue=args.max_queue,
