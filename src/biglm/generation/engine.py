@@ -52,7 +52,7 @@ from .api import cut_at_stop
 from .config import DecodingConfig
 from .decoding import (Decode, DecodeRun, _unchecked, check_prompt_ids, check_speculative, require_mask_token,
                        uses_length_head)
-from .speculative import SpeculativeDecode, TreeCall
+from .speculative import DRAFT_ROWS, SpeculativeDecode, TreeCall
 
 DEFAULT_PREFILL_CHUNK = 64
 """`DecodeEngine`'s default ``prefill_chunk``: a step's prompt encoding, in prompt tokens through every layer. Lower
@@ -300,7 +300,7 @@ class _CachePool:
                            hidden=None if b.hidden is None else b.hidden[:total, :width], ends=ends)
 
 
-DEFAULT_DRAFT_ROWS = 4  # rows up to which a step drafts with the model (docs/LOG.md 2026-11-27)
+DEFAULT_DRAFT_ROWS = DRAFT_ROWS  # rows up to which a step drafts with the model (`speculative.DRAFT_ROWS`)
 
 
 class DecodeEngine:

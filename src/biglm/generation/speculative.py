@@ -52,6 +52,13 @@ from .decoding import GenerationOutput, StepCallback, StepInfo, _unchecked
 from .sampling import filter_logits
 
 
+DRAFT_ROWS = 4
+"""Rows up to which a call drafts with the model's mask blocks: a call of so few rows is bound by reading the weights,
+so checked drafts cost next to nothing; above it a CPU call is bound by arithmetic and the (m + 1)^2 positions of the
+mask blocks cost more than their drafts save (SmolLM2-135M, bf16, 12 rows, 96 tokens: one token per call 102 tok/s,
+n-gram drafts only 42, with the model's drafts 26; docs/LOG.md 2026-11-27). The server's engine reads it too."""
+
+
 def tree_rule(*, pending: int, width: int, checks: bool = True, block: int | None = None,
               device: torch.device | str = "cpu") -> torch.Tensor:
     """(L, L) bool: which of a speculative call's own rows each row may see (module docstring); every row also sees
@@ -367,6 +374,7 @@ def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
                                suppress_ids=suppress_ids, on_step=on_step, reserve_cache=reserve_cache)
     with _unchecked(model):
         while not decode.finished:
+            decode.model_drafts = decode.config.draft_model and int(decode.active.sum()) <= DRAFT_ROWS
             decode.step()
     return decode.output()
 

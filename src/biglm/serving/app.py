@@ -102,6 +102,7 @@ class ServeSettings:
     max_prompt_chars: int | None = None  # None: PROMPT_CHARS_PER_TOKEN per position of the model's window
     defaults: DecodingConfig = field(default_factory=DecodingConfig)
     prefill_chunk: int | None = None  # None: the engine's default (`engine.DEFAULT_PREFILL_CHUNK`)
+    draft_rows: int | None = None  # None: the engine's default (`engine.DEFAULT_DRAFT_ROWS`)
 
 
 class TextStream:
@@ -287,8 +288,9 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
     if engine is None:
         from ..generation.engine import DecodeEngine
 
-        chunk = {} if settings.prefill_chunk is None else {"prefill_chunk": settings.prefill_chunk}
-        engine = DecodeEngine(model, max_batch_rows=settings.max_batch_rows, tokenizer=tokenizer, **chunk)
+        options = {name: getattr(settings, name) for name in ("prefill_chunk", "draft_rows")
+                   if getattr(settings, name) is not None}  # unset: the engine's defaults
+        engine = DecodeEngine(model, max_batch_rows=settings.max_batch_rows, tokenizer=tokenizer, **options)
     window = int(model.config.max_position_embeddings)
     max_steps = settings.max_steps or window
     max_chars = settings.max_prompt_chars or PROMPT_CHARS_PER_TOKEN * window

@@ -43,7 +43,7 @@ import torch
 from ..config import ConfigError, given_options, parse_cli
 from ..generation.cli import ReplicaOptions, ray_integration
 from ..generation.config import FIELDS, DecodingConfig, model_decoding
-from ..generation.engine import DEFAULT_PREFILL_CHUNK
+from ..generation.engine import DEFAULT_DRAFT_ROWS, DEFAULT_PREFILL_CHUNK
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 log = logging.getLogger(__name__)
@@ -69,6 +69,10 @@ class ServeArgs(ReplicaOptions):
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     """prompt encoding per engine step, in prompt tokens through every layer: a longer prompt is encoded over several
     steps beside the running requests' decoding (exactly: by layers, see docs/serving.md), so it does not stall them"""
+    draft_rows: int = DEFAULT_DRAFT_ROWS
+    """rows up to which an engine step drafts with the model (speculative decoding: checked drafts are nearly free
+    while a call is bound by reading the weights); above it speculative requests run without the model's mask drafts
+    and new exact ones as one token per call, the same answers (0: never draft with the model)"""
     request_timeout: float = 600.0
     """seconds a request may take before it is cancelled (408, or an error event in a stream)"""
     shutdown_timeout: float = 30.0
@@ -124,6 +128,8 @@ class ServeArgs(ReplicaOptions):
         for name in ("max_batch_rows", "max_queue", "prefill_chunk"):
             if getattr(self, name) < (0 if name == "max_queue" else 1):
                 raise ConfigError(f"--{name} {getattr(self, name)} must be >= {0 if name == 'max_queue' else 1}")
+        if self.draft_rows < 0:
+            raise ConfigError(f"--draft_rows {self.draft_rows} must be >= 0 (0: never draft with the model)")
         for name in ("request_timeout", "shutdown_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be > 0 seconds")
@@ -278,7 +284,8 @@ def build_app(args: ServeArgs, *, given: Collection[str] | None = None, health: 
     name = args.model_name or path.resolve().name
     settings = ServeSettings(model_name=name, max_batch_rows=args.max_batch_rows, max_queue=args.max_queue,
                              request_timeout=args.request_timeout, max_steps=args.max_steps,
-                             max_prompt_chars=args.max_prompt_chars, defaults=defaults, prefill_chunk=args.prefill_chunk)
+                             max_prompt_chars=args.max_prompt_chars, defaults=defaults, prefill_chunk=args.prefill_chunk,
+                             draft_rows=args.draft_rows)
     return create_app(model=model, tokenizer=tokenizer, settings=settings, health=health)
 
 
