@@ -373,8 +373,10 @@ def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
     decode = SpeculativeDecode(model, prompt_ids, prompt_mask, config=config, generator=generator,
                                suppress_ids=suppress_ids, on_step=on_step, reserve_cache=reserve_cache)
     with _unchecked(model):
+        invariant = getattr(getattr(model, "model", None), "batch_invariant", False)  # drafts change a sample's draw
         while not decode.finished:
-            decode.model_drafts = decode.config.draft_model and int(decode.active.sum()) <= DRAFT_ROWS
+            if not invariant:
+                decode.model_drafts = decode.config.draft_model and int(decode.active.sum()) <= DRAFT_ROWS
             decode.step()
     return decode.output()
 
