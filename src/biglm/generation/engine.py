@@ -7,7 +7,9 @@ seeded sampler; `step` merges the pending model calls of
 every running request into one padded forward (their caches are rows of one pool, `_CachePool`, read in
 place: right-padded, the padding masked as keys; answer windows right-padded; each row keeps its own RoPE
 positions), then hands each request its logits. So a request's tokens are those `generate_ids` gives it alone with
-the same config and seed, whatever else shares the batch (tested token for token).
+the same config and seed, whatever else shares the batch: in float32 (tested token for token); in bfloat16 with a
+batch-invariant model (`load_model(..., batch_invariant=True)`, tested on the real model), and without it a batched
+call rounds otherwise than a lone one, so an answer may change with its neighbours (docs/serving.md).
 
 Notable features
 - Continuous batching: `submit` queues; `step` admits waiting requests first (up to

@@ -35,7 +35,8 @@ marks the others' extra ones as padding keys.
 
 The step logic is one state machine, `SpeculativeDecode` (the contract of `decoding.Decode`: `segment`, `answered`,
 `output`): `speculative_generate` runs one over a batch with calls of its own; the server's `engine.DecodeEngine` runs
-one per request and merges its call with other requests' rows (tested token for token against `generate_ids`).
+one per request and merges its call with other requests' rows (tested token for token against `generate_ids`, in
+float32; in bfloat16 only with a batch-invariant model, `load_model(..., batch_invariant=True)`).
 """
 
 from __future__ import annotations
