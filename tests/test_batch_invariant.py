@@ -18,8 +18,8 @@ from biglm.model.packed import PackedLinear, pack_linears
 
 def test_attention_row_is_the_same_alone_and_beside_padded_rows():
     """A row's attention alone (one row, no padding) equals the same row in a batch of three whose cache is padded to
-    the longest and followed by the call's own keys (the engine's pooled layout: padding between a row's real keys),
-    with more queries (padded) than the row has. The default kernels differ here (the fused one for a single row,
+    the longest and followed by the call's own keys (the engine's pooled layout: padding between a row's real keys; or
+    left-padded, a merged cache), with more queries (padded) than the row has. The default kernels differ here (the fused one for a single row,
     `grouped_attention` with the keys shifted for a batch: a few rows in 150 differ in bfloat16)."""
     g = torch.Generator().manual_seed(0)
     H, Hkv, D = 9, 3, 64
@@ -33,13 +33,16 @@ def test_attention_row_is_the_same_alone_and_beside_padded_rows():
         B, W, L = 3, w + extra_q, n + pad + w + extra_q
         Q, K, V = r(B, H, W, D), r(B, Hkv, L, D), r(B, Hkv, L, D)
         Q[0, :, :w] = q[0]
+        left = t % 3 == 0  # the cache left-padded (a merged cache, beside a speculative request) or right-padded (pooled)
         for big, small in ((K, k), (V, v)):
-            big[0, :, :n], big[0, :, n + pad:n + pad + w] = small[0, :, :n], small[0, :, n:]
+            big[0, :, pad * left:n + pad * left], big[0, :, n + pad:n + pad + w] = small[0, :, :n], small[0, :, n:]
         valid = torch.ones(B, L, dtype=torch.bool)
-        valid[0, n:n + pad] = False
+        valid[0, slice(0, pad) if left else slice(n, n + pad)] = False
         valid[0, n + pad + w:] = False
         mask = AttentionMask(batch=B, q_len=W, k_len=L, q_offset=n + pad, key_valid=valid, batch_invariant=True)
-        assert torch.equal(batch_invariant_attention(Q, K, V, mask)[0, :, :w], alone[0]), (w, n, pad, extra_q)
+        given = K.clone(), V.clone()
+        assert torch.equal(batch_invariant_attention(Q, K, V, mask)[0, :, :w], alone[0]), (w, n, pad, extra_q, left)
+        assert torch.equal(K, given[0]) and torch.equal(V, given[1])  # laid out in a copy: the cache is untouched
 
 
 def test_attention_takes_long_queries_in_chunks_with_the_same_rows():

@@ -125,25 +125,35 @@ class AttentionMask:
             self._dense = self.allowed(b, q, k)[:, None]
         return self._dense
 
-    def compacted(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """``(order, dense)`` for `batch_invariant_attention`: ``order`` (B, W) long takes each row's real keys first,
-        in their order, then fillers (any key, masked out) up to W, the key count rounded up to `INVARIANT_KEY_BUCKET`
-        (None when the keys are so already); ``dense`` (B, 1, Lq, W) the mask of those columns."""
+    def compacted(self, device: torch.device) -> tuple[str, torch.Tensor | None, torch.Tensor]:
+        """How `batch_invariant_attention` lays out a call's keys: each row's real keys first, in their order, the rest
+        masked out, and the key count rounded up to `INVARIANT_KEY_BUCKET`. ``(how, index, dense)``: ``how`` "pad"
+        (the keys are so already: only padded, ``index`` None), "move" (each row's cache is right-padded and so are the
+        call's own keys, the engine's pooled layout: the call's keys move to just after the row's cache, to columns
+        ``index`` (B, Lq)) or "gather" (``index`` (B, W) the columns to take); ``dense`` (B, 1, Lq, W) the mask of
+        the laid-out columns."""
         if self._compact is None:
-            B, Lk = self.batch, self.k_len
+            B, Lk, Lq, C = self.batch, self.k_len, self.q_len, self.q_offset
             width = -(-Lk // INVARIANT_KEY_BUCKET) * INVARIANT_KEY_BUCKET
             dense = self.dense(device)
             if dense is None:
-                dense = torch.ones(B, 1, self.q_len, Lk, dtype=torch.bool, device=device)
-            kv, order = self.key_valid, None
-            if kv is not None and bool((kv[:, 1:] & ~kv[:, :-1]).any()):  # a real key after padding somewhere
-                order = torch.argsort((~kv).to(torch.uint8), dim=1, stable=True)
-                dense = dense.gather(3, order[:, None, None, :].expand(-1, 1, self.q_len, -1))
-            if width > Lk:
-                base = order if order is not None else torch.arange(Lk, device=device).expand(B, Lk)
-                order = torch.cat((base, base[:, :1].expand(B, width - Lk)), 1)
-                dense = F.pad(dense, (0, width - Lk), value=False)
-            self._compact = (order, dense)
+                dense = torch.ones(B, 1, Lq, Lk, dtype=torch.bool, device=device)
+            dense = F.pad(dense, (0, width - Lk), value=False)
+            kv, how, index = self.key_valid, "pad", None
+            gaps = (lambda x: bool((x[:, 1:] & ~x[:, :-1]).any()))  # noqa: E731  (a real key after padding)
+            if kv is not None and gaps(kv):
+                cols = torch.arange(width, device=device).expand(B, width)
+                if C + Lq == Lk and not gaps(kv[:, :C]) and not gaps(kv[:, C:]):
+                    ends = kv[:, :C].sum(1, keepdim=True)  # (B, 1) each row's cache length
+                    how, index = "move", ends + torch.arange(Lq, device=device)
+                    src = torch.where(cols < ends, cols, torch.where(cols < ends + Lq, cols - ends + C, 0))
+                    seen = cols < ends + Lq
+                else:
+                    how, index = "gather", torch.argsort((~kv).to(torch.uint8), dim=1, stable=True)
+                    index = torch.cat((index, index[:, :1].expand(B, width - Lk)), 1)
+                    src, seen = index, cols < Lk
+                dense = dense.gather(3, src[:, None, None, :].expand(-1, 1, Lq, -1)) & seen[:, None, None, :]
+            self._compact = (how, index, dense)
         return self._compact
 
     def block_mask(self, device: torch.device):
@@ -237,10 +247,19 @@ def batch_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     end), so this mode is bfloat16's (`load_model` refuses it for other weights)."""
     if dropout_p > 0.0:
         raise ValueError("batch_invariant attention is for inference: it has no attention dropout.")
-    order, dense = mask.compacted(q.device)
-    if order is not None:
-        idx = order[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+    how, index, dense = mask.compacted(q.device)
+    if how == "gather":
+        idx = index[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
         k, v = k.gather(2, idx), v.gather(2, idx)
+    else:
+        extra = dense.shape[3] - k.shape[2]
+        call = (k[:, :, k.shape[2] - q.shape[2]:], v[:, :, v.shape[2] - q.shape[2]:])
+        if extra or how == "move":  # (a copy: k and v may be the layer's own, returned for the cache)
+            k, v = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra))
+        if how == "move":  # the call's keys right after each row's cache (what was there is padding, masked out)
+            idx = index[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+            k.scatter_(2, idx, call[0])
+            v.scatter_(2, idx, call[1])
     Lq, C = q.shape[2], INVARIANT_QUERY_CHUNK
     if Lq <= C:
         return _grouped(q, k, v, dense)

@@ -93,8 +93,8 @@ class ServeArgs(ReplicaOptions):
     CPU kernels); for accelerators: on a CPU at batch 1 the default prepacked eager path is faster (docs/LOG.md)"""
     batch_invariant: bool = False
     """each answer independent of the others decoded beside it (kernels whose rows do not depend on the other rows:
-    the same answer alone, batched or under any load); bfloat16 weights on a CPU, without --compile; nothing measurable
-    alone, about 38% fewer tokens/s at 32 concurrent requests (docs/serving.md)"""
+    the same answer alone, batched or under any load); bfloat16 weights on a CPU, without --compile; about 4% fewer
+    tokens/s alone, 9% at 32 concurrent requests (docs/serving.md)"""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     """uvicorn's log level"""
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
