@@ -28,7 +28,7 @@ from common import machine, markdown_header, positive_int, write_report  # noqa:
 
 from biglm.checkpoint import load_model  # noqa: E402
 from biglm.generation import DecodingConfig, generate_ids  # noqa: E402
-from biglm.generation.speculative import SpeculativeDecode  # noqa: E402
+from biglm.generation.speculative import SOURCES, SpeculativeDecode  # noqa: E402
 
 
 def settings(lengths: list[int]) -> dict[str, dict]:
@@ -49,10 +49,14 @@ def main() -> None:
     ap.add_argument("--draft-lengths", type=positive_int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=positive_int, default=1)
+    ap.add_argument("--sources", nargs="+", default=["model", "n-gram", "model+n-gram"],
+                    choices=["model", "n-gram", "model+n-gram"], help="draft sources to run at each draft length")
+    ap.add_argument("--batch-invariant", action="store_true", help="load_model(batch_invariant=True) (bf16)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model, tok = load_model(args.model, dtype=getattr(torch, args.dtype), pack=True)
+    model, tok = load_model(args.model, dtype=getattr(torch, args.dtype), pack=True,
+                            batch_invariant=args.batch_invariant)
     texts = []
     for row in prompt_rows(Path(args.data), args.prompts):
         text = row["prompt"] if "prompt" in row else tok.apply_chat_template(row["messages"], tokenize=False,
@@ -70,7 +74,9 @@ def main() -> None:
     spy.decodes = []
     SpeculativeDecode.__init__ = spy
     rows, answers = {}, {}
-    for label, extra in settings(args.draft_lengths).items():
+    chosen = {label: extra for label, extra in settings(args.draft_lengths).items()
+              if label == "one token per call" or label.split(" ", 1)[1] in args.sources}
+    for label, extra in chosen.items():
         cfg = DecodingConfig(**base, **extra)
         generate_ids(model, torch.tensor([texts[0][1]]), config=cfg)  # warm-up
         spy.decodes.clear()
@@ -97,7 +103,7 @@ def main() -> None:
         if spy.decodes:
             hist = sum(d.kept_counts for d in spy.decodes)  # (source, kept)
             acc = {}
-            for s, name in enumerate(("model", "ngram")):
+            for s, name in enumerate(SOURCES):
                 h = hist[s].double()
                 if h.sum() == 0:
                     continue
@@ -111,9 +117,10 @@ def main() -> None:
               flush=True)
     SpeculativeDecode.__init__ = real_init
     report = {"command": "python " + " ".join(sys.argv), "machine": machine(), "model": args.model,
-              "dtype": args.dtype, "max_new_tokens": N, "settings": rows}
+              "dtype": args.dtype, "batch_invariant": args.batch_invariant, "max_new_tokens": N, "settings": rows}
     plain = rows["one token per call"]["tok_s"]
-    lines = markdown_header(f"Draft sources on held-out prompts: {args.model} ({args.dtype})", report) + [
+    mode = ", batch-invariant" if args.batch_invariant else ""
+    lines = markdown_header(f"Draft sources on held-out prompts: {args.model} ({args.dtype}{mode})", report) + [
         "", f"Batch 1, {N} tokens per prompt (EOS suppressed), {len(texts)} prompts ({args.prompts} of each kind: "
         f"{', '.join(KINDS)}), prepacked linears. Tokens per call: the mean of the kinds'.", "",
         "| setting | same text as one per call | tokens/call (continue / chat / rewrite) | positions/token | tok/s "

@@ -562,7 +562,7 @@ def test_a_truncated_or_foreign_gguf_is_refused_in_one_line(tmp_path, tok_withou
 
 def test_default_decoding_of_a_drafting_model_writes_one_token_per_calls_text_on_the_real_model(real_smol):
     """The real SmolLM2 weights seen as a drafting model (prefix blocks of 1, as `blocks-adapt` sets them before its
-    first step): its default decoding (model and n-gram drafts, `drafting_default`) writes, in float32 greedy, token
+    first step): its default decoding (n-gram drafts, `drafting_default`) writes, in float32 greedy, token
     for token what one token per call writes, for a left-padded batch of three kinds of prompts (a continuation, a
     chat turn, a rewrite), through `generate_ids` and through the server's engine beside a one-token-per-call request,
     in fewer calls; each call after the first runs cached positions only."""

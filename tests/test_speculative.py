@@ -487,3 +487,48 @@ def test_sampled_speculative_answers_follow_one_token_per_calls_distribution(shi
         check, cfg, g, kept=kept, rejected=None, m=m))  # no residual: the rejected draft may be drawn again
     wrong = generate_ids(model, prompt, config=cfg).tokens
     assert min(_two_sample_p(a, b) for a, b in zip(codes(ref), codes(wrong))) < 1e-6
+
+
+def test_ngram_draft_takes_what_followed_the_latest_longest_match():
+    from biglm.generation.speculative import ngram_draft
+
+    h = torch.tensor([1, 2, 3, 9, 8, 5, 2, 3, 7, 1, 2, 3])
+    assert ngram_draft(h, length=2, max_n=3).tolist() == [9, 8]  # the trigram [1, 2, 3] at 0
+    assert ngram_draft(h, length=5, max_n=2).tolist() == [7, 1, 2, 3]  # the latest bigram [2, 3], at 6; up to the end
+    assert ngram_draft(torch.tensor([4, 5, 6]), length=3, max_n=3) is None  # nothing repeats
+    assert ngram_draft(torch.tensor([5]), length=3, max_n=3) is None
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+@pytest.mark.parametrize("ngram,model_drafts", [(0, True), (3, False), (2, True)], ids=["model", "ngram", "both"])
+def test_each_draft_source_writes_one_token_per_calls_answer(ngram, model_drafts, shift):
+    """Each draft source alone and both: token for token one token per call's answer (float32 greedy, a left-padded
+    batch of repetitive and plain prompts), the n-gram drafts kept where the text repeats, and a call without mask
+    drafts runs only the pending tokens and their checks."""
+    model = _blocks_model(shift_logits=shift)
+    g = torch.Generator().manual_seed(1)
+    base = torch.randint(5, model.config.vocab_size, (6,), generator=g).tolist()
+    ids, mask = left_pad([base * 3, base[:3] * 4 + [9], [11, 12, 13, 14, 15]], pad_id=model.config.pad_token_id)
+    kw = dict(max_new_tokens=24, strategy="confidence", suppress_ids=[7])
+    ref = generate_ids(model, ids, mask, block_length=1, **kw)
+    decodes = []
+    from biglm.generation import speculative
+
+    real = speculative.SpeculativeDecode.__init__
+
+    def spy(self, *a, **k):
+        real(self, *a, **k)
+        decodes.append(self)
+
+    speculative.SpeculativeDecode.__init__ = spy
+    try:
+        out = generate_ids(model, ids, mask, draft_length=3, draft_ngram=ngram, draft_model=model_drafts, **kw)
+    finally:
+        speculative.SpeculativeDecode.__init__ = real
+    assert out.token_lists() == ref.token_lists()
+    assert out.calls_per_row() == decodes[0].row_calls.tolist()
+    if ngram:
+        assert decodes[0].kept_by_source["ngram"] > 0
+    if not model_drafts:
+        assert decodes[0].kept_by_source["model"] == 0  # (rows beside an n-gram row repeat their last token)
+        assert out.positions - ids.numel() <= ids.shape[0] * out.steps * (3 + 1) * (1 + (not shift)) + 3 * out.steps

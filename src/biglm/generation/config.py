@@ -15,8 +15,8 @@ The default is the published Mask-Predict (Ghazvininejad et al. 2019): T iterati
 are T model calls. ``early_stop`` (end a row once an iteration changes none of its tokens) is an
 opt-in speed option. At the entry points (`model_decoding`: generate, chat, serve, batch files) a model on which
 drafts are checked exactly (a `biglm-blocks` model trained on blocks of 1, what `blocks-adapt` makes) has a default
-of its own, `drafting_default`: one token per call's answer in fewer calls (speculative decoding with the model's
-drafts and n-gram lookup), unless an option that chooses how to decode is given or saved.
+of its own, `drafting_default`: one token per call's answer in fewer calls (speculative decoding with n-gram
+drafts), unless an option that chooses how to decode is given or saved.
 
 Block decoding defaults, by measurement (benchmarks/bench_generation.py, docs/LOG.md 2026-11-24:
 a 4x192 model trained on a synthetic grammar, answers checked against the grammar; CPU timings
@@ -238,8 +238,13 @@ def saved_where(model_config: Any) -> str:
     return f"task_specific_params.{SAVED_KEY} in {Path(path) / 'config.json' if path else 'its config.json'}"
 
 
-DEFAULT_DRAFT_LENGTH = 3  # a drafting model's default drafts per call (docs/LOG.md 2026-11-27: m = 2..4 measured)
-DEFAULT_DRAFT_NGRAM = 3  # and n-gram lookup up to trigrams
+# a drafting model's default drafts: n-gram lookup (up to trigrams) of 4 tokens a call. Measured on SmolLM2-135M
+# adapted 40 CPU steps, bf16, batch 1, 12 held-out prompts of three kinds (docs/LOG.md 2026-11-27,
+# benchmarks/results/draft-acceptance-smol-a40-bf16.md): n-gram drafts, m = 4: 1.96 tokens per call at 2.4 positions
+# per token, 1.97x one token per call; the model's own mask drafts keep 22-27% of first drafts and ~5% of second ones
+# (1.24 tokens per call) at 16-24 positions per token, so with them a call costs more than they save (1.24x at m = 4)
+DEFAULT_DRAFT_LENGTH = 4
+DEFAULT_DRAFT_NGRAM = 3
 SHAPE_FIELDS = ("strategy", "steps", "block_length", "block_suffix", "block_cache", "length_beam", "use_cache",
                 "threshold", "early_stop", "draft_length", "draft_ngram", "draft_accept")
 """The fields that choose how an answer is decoded (rather than what is sampled or how long): one given, or saved with
@@ -256,12 +261,14 @@ def drafts_exactly(model_config: Any) -> bool:
 def drafting_default(model_config: Any) -> dict[str, Any]:
     """A model's own default decoding, under the saved settings and the options given: for a model on which drafts are
     checked exactly (`drafts_exactly`), one token per call written in fewer calls (confidence at blocks of 1 with
-    ``DEFAULT_DRAFT_LENGTH`` drafts of the model and n-gram lookup): the same answer as ``--strategy confidence
-    --block_length 1 --draft_length 0`` (greedy, float32), the same distribution sampled. Other models: {} (the
+    ``DEFAULT_DRAFT_LENGTH`` drafts a call from n-gram lookup, the fastest exact setting measured): the same answer as
+    ``--strategy confidence --block_length 1 --draft_length 0`` (greedy, float32), the same distribution sampled. Other
+    models: {} (the
     paper's models keep Mask-Predict, the published algorithm: drafts are not exact under a bidirectional prefix)."""
     if not drafts_exactly(model_config):
         return {}
-    return {"strategy": "confidence", "draft_length": DEFAULT_DRAFT_LENGTH, "draft_ngram": DEFAULT_DRAFT_NGRAM}
+    return {"strategy": "confidence", "draft_length": DEFAULT_DRAFT_LENGTH, "draft_ngram": DEFAULT_DRAFT_NGRAM,
+            "draft_model": False}
 
 
 def decoding_origins(model_config: Any, overrides: Mapping[str, Any] | None = None) -> dict[str, str]:

@@ -53,6 +53,7 @@ from .decoding import GenerationOutput, StepCallback, StepInfo, _unchecked
 from .sampling import filter_logits
 
 
+SOURCES = ("model", "ngram", "repeat")  # where drafts come from (`SpeculativeDecode.source`)
 DRAFT_ROWS = 4
 """Rows up to which a call drafts with the model's mask blocks: a call of so few rows is bound by reading the weights,
 so checked drafts cost next to nothing; above it a CPU call is bound by arithmetic and the (m + 1)^2 positions of the
@@ -216,9 +217,11 @@ class SpeculativeDecode:
         self.row_calls = torch.zeros(B, dtype=torch.long, device=device)  # calls each row took part in
         # n-gram drafts (``draft_ngram``) look up each row's own text: its prompt's tokens, then its answer's
         self.prompts = [row[keep.bool()] for row, keep in zip(prompt_ids, prompt_mask)] if cfg.draft_ngram else []
-        self.from_ngram = torch.zeros(B, dtype=torch.bool, device=device)  # where the pending drafts came from
-        self.kept_by_source = {"model": 0, "ngram": 0}  # drafts kept, by source
-        self.kept_counts = torch.zeros(2, W, dtype=torch.long, device=device)  # calls keeping 0..m drafts, by source
+        # where each row's pending drafts came from (`SOURCES`: the model's masks, an n-gram, or the last token repeated
+        # where a call without mask drafts found no n-gram for a row beside one that did)
+        self.source = torch.zeros(B, dtype=torch.long, device=device)
+        self.kept_by_source = dict.fromkeys(SOURCES, 0)  # drafts kept, by source
+        self.kept_counts = torch.zeros(len(SOURCES), W, dtype=torch.long, device=device)  # calls keeping 0..m drafts
         with _unchecked(model):
             if P:  # (``prompt_cache``: this pass made elsewhere, the server's engine's over several steps)
                 padded = not bool(prompt_mask.all())
@@ -300,11 +303,11 @@ class SpeculativeDecode:
         count = torch.where(active, kept + 1, 0)
         self.row_calls += active.long()
         if m == self.m:
-            for src, rows_of in enumerate((active & ~self.from_ngram, active & self.from_ngram)):
-                self.kept_counts[src] += torch.bincount(kept[rows_of], minlength=W)
+            for src in range(len(SOURCES)):
+                self.kept_counts[src] += torch.bincount(kept[active & (self.source == src)], minlength=W)
         if m:
-            self.kept_by_source["ngram"] += int(torch.where(active & self.from_ngram, kept, 0).sum())
-            self.kept_by_source["model"] += int(torch.where(active & ~self.from_ngram, kept, 0).sum())
+            for src, name in enumerate(SOURCES):
+                self.kept_by_source[name] += int(torch.where(active & (self.source == src), kept, 0).sum())
         written = self.written = self.written + count
         done = written >= N
         if self.eos_id is not None:
@@ -323,10 +326,10 @@ class SpeculativeDecode:
             self.pending = torch.cat((bonus[:, None], logits[rows, kept, 1:].argmax(-1)), 1)  # group a's masks: drafts
         else:  # no mask drafted: the n-gram drafts, else none
             self.pending = bonus[:, None].expand(B, W).clone()
-        self.from_ngram.zero_()
+        self.source.fill_(0 if self.block else 2)
         if cfg.draft_ngram:
             self._ngram_drafts()
-        if not self.block and not bool(self.from_ngram.any()):
+        if not self.block and not bool((self.source == 1).any()):
             self.pending = self.pending[:, :1]  # nothing to check: the next call writes one token
 
     def _ngram_drafts(self) -> None:
@@ -339,7 +342,7 @@ class SpeculativeDecode:
             found = ngram_draft(history, length=m, max_n=self.config.draft_ngram)
             if found is not None:
                 self.pending[b, 1:1 + found.numel()] = found
-                self.from_ngram[b] = True
+                self.source[b] = 1
 
     def written_ids(self, row: int = 0) -> list[int]:
         """Row ``row``'s committed tokens so far: final, never rewritten (what a server may stream)."""
