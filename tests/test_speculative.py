@@ -414,6 +414,44 @@ def test_serve_takes_draft_length_as_a_served_default(checkpoint, capsys):
     assert server_defaults(model.config, args, given=["strategy"]).draft_length == 0
 
 
+def test_a_served_drafting_model_decodes_a_request_as_it_names():
+    """A drafting model's server defaults are its own default decoding (n-gram drafts); a request that names how to
+    decode (plain one token per call: draft_length 0) gets exactly that, not a 400 about the default's n-gram
+    drafts, and the same config `biglm generate` builds from those flags; one that names only sampling keeps the
+    drafts."""
+    from biglm.generation.config import model_decoding, model_default_fields
+    from biglm.serving.cli import ServeArgs, server_defaults
+    from biglm.serving.protocol import CompletionRequest, decoding_config
+
+    model = _blocks_model()
+    defaults = server_defaults(model.config, ServeArgs(checkpoint="unused"), given=[])
+    fields = model_default_fields(model.config, {})
+    assert defaults.draft_length >= 1 and defaults.draft_ngram >= 1 and "draft_ngram" in fields
+    plain = {"strategy": "confidence", "block_length": 1, "steps": 16, "draft_length": 0}
+    req = CompletionRequest(model="m", prompt="x", max_tokens=16, **plain)
+    got = decoding_config(req, base=defaults, max_steps=64, model_default=fields)
+    assert got == model_decoding(model.config, {"max_new_tokens": 16, **plain})
+    sampled = decoding_config(CompletionRequest(model="m", prompt="x", temperature=0.7), base=defaults, max_steps=64,
+                              model_default=fields)
+    assert sampled.draft_length == defaults.draft_length and sampled.temperature == 0.7
+
+
+def test_engine_counts_requests_being_encoded_when_it_decides_to_draft():
+    """Requests that arrive together are admitted together: the ones past ``draft_rows`` rows, counted with those
+    whose prompts are still being encoded, start as one token per call (a call per token)."""
+    from biglm.generation import DecodeEngine
+
+    model = _blocks_model(shift_logits=True)
+    cfg = DecodingConfig(max_new_tokens=12, strategy="confidence", draft_length=2, draft_ngram=2, ignore_eos=True)
+    engine = DecodeEngine(model, max_batch_rows=8, draft_rows=2)
+    for i in range(4):
+        engine.submit(str(i), [5 + i, 6, 7, 5 + i, 6, 7], cfg)
+    done = {}
+    while engine.num_running or engine.num_waiting:
+        done.update({e.request_id: e for e in engine.step() if e.finished})
+    assert sorted(e.steps for e in done.values()) == [12] * 4  # 4 rows admitted at once > 2: none drafts
+
+
 def test_on_step_reports_each_call_and_the_cli_shows_it():
     """Every call reports the slots it wrote (together: the whole answer, each once), as the CLI's --show_steps reads."""
     model = _blocks_model()

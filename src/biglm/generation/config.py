@@ -271,6 +271,16 @@ def drafting_default(model_config: Any) -> dict[str, Any]:
             "draft_model": False}
 
 
+def model_default_fields(model_config: Any, overrides: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The fields `model_decoding` takes from the model's own default decoding (`drafting_default`) under the saved
+    settings and ``overrides``: all of them, or none when an option that chooses how to decode (`SHAPE_FIELDS`) was
+    saved or given. A server that built its defaults so resets these fields when a request names such an option
+    (`serving.protocol.decoding_config`), as `biglm generate` does for its flags."""
+    if set(SHAPE_FIELDS) & (set(saved_decoding(model_config)) | set(overrides or {})):
+        return ()
+    return tuple(drafting_default(model_config))
+
+
 def decoding_origins(model_config: Any, overrides: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Where each `DecodingConfig` value of `model_decoding` comes from: "given" (``overrides``), "model" (the
     model's saved settings, `saved_decoding`) or "default"; what a refusal reads to say who set the value."""
@@ -291,7 +301,8 @@ def model_decoding(model_config: Any, overrides: Mapping[str, Any] | None = None
     with the field's ``name``, its default as a flag ``value`` (none, 1) and as ``json`` (null, 1): the commands'
     ``--steps none``, the server's ``--decoding.{name} {value}``, a batch row's ``"{name}": {json}``."""
     saved, given = saved_decoding(model_config), dict(overrides or {})
-    model_default = {} if set(SHAPE_FIELDS) & (set(saved) | set(given)) else drafting_default(model_config)
+    model_default = {name: value for name, value in drafting_default(model_config).items()
+                     if name in model_default_fields(model_config, given)}
     try:
         return DecodingConfig().override(**{**model_default, **saved, **given})
     except DecodingError as e:

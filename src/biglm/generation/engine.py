@@ -409,15 +409,16 @@ class DecodeEngine:
         events, self._cancelled = events + self._cancelled, []
         return events
 
-    def _drafts_pay(self, *, extra: int = 0) -> bool:
-        """Whether a step of the running rows (and ``extra`` more) is bound by reading the weights, where checking
-        drafts costs next to nothing (at most ``draft_rows`` rows): above it the engine calls speculative
+    def _drafts_pay(self) -> bool:
+        """Whether a step of the admitted rows (decoding, or with their prompt being encoded) is bound by reading the
+        weights, where checking drafts costs next to nothing (at most ``draft_rows`` rows): above it the engine calls speculative
         requests without the model's mask drafts (n-gram drafts still ride: a few positions) and starts new exact
         ones as one token per call (docs/serving.md). Always, for a batch-invariant model (`load_model(...,
         batch_invariant=True)`): a sampled answer would follow the load."""
         if getattr(self.model.model, "batch_invariant", False):
             return True
-        return sum(r.rows for r in self._running.values()) + extra <= self.draft_rows
+        admitted = itertools.chain(self._running.values(), self._prefilling.values())  # (a starting request included)
+        return sum(r.rows for r in admitted) <= self.draft_rows
 
     # --- internals -----------------------------------------------------------------------------------------
 
@@ -488,7 +489,7 @@ class DecodeEngine:
     def _start(self, req: _Request, cache: PrefixCache | None = None) -> None:
         """``req``'s decode set up, its prompt encoded in one pass or given (``cache``, a `_Prefill`'s)."""
         prompt = self._prompt(req)
-        if req.config.draft_length and req.config.draft_accept == 1.0 and not self._drafts_pay(extra=req.rows):
+        if req.config.draft_length and req.config.draft_accept == 1.0 and not self._drafts_pay():
             # exact drafts only save calls; under this load a call is bound by arithmetic, where every checked
             # position costs: one token per call writes the same answer (greedy; sampled: the same distribution)
             req.config = dataclasses.replace(req.config, draft_length=0, draft_ngram=0, draft_model=True,

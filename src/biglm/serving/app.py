@@ -101,6 +101,7 @@ class ServeSettings:
     max_steps: int | None = None  # None: the model's window
     max_prompt_chars: int | None = None  # None: PROMPT_CHARS_PER_TOKEN per position of the model's window
     defaults: DecodingConfig = field(default_factory=DecodingConfig)
+    model_default: tuple[str, ...] = ()  # the fields of ``defaults`` that are the model's own default decoding
     prefill_chunk: int | None = None  # None: the engine's default (`engine.DEFAULT_PREFILL_CHUNK`)
     draft_rows: int | None = None  # None: the engine's default (`engine.DEFAULT_DRAFT_ROWS`)
 
@@ -509,7 +510,8 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
         check_model(body.model)
-        config = decoding_config(body, base=settings.defaults, max_steps=max_steps)
+        config = decoding_config(body, base=settings.defaults, max_steps=max_steps,
+                                 model_default=settings.model_default)
         with_logprobs = wants_logprobs(body)
         one = isinstance(body.prompt, str) or (bool(body.prompt) and isinstance(body.prompt[0], int))  # text or ids
         prompts = [body.prompt] if one else list(body.prompt)
@@ -547,7 +549,8 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         check_model(body.model)
-        config = decoding_config(body, base=settings.defaults, max_steps=max_steps)
+        config = decoding_config(body, base=settings.defaults, max_steps=max_steps,
+                                 model_default=settings.model_default)
         with_logprobs = wants_logprobs(body)
         check_rows(1, body.n)
         messages = body.messages

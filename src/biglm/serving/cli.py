@@ -42,7 +42,7 @@ import torch
 
 from ..config import ConfigError, given_options, parse_cli
 from ..generation.cli import ReplicaOptions, ray_integration
-from ..generation.config import FIELDS, DecodingConfig, model_decoding
+from ..generation.config import FIELDS, DecodingConfig, model_decoding, model_default_fields
 from ..generation.engine import DEFAULT_DRAFT_ROWS, DEFAULT_PREFILL_CHUNK
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -237,13 +237,18 @@ class BiglmServer:
             self._thread.join(timeout)
 
 
-def server_defaults(config: Any, args: ServeArgs, *, given: Collection[str] | None = None) -> DecodingConfig:
-    """The server's decoding defaults for a model of ``config`` (see `build_app`), or a `ValueError` naming the
-    option that does not fit the model."""
+def given_decoding(args: ServeArgs, given: Collection[str] | None = None) -> dict[str, Any]:
+    """The ``--decoding.FIELD`` options given (``given``; unset: those that differ from `DecodingConfig`'s defaults)."""
     if given is None:
         plain = DecodingConfig()
         given = [name for name in FIELDS if getattr(args.decoding, name) != getattr(plain, name)]
-    defaults = model_decoding(config, {name: getattr(args.decoding, name) for name in given},
+    return {name: getattr(args.decoding, name) for name in given}
+
+
+def server_defaults(config: Any, args: ServeArgs, *, given: Collection[str] | None = None) -> DecodingConfig:
+    """The server's decoding defaults for a model of ``config`` (see `build_app`), or a `ValueError` naming the
+    option that does not fit the model."""
+    defaults = model_decoding(config, given_decoding(args, given),
                               clear="--decoding.{name} {value}")
     window = config.max_position_embeddings
     if defaults.max_new_tokens >= window:
@@ -281,11 +286,12 @@ def build_app(args: ServeArgs, *, given: Collection[str] | None = None, health: 
     model, tokenizer = load_model(path, device=args.device, dtype=_DTYPES.get(args.dtype) if args.dtype else None,
                                   pack=True, compile=args.compile, batch_invariant=args.batch_invariant)
     defaults = server_defaults(model.config, args, given=given)
+    model_default = model_default_fields(model.config, given_decoding(args, given))
     name = args.model_name or path.resolve().name
     settings = ServeSettings(model_name=name, max_batch_rows=args.max_batch_rows, max_queue=args.max_queue,
                              request_timeout=args.request_timeout, max_steps=args.max_steps,
                              max_prompt_chars=args.max_prompt_chars, defaults=defaults, prefill_chunk=args.prefill_chunk,
-                             draft_rows=args.draft_rows)
+                             draft_rows=args.draft_rows, model_default=model_default)
     return create_app(model=model, tokenizer=tokenizer, settings=settings, health=health)
 
 

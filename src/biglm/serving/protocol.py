@@ -23,12 +23,13 @@ import dataclasses
 import re
 import time
 import uuid
+from collections.abc import Collection
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
-from ..generation.config import FIELDS, DecodingConfig
+from ..generation.config import FIELDS, SHAPE_FIELDS, DecodingConfig
 
 # request field -> DecodingConfig field; OpenAI's names first, then biglm's own
 OPENAI_FIELDS: dict[str, str] = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p",
@@ -137,11 +138,15 @@ class ChatCompletionRequest(_Request):
     """0 only: the alternatives are not kept"""
 
 
-def decoding_config(request: _RequestBase, *, base: DecodingConfig, max_steps: int) -> DecodingConfig:
+def decoding_config(request: _RequestBase, *, base: DecodingConfig, max_steps: int,
+                    model_default: Collection[str] = ()) -> DecodingConfig:
     """The request's decoding options on top of the server's defaults ``base``, validated once.
 
     A field left out (or null) keeps ``base``'s value; a bad value is a 400 naming the request's own
-    field (``max_tokens``, not ``max_new_tokens``).
+    field (``max_tokens``, not ``max_new_tokens``). ``model_default``: the fields of ``base`` that are the model's own
+    default decoding (`config.model_default_fields`); a request that names how to decode (`config.SHAPE_FIELDS`, e.g.
+    ``draft_length: 0``) gets those back at `DecodingConfig`'s defaults, so it decodes exactly as it says, as
+    `biglm generate` with the same flags.
     """
     for name in PENALTIES:
         if getattr(request, name) not in (None, 0):
@@ -159,6 +164,9 @@ def decoding_config(request: _RequestBase, *, base: DecodingConfig, max_steps: i
         value = getattr(request, field)
         if value is not None:
             changes[target] = value
+    if model_default and set(changes) & set(SHAPE_FIELDS):
+        plain = DecodingConfig()
+        base = dataclasses.replace(base, **{name: getattr(plain, name) for name in model_default})
     try:
         config = dataclasses.replace(base, **changes)
     except (ValueError, TypeError) as e:
