@@ -505,8 +505,17 @@ class DecodeEngine:
 
     def _decode(self, reqs: list[_Request]) -> None:
         """One model call over every request's pending query (each one's held block first, as prefix tokens)."""
-        if any(isinstance(r.decode, SpeculativeDecode) for r in reqs):
-            self._decode_rules(reqs)
+        speculative = [r for r in reqs if isinstance(r.decode, SpeculativeDecode)]
+        if speculative:
+            rest = [r for r in reqs if not isinstance(r.decode, SpeculativeDecode)]
+            if rest and not self._drafts_pay():
+                # under load a call is bound by arithmetic: merged, the speculative rows would pad every row to
+                # their width and send every cache through a copy (`_decode_rules`); apart, the others keep the
+                # pooled path at one position per token, and the speculative ones cost a call of their own
+                self._decode_rules(speculative)
+                self._decode(rest)
+            else:
+                self._decode_rules(reqs)
             return
         segments = [r.decode.segment() for r in reqs]
         held = [0 if r.decode.held is None else r.decode.held.end - r.decode.held.start for r in reqs]
