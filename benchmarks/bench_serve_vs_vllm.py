@@ -28,6 +28,7 @@ Results: benchmarks/results/serve-vs-vllm-<tag>.json and .md, with the machine a
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -214,8 +215,12 @@ def to_markdown(report: dict) -> str:
     for s in report["servers"]:
         q = s.get("quality", {})
         if "same_as_one_per_call" in q:
+            agree = [next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                     for a, b in zip(q["answers"], q["one_per_call"])]
             lines.append(f"- {s['server']}: {q['same_as_one_per_call']}/{len(q['answers'])} answers identical to its own "
-                         "one token per call (`strategy confidence, block_length 1, steps N, draft_length 0`)")
+                         "one token per call (`strategy confidence, block_length 1, steps N, draft_length 0`); "
+                         "characters equal before the first difference: " + ", ".join(
+                             f"{k}/{len(a)}" for k, a in zip(agree, q["answers"])))
         vllm = next((t["quality"]["answers"] for t in report["servers"] if t["server"].startswith("vllm")), None)
         if vllm and "one_per_call" in q:
             same = sum(a == b for a, b in zip(vllm, q["one_per_call"]))
@@ -228,6 +233,12 @@ def to_markdown(report: dict) -> str:
         lines += [f"- {p['peer']}: " + (f"{p['tokens_per_s']} tok/s" if "tokens_per_s" in p else f"failed: {p['error']}")
                   for p in report["peers"]]
     return "\n".join(lines) + "\n"
+
+
+def rewrite_markdown(json_path: Path) -> None:
+    """The ``.md`` of an earlier run written again from its ``.json`` (after a change of this report's layout)."""
+    report = json.loads(json_path.read_text())
+    json_path.with_suffix(".md").write_text(to_markdown(report))
 
 
 def main() -> int:

@@ -792,3 +792,23 @@ def test_health_and_metrics_count_prompts_being_encoded(served, monkeypatch):
     assert "biglm_requests_prefilling 1\n" in seen["metrics"] and "# TYPE biglm_requests_running gauge" in seen["metrics"]
     assert text == generate(served.model, served.tok, [prompt], max_new_tokens=6, seed=2)[0]
     assert _healthy(served.url)["prefilling"] == 0
+
+
+def test_metrics_say_tokens_per_call_and_positions_per_token(served):
+    """/metrics counts the tokens the finished requests wrote and the decoding calls that wrote them: tokens per call
+    and positions per token are those counts' ratios (Mask-Predict at T = 4 over 8 slots: 2 tokens per call)."""
+    def counters() -> dict[str, float]:
+        text = httpx.get(served.url + "/metrics").text
+        return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if not line.startswith("#")}
+
+    before = counters()
+    out = served.client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=8, temperature=0,
+                                           extra_body={"steps": 4, "ignore_eos": True})
+    after = counters()
+    written = after["biglm_tokens_written_total"] - before.get("biglm_tokens_written_total", 0)
+    calls = after["biglm_request_calls_total"] - before.get("biglm_request_calls_total", 0)
+    assert written == out.usage.completion_tokens == 8 and calls == 4
+    assert after["biglm_tokens_per_call"] == round(after["biglm_tokens_written_total"]
+                                                   / after["biglm_request_calls_total"], 4)
+    assert after["biglm_positions_per_token"] == round(after["biglm_positions_total"]
+                                                       / after["biglm_tokens_written_total"], 4)

@@ -477,6 +477,10 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
         gauges = {"requests_running": scheduler.num_running, "requests_prefilling": scheduler.num_prefilling,
                   "requests_waiting": scheduler.num_waiting, "requests_in_flight": scheduler.in_flight}
         lines = []
+        stats = scheduler.stats
+        if stats["request_calls"]:  # what a written token cost, over the finished requests
+            gauges["tokens_per_call"] = round(stats["tokens_written"] / stats["request_calls"], 4)
+            gauges["positions_per_token"] = round(stats["positions"] / max(stats["tokens_written"], 1), 4)
         for name, value in gauges.items():
             lines += [f"# TYPE biglm_{name} gauge", f"biglm_{name} {value}"]
         for name, value in sorted(scheduler.stats.items()):  # counters since start

@@ -191,6 +191,9 @@ class Scheduler:
         for event in events:
             if event.finished:
                 self._in_engine.discard(event.request_id)
+                if event.finish_reason != "error":  # tokens written, and the calls that wrote them (tokens per call)
+                    self.stats["tokens_written"] += len(event.token_ids)
+                    self.stats["request_calls"] += event.steps
             with self._cond:
                 sink = self._sinks.pop(event.request_id, None) if event.finished else self._sinks.get(event.request_id)
             if event.finish_reason == "error":  # this request alone failed (the engine dropped it; the rest go on)
