@@ -305,7 +305,8 @@ def test_serve_decodes_a_fine_tuned_model_with_its_saved_settings_as_generate_do
         for prompt in PROMPTS:  # a request that leaves the options out: the model's saved settings
             served = client.completions.create(model=name, prompt=prompt).choices[0].text
             assert served == _biglm_generate(tuned, prompt, capsys)
-            assert served != generate(model, tok, [prompt])[0]  # not the plain defaults (what serve did before)
+            assert served == generate(model, tok, [prompt])[0]  # generate() without a config: the model's too
+            assert served != generate(model, tok, [prompt], config=DecodingConfig())[0]  # not the plain defaults
         chat = [{"role": "user", "content": "Speak, friend."}]
         served = client.chat.completions.create(model=name, messages=chat).choices[0].message.content
         assert served == _biglm_generate(tuned, render_chat(tok, chat), capsys)
