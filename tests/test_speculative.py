@@ -570,3 +570,32 @@ def test_each_draft_source_writes_one_token_per_calls_answer(ngram, model_drafts
     if not model_drafts:
         assert decodes[0].kept_by_source["model"] == 0  # (rows beside an n-gram row repeat their last token)
         assert out.positions - ids.numel() <= ids.shape[0] * out.steps * (3 + 1) * (1 + (not shift)) + 3 * out.steps
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+def test_a_call_without_mask_drafts_checks_each_draft_under_the_one_token_condition(shift):
+    """The layout of a call that carries only n-gram drafts (``block`` 0: the pending tokens, then their checks, or
+    for a shift model one row after them): the check after d_1..d_j equals the one-token-per-call forward on prompt +
+    c + d_1..d_j + one mask, computed apart with the biglm-blocks rule at blocks of 1."""
+    model = _blocks_model(shift_logits=shift)
+    mask_id, V = model.config.mask_token_id, model.config.vocab_size
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(5, V, (1, 6), generator=g)
+    pending = torch.randint(5, V, (1, 4), generator=g)  # c, d_1..d_3
+    W, P = 4, prompt.shape[1]
+    lay = dict(pending=W, width=W, checks=not shift, block=0)
+    with torch.inference_mode():
+        cache = model.encode_prefix(prompt)
+        rule = tree_rule(**lay)
+        L = rule.shape[0]
+        assert L == (W + 1 if shift else 2 * W)  # no mask block: the checks alone
+        full_rule = torch.cat((torch.ones(L, P, dtype=torch.bool), rule), 1)[None]
+        ids = torch.cat((pending, torch.full((1, L - W), mask_id)), 1)
+        out = model(ids, prefix_cache=cache, position_ids=P + 1 + tree_offsets(**lay)[None], attention_rule=full_rule)
+        read = out.logits[0, tree_predictions(**lay)]
+        assert read.shape[0] == W
+        for j in range(W):
+            answer = torch.cat((prompt, pending[:, :j + 1], torch.full((1, 1), mask_id)), 1)
+            split = P + j + 1
+            one = model(answer, prefix_len=split, prompt_len=P, block_len=1).logits[0, -1]
+            torch.testing.assert_close(read[j], one, atol=1e-5, rtol=1e-5)
