@@ -141,6 +141,31 @@ def test_a_killed_run_resumes_exactly(pretrained, tmp_path):
     assert resumed.evals[-1] == whole.evals[-1] and resumed.best_epoch == whole.best_epoch
 
 
+def test_a_resume_with_another_schedule_is_refused_naming_the_fields(pretrained, tmp_path):
+    """A killed fine-tuning run resumed with other --epochs or --lr is refused before any run file is rewritten
+    (the steps taken followed the saved schedule); the same command resumes."""
+    from biglm.checkpoint.layout import CheckpointError
+
+    class Killed(Exception):
+        pass
+
+    def kill(tuner, step):
+        if step == 5:  # the step-4 checkpoint (save_every 4) is on disk
+            raise Killed
+
+    run = tmp_path / "run"
+    with pytest.raises(Killed):
+        FineTuner(_task(pretrained), _cfg(pretrained, run, epochs=2, save_every=4), info=SINGLE,
+                  echo=lambda s: None, after_step=kill).train()
+    saved = (run / "finetune_config.json").read_text()
+    with pytest.raises(CheckpointError, match=r"epochs 2 -> 3.*lr") as e:
+        FineTuner(_task(pretrained), _cfg(pretrained, run, epochs=3, save_every=4, lr=1e-3), info=SINGLE,
+                  echo=lambda s: None).train()
+    assert "\n" not in str(e.value) and (run / "finetune_config.json").read_text() == saved
+    FineTuner(_task(pretrained), _cfg(pretrained, run, epochs=2, save_every=4), info=SINGLE,
+              echo=lambda s: None).train()
+
+
 def test_a_damaged_newest_checkpoint_is_skipped_and_the_resume_is_exact(pretrained, tmp_path, capsys):
     whole = FineTuner(_task(pretrained), _cfg(pretrained, tmp_path / "whole", epochs=2), info=SINGLE,
                       echo=lambda s: None).train()

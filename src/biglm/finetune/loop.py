@@ -68,7 +68,11 @@ def item_length(feature: dict[str, Any]) -> int:
 class FineTuner(TrainLoop):
     """Fine-tuning: the one loop (`biglm.training.loop`) with a task's items as the batch source, its loss as the
     step and its validation metric (keeping the best epoch) as the evaluator. ``after_step(tuner, step)`` is a
-    test hook. The settings are checked once, where they enter (`LoopConfig.validate`)."""
+    test hook. The settings are checked once, where they enter (`LoopConfig.validate`). A resume keeps the schedule
+    its checkpoints were taken under (``fixed_on_resume``, as pre-training's: `TrainLoop.check_resume`)."""
+
+    config_file = "finetune_config.json"
+    fixed_on_resume = ("epochs", "schedule", "warmup_ratio", "lr", "min_lr", "global_batch", "betas", "weight_decay")
 
     def __init__(self, task: FinetuneTask, cfg: FinetuneConfig, *, info: DistInfo,
                  echo: Callable[[str], None] | None = None,
