@@ -87,6 +87,8 @@ def main() -> None:
                                                "model's default decoding)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if not Path(args.model).is_dir():
+        ap.error(f"--model {args.model}: no such directory (a `biglm export` or `biglm pretrain` output)")
 
     where = Path(__file__).resolve().parent / "results" / args.out
     where.mkdir(parents=True, exist_ok=True)

@@ -251,7 +251,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 32])
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--max-tokens", type=positive_int, default=128)
-    ap.add_argument("--steps", default="default", help="biglm's model calls per answer: a number, or 'default' (the "
+    ap.add_argument("--steps", default="default", type=lambda t: t if t == "default" else str(positive_int(t)),
+                    help="biglm's model calls per answer: a number, or 'default' (the "
                                                          "model's default decoding: no --decoding.steps)")
     ap.add_argument("--threads", type=positive_int, default=1, help="biglm serve --threads and the in-process peers")
     ap.add_argument("--start-timeout", type=float, default=600.0)
@@ -283,7 +284,7 @@ def main() -> int:
             subprocess.run([sys.executable, "-m", "biglm", "pretrain", "blocks-adapt", "--init_from",
                             str(work / "converted"), "--out_dir", str(biglm_dir), "--steps", "2", "--seq_len", "128",
                             "--micro_batch", "2", "--global_batch", "2", "--eval_every", "0"], check=True)
-        steps = [] if args.steps == "default" else ["--decoding.steps", str(positive_int(args.steps))]
+        steps = [] if args.steps == "default" else ["--decoding.steps", args.steps]
         cmd = [sys.executable, "-m", "biglm", "serve", str(biglm_dir), "--model_name", "biglm", "--threads",
                str(args.threads), "--decoding.max_new_tokens", str(args.max_tokens), *steps,
                "--log_level", "warning", *args.biglm_args.split()]

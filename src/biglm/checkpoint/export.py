@@ -50,15 +50,13 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = Tru
                                     "let it finish an epoch, or resume it with the same `biglm finetune` command")
         with staged_output(final, overwrite=overwrite) as out:
             shutil.copytree(best, out, dirs_exist_ok=True)
+            text = None
             if card:
                 from ..model import BiGLMConfig
 
                 text = finetune_card(path, config=BiGLMConfig.from_pretrained(best), name=final.name,
                                      license=license, base_model=base_model)
-                (out / "README.md").write_text(text)
-            keep_lineage(out, path, base_model=base_model)
-            cast_weights(out, dtype)
-            share_files(out)
+            _finish(out, path, card=text, base_model=base_model, dtype=dtype)
         return final
     ckpt = checkpoint_to_read(path)  # verified (sizes and sha256) before anything is written to OUT_DIR
     if ckpt is None:
@@ -68,14 +66,19 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, card: bool = Tru
     with staged_output(final, overwrite=overwrite) as out:
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
-        if card:
-            text = pretrain_card(run_dir_of(ckpt), checkpoint=ckpt, config=model.config, name=final.name,
-                                 license=license, base_model=base_model)
-            (out / "README.md").write_text(text)
-        keep_lineage(out, path, base_model=base_model)
-        cast_weights(out, dtype)
-        share_files(out)
+        text = (pretrain_card(run_dir_of(ckpt), checkpoint=ckpt, config=model.config, name=final.name,
+                              license=license, base_model=base_model) if card else None)
+        _finish(out, path, card=text, base_model=base_model, dtype=dtype)
     return final
+
+
+def _finish(out: Path, source: Path, *, card: str | None, base_model: str | None, dtype: str | None) -> None:
+    """What every export writes after its weights, in the staged folder: the card, the lineage, the dtype, modes."""
+    if card is not None:
+        (out / "README.md").write_text(card)
+    keep_lineage(out, source, base_model=base_model)
+    cast_weights(out, dtype)
+    share_files(out)
 
 
 def cast_weights(out: Path, dtype: str | None) -> None:
