@@ -68,6 +68,9 @@ class StepInfo:
         valid: (R, N) bool, slots inside each row's candidate length.
         prompt_index: (R,) long, the prompt each row belongs to.
         candidate_length: (R,) long, each row's answer length N_r.
+        drafts: (R, N) long, speculative decoding: the drafted token checked at each slot in this call (-1 where none
+            was); None for iterative unmasking.
+        accepted: (R, N) bool, speculative decoding: slots whose draft this call kept (the others were rejected).
     """
 
     strategy: str
@@ -83,6 +86,8 @@ class StepInfo:
     valid: torch.Tensor
     prompt_index: torch.Tensor
     candidate_length: torch.Tensor
+    drafts: torch.Tensor | None = None
+    accepted: torch.Tensor | None = None
 
 
 StepCallback = Callable[[StepInfo], None]

@@ -52,8 +52,8 @@ from ..model.attention import BACKENDS, AttentionMask
 from ..model.modeling import BiGLMForMaskedLM, PrefixCache, _CacheBuffers, apply_rope
 from .api import cut_at_stop
 from .config import DecodingConfig
-from .decoding import (Decode, DecodeRun, _unchecked, check_prompt_ids, check_speculative, require_mask_token,
-                       uses_length_head)
+from .decoding import (Decode, DecodeRun, StepCallback, _unchecked, check_prompt_ids, check_speculative,
+                       require_mask_token, uses_length_head)
 from .speculative import DRAFT_ROWS, SpeculativeDecode, TreeCall
 
 DEFAULT_PREFILL_CHUNK = 64
@@ -96,10 +96,12 @@ class _Request:
     """One submitted request: its prompt and, once admitted, its `Decode` or `SpeculativeDecode` (state machine and
     growing cache)."""
 
-    def __init__(self, request_id: str, prompt_ids: list[int], config: DecodingConfig) -> None:
+    def __init__(self, request_id: str, prompt_ids: list[int], config: DecodingConfig,
+                 on_step: StepCallback | None = None) -> None:
         self.id = request_id
         self.prompt_ids = prompt_ids
         self.config = config
+        self.on_step = on_step  # called with each call's `StepInfo` (a client drawing the canvas)
         self.decode: Decode | SpeculativeDecode | None = None
         self.stable: list[int] = []
         self.logprobs: list[float] = []  # of ``stable``
@@ -356,8 +358,10 @@ class DecodeEngine:
     def num_waiting(self) -> int:
         return len(self._waiting)
 
-    def submit(self, request_id: str, prompt_ids: list[int], config: DecodingConfig) -> None:
-        """Queue a request; it joins the running batch at a coming `step`. Bad input fails here, at once."""
+    def submit(self, request_id: str, prompt_ids: list[int], config: DecodingConfig, *,
+               on_step: StepCallback | None = None) -> None:
+        """Queue a request; it joins the running batch at a coming `step`. Bad input fails here, at once. ``on_step``:
+        called in the engine's thread with a `decoding.StepInfo` after each of this request's model calls."""
         cfg = self.model.config
         if not isinstance(config, DecodingConfig):
             raise TypeError(f"config must be a DecodingConfig, got {type(config).__name__}.")
@@ -375,7 +379,7 @@ class DecodeEngine:
             raise ValueError("stop strings need the tokenizer: build DecodeEngine(model, tokenizer=...).")
         uses_length_head(self.model, config)  # length_head=True on a model without one fails here
         check_speculative(self.model, config)
-        self._waiting[request_id] = _Request(request_id, ids, config)
+        self._waiting[request_id] = _Request(request_id, ids, config, on_step)
 
     def cancel(self, request_id: str) -> None:
         """Drop a waiting or running request; the next `step` reports it (finish_reason "cancelled").
@@ -496,11 +500,11 @@ class DecodeEngine:
                                              block_length=1)
         if req.config.draft_length:
             req.decode = SpeculativeDecode(self.model, prompt, config=req.config, suppress_ids=self.suppress,
-                                           prompt_cache=cache)
+                                           prompt_cache=cache, on_step=req.on_step)
             return
         # always cached: the merged call runs every request's suffix over its own cache, a view of the pool's rows
         req.decode = Decode(self.model, prompt, config=req.config, suppress_ids=self.suppress, use_cache=True,
-                            reserve_cache=False, prompt_cache=cache)
+                            reserve_cache=False, prompt_cache=cache, on_step=req.on_step)
         self._pool.add(req)
 
     def _decode(self, reqs: list[_Request]) -> None:

@@ -315,11 +315,19 @@ class SpeculativeDecode:
         if self.on_step:
             at = torch.arange(N, device=self.device)[None, :]
             wrote = (at >= (written - count)[:, None]) & (at < written[:, None])  # this call's slots
+            checked = kept_at = None
+            if m:  # d_1..d_m were checked at the slots after the tokens written before this call
+                cols_d = torch.where(active[:, None], (written - count)[:, None] + slots[:, :m], 0)
+                checked = answer.new_full((B, N + W), -1).scatter_(
+                    1, cols_d, torch.where(active[:, None], drafts, -1))[:, :N]
+                kept_at = wrote.new_zeros(B, N + W).scatter_(
+                    1, cols_d, (slots[:, :m] < kept[:, None]) & active[:, None])[:, :N]
             self.on_step(StepInfo(strategy=cfg.strategy, step=self.calls, total_steps=N, block=0, input_ids=before,
                                   output_ids=answer[:, :N].clone(), predicted=wrote, committed=wrote,
                                   probs=torch.where(wrote, self.logprobs[:, :N].exp(), 0.0),
                                   num_masked=(before == self.mask_id).sum(1), valid=torch.ones_like(wrote),
-                                  prompt_index=rows, candidate_length=torch.full((B,), N, device=self.device)))
+                                  prompt_index=rows, candidate_length=torch.full((B,), N, device=self.device),
+                                  drafts=checked, accepted=kept_at))
         self.active = active = active & ~done
         self.finished = not bool(active.any())
         if self.block:

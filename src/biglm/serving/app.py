@@ -50,10 +50,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..generation.api import cut_at_stop
+from ..generation.canvas import CanvasRecorder, Frame, token_text
 from ..generation.chat import render_chat
 from ..generation.config import SEEDS, DecodingConfig
 from .protocol import (
@@ -79,6 +80,7 @@ from .protocol import (
     now,
     wants_logprobs,
 )
+from .playground import FILES, asset, decoding_fields
 from .scheduler import Aborted, Job, Scheduler
 
 log = logging.getLogger(__name__)
@@ -208,7 +210,10 @@ class _Run:
     async def next(self, timeout: float) -> tuple[int, str]:
         """(choice index, new text) of the next event; raises `APIError` for an aborted request and
         `TimeoutError` when nothing arrives within ``timeout`` seconds."""
-        item = await asyncio.wait_for(self.queue.get(), timeout=timeout)
+        return self.take(await asyncio.wait_for(self.queue.get(), timeout=timeout))
+
+    def take(self, item: Any) -> tuple[int, str]:
+        """(choice index, new text) of an engine event; raises `APIError` for an aborted request."""
         if isinstance(item, Aborted):
             raise item.error
         i = self.index[item.request_id]
@@ -422,8 +427,8 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
         """Server-sent events from ``chunks`` (an async iterator of pydantic models), errors as an error
         event, always ending with ``[DONE]``; a disconnect (cancellation) cancels the engine requests."""
         try:
-            async for chunk in chunks:
-                yield f"data: {chunk.model_dump_json()}\n\n"
+            async for chunk in chunks:  # a pydantic model, or a JSON object (the step stream's events)
+                yield f"data: {chunk.model_dump_json() if hasattr(chunk, 'model_dump_json') else json.dumps(chunk)}\n\n"
         except APIError as e:
             yield f"data: {json.dumps(e.body())}\n\n"
         except asyncio.CancelledError:
@@ -592,4 +597,129 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
                 choices=[ChatChoice(index=i, message=AssistantMessage(content=s.text), finish_reason=s.finish_reason,
                                     logprobs=logprobs(i)) for i, s in enumerate(run.streams)]))
 
+    # ----- the step stream and the playground (docs/serving.md "The step stream", `playground`)
+    mask_id = model.config.mask_token_id
+    piece = token_text(tokenizer)
+
+    def one_answer(body: CompletionRequest | ChatCompletionRequest, endpoint: str) -> None:
+        """Refuse what the step stream does not draw: it carries one answer's canvas."""
+        sent = body.model_fields_set
+        if body.n != 1:
+            raise APIError(400, f"n={body.n}: {endpoint} draws one answer's canvas; send n=1 or leave it out.",
+                           param="n", code="invalid_value")
+        if "stream" in sent and not body.stream:
+            raise APIError(400, f"stream=false: {endpoint} always streams (server-sent events); leave stream out.",
+                           param="stream", code="invalid_value")
+        for name in ("stream_options", "echo", "logprobs", "top_logprobs"):
+            if name in sent and getattr(body, name) not in (None, False):
+                raise APIError(400, f"{name} is not part of {endpoint} (each step event carries every token's "
+                                    "confidence): leave it out.", param=name, code="unsupported_field")
+
+    async def stepped(prompt_ids: list[int], config: DecodingConfig, prefix: str) -> StreamingResponse:
+        """The step stream of one answer: a ``steps.start`` event, one ``steps.call`` event per model call (its
+        canvas, `canvas.Frame`), then ``steps.done`` with the text the non-streamed API answers for it."""
+        rid, created_at = new_id(prefix), now()
+        stream = TextStream(tokenizer, eos_id=eos_id, stop=config.stop)
+        run = _StepRun(scheduler, Job(f"{rid}-0-0", prompt_ids, config), stream, mask_id)
+
+        async def chunks() -> AsyncIterator[dict[str, Any]]:
+            head = {"id": rid, "created": created_at, "model": settings.model_name}
+            yield {**head, "object": "steps.start", "prompt_tokens": len(prompt_ids),
+                   "slots": config.max_new_tokens, "decoding": dataclasses.asdict(config)}
+            deadline = asyncio.get_running_loop().time() + settings.request_timeout
+            calls = 0
+            while not run.done:
+                left = deadline - asyncio.get_running_loop().time()
+                try:
+                    if left <= 0:
+                        raise TimeoutError
+                    item = await asyncio.wait_for(run.queue.get(), timeout=left)
+                except TimeoutError:
+                    scheduler.stats["timeouts"] += 1
+                    raise APIError(408, f"the request did not finish within {settings.request_timeout:g} s "
+                                        "(`biglm serve --request_timeout`); it was cancelled.", type="timeout",
+                                   code="request_timeout") from None
+                if isinstance(item, Frame):
+                    calls += 1
+                    yield {**head, "object": "steps.call", **item.to_json(piece)}
+                    continue
+                run.take(item)
+                if stream.finish_reason is not None:
+                    calls = item.steps  # (equal to the frames sent: each call's frame precedes the step's event)
+            tokens = stream.completion_tokens
+            yield {**head, "object": "steps.done", "text": stream.text, "finish_reason": stream.finish_reason,
+                   "calls": calls, "completion_tokens": tokens,
+                   "tokens_per_call": round(tokens / calls, 4) if calls else None,
+                   "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": tokens,
+                             "total_tokens": len(prompt_ids) + tokens}}
+
+        return StreamingResponse(sse(run, chunks()), media_type="text/event-stream")
+
+    @app.post("/v1/completions/steps")
+    async def completion_steps(body: CompletionRequest) -> StreamingResponse:
+        check_model(body.model)
+        one_answer(body, "/v1/completions/steps")
+        config = decoding_config(body, base=settings.defaults, max_steps=max_steps,
+                                 model_default=settings.model_default)
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise APIError(400, f"prompt holds {len(prompt)} prompts: /v1/completions/steps draws one answer's "
+                                    "canvas; send one prompt.", param="prompt", code="invalid_value")
+            prompt = prompt[0]
+        (prompt_ids,) = await encode([prompt], config, param="prompt")
+        return await stepped(prompt_ids, config, "cmpl")
+
+    @app.post("/v1/chat/completions/steps")
+    async def chat_completion_steps(body: ChatCompletionRequest) -> StreamingResponse:
+        check_model(body.model)
+        one_answer(body, "/v1/chat/completions/steps")
+        config = decoding_config(body, base=settings.defaults, max_steps=max_steps,
+                                 model_default=settings.model_default)
+        if isinstance(body.messages, list):
+            check_length(sum(_content_chars(m.get("content")) for m in body.messages if isinstance(m, dict)),
+                         "messages", "messages")
+        try:
+            prompt = await asyncio.to_thread(render_chat, tokenizer, body.messages, add_generation_prompt=True)
+        except ValueError as e:
+            raise APIError(400, str(e), param="messages", code="invalid_messages") from None
+        limit = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+        (prompt_ids,) = await encode([prompt], config, param="messages", limit=limit)
+        return await stepped(prompt_ids, config, "chatcmpl")
+
+    @app.get("/v1/decoding")
+    async def decoding() -> JSONResponse:
+        return JSONResponse({"model": settings.model_name, "max_model_len": window, "max_steps": max_steps,
+                             "fields": decoding_fields(settings.defaults)})
+
+    def page(name: str) -> Response:
+        return Response(asset(name), media_type=FILES[name], headers={"Cache-Control": "no-cache"})
+
+    @app.get("/", include_in_schema=False)
+    @app.get("/playground", include_in_schema=False)
+    async def playground() -> Response:
+        return page("index.html")
+
+    @app.get("/playground/{name}", include_in_schema=False)
+    async def playground_file(name: str) -> Response:
+        if name not in FILES:
+            raise APIError(404, f"GET /playground/{name}: no such file (the page's files: {', '.join(FILES)}).",
+                           type="not_found_error")
+        return page(name)
+
     return app
+
+
+class _StepRun(_Run):
+    """A `_Run` of one answer whose engine request also sends its canvas after every model call (a `canvas.Frame`,
+    recorded in the engine's thread) onto the same queue, before that step's engine event."""
+
+    def __init__(self, scheduler: Scheduler, job: Job, stream: TextStream, mask_id: int) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_frame(frame: Frame) -> None:  # called from the engine thread, after `_Run` made the queue
+            with contextlib.suppress(RuntimeError):  # the loop closed (shutdown): nobody is listening
+                loop.call_soon_threadsafe(self.queue.put_nowait, frame)
+
+        recorder = CanvasRecorder(mask_id, on_frame=on_frame, keep=False)
+        super().__init__(scheduler, [dataclasses.replace(job, on_step=recorder)], [stream])

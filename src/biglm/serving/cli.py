@@ -317,6 +317,12 @@ def port_in_use(host: str, port: int) -> str | None:
     return None
 
 
+def playground_url(host: str, port: int) -> str:
+    """The page to open (the playground at /): an address that listens on every interface is opened on this machine."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+
+
 def main(argv: list[str]) -> int:
     """Entry point of `biglm serve`; ``argv`` excludes the word "serve"."""
     try:
@@ -355,6 +361,7 @@ def main(argv: list[str]) -> int:
                          log_level=args.log_level)
     print(f"biglm serve: {app.state.settings.model_name} on http://{args.host}:{args.port}/v1 "
           f"(max_batch_rows={args.max_batch_rows}, max_queue={args.max_queue})", file=sys.stderr, flush=True)
+    print(f"biglm serve: playground at {playground_url(args.host, args.port)}", file=sys.stderr, flush=True)
     server.run()
     return 0
 

@@ -42,6 +42,7 @@ class Job:
     request_id: str
     prompt_ids: list[int]
     config: DecodingConfig
+    on_step: Callable[[Any], None] | None = None  # each model call's `StepInfo`, in the engine's thread (step stream)
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,8 @@ class Scheduler:
             if sink is None:
                 continue  # cancelled before it reached the engine
             try:
-                engine.submit(job.request_id, job.prompt_ids, job.config)
+                engine.submit(job.request_id, job.prompt_ids, job.config,
+                              **({} if job.on_step is None else {"on_step": job.on_step}))
             except ValueError as e:  # the engine refused this request's settings: only it fails
                 with self._cond:
                     self._sinks.pop(job.request_id, None)

@@ -1,0 +1,249 @@
+// The playground of `biglm serve`: draws an answer's canvas after every model call, from the server's public API
+// (GET /v1/decoding for the settings, POST /v1/completions/steps or /v1/chat/completions/steps for the steps).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+let fields = [];    // GET /v1/decoding's fields: name, kind, choices, optional, default, help
+let frames = [];    // the steps.call events of the last answer
+let shown = 0;      // index of the frame on the canvas
+let running = null; // the AbortController of the answer decoding
+
+function setState(state, text) {
+  document.body.dataset.state = state;
+  $("status").textContent = text;
+}
+
+function showError(message) {
+  $("error").textContent = message;
+  $("error").hidden = false;
+  setState("error", "refused");
+}
+
+// ----- settings: one input per decoding field, the server's defaults filled in
+
+function asText(value) {
+  if (value === null || value === undefined) return "";
+  if (Array.isArray(value)) return value.join(", ");
+  return String(value);
+}
+
+function buildSettings() {
+  const box = $("settings");
+  box.textContent = "";
+  for (const f of fields) {
+    const row = document.createElement("label");
+    row.className = "field";
+    row.title = f.help;
+    const name = document.createElement("span");
+    name.textContent = f.name;
+    row.appendChild(name);
+    let input;
+    if (f.kind === "choice" || f.kind === "bool") {
+      input = document.createElement("select");
+      const options = f.kind === "bool" ? [true, false] : f.choices;
+      if (f.optional) options.unshift(null);
+      for (const value of options) {
+        const option = document.createElement("option");
+        option.value = JSON.stringify(value);
+        option.textContent = value === null ? "(unset)" : String(value);
+        input.appendChild(option);
+      }
+    } else {
+      input = document.createElement("input");
+      input.type = "text";
+      input.placeholder = f.optional ? "(unset)" : "";
+    }
+    input.id = "set-" + f.name;
+    input.dataset.name = f.name;
+    row.appendChild(input);
+    box.appendChild(row);
+  }
+  resetSettings();
+}
+
+function resetSettings() {
+  for (const f of fields) {
+    const input = $("set-" + f.name);
+    if (input.tagName === "SELECT") input.value = JSON.stringify(f.default);
+    else input.value = asText(f.default);
+  }
+}
+
+// The value of a field's input as the request sends it; a value the server will judge is sent as typed (a number
+// when it reads as one), so a bad one is refused by the server with its own message.
+function readField(f) {
+  const input = $("set-" + f.name);
+  if (input.tagName === "SELECT") return JSON.parse(input.value);
+  const text = input.value.trim();
+  if (text === "") return f.optional ? null : (f.kind === "list" ? [] : "");
+  if (f.kind === "list") return text.split(",").map((s) => s.trim()).filter((s) => s);
+  if ((f.kind === "int" || f.kind === "float") && text !== "" && !isNaN(Number(text))) return Number(text);
+  return text;
+}
+
+// The request's decoding fields: none while every input holds the server's default (the request the API answers
+// with the model's defaults); else every field as shown, so the server decodes exactly what the page says.
+function decodingFields() {
+  const values = {};
+  let changed = false;
+  for (const f of fields) {
+    values[f.name] = readField(f);
+    if (JSON.stringify(values[f.name]) !== JSON.stringify(f.default)) changed = true;
+  }
+  return changed ? values : {};
+}
+
+// ----- the canvas
+
+function describe(slot, row, i) {
+  const state = row.states[i];
+  const conf = row.confidence[i];
+  let text = `slot ${i + 1}: ` + (row.tokens[i] === null ? "masked" : JSON.stringify(row.text[i]));
+  if (conf !== null) text += ` \u00b7 confidence ${conf.toFixed(3)}`;
+  text += ` \u00b7 ${state}`;
+  if (row.rejected[i] !== null) text += ` \u00b7 draft ${JSON.stringify(row.rejected_text[i])} rejected`;
+  return text;
+}
+
+function draw(index) {
+  shown = index;
+  const frame = frames[index];
+  const row = frame.rows[0];
+  const canvas = $("canvas");
+  canvas.textContent = "";
+  for (let i = 0; i < row.length; i++) {
+    const slot = document.createElement("span");
+    slot.className = "slot " + row.states[i];
+    slot.textContent = row.tokens[i] === null ? "\u00a0" : row.text[i].replace(/\n/g, "\u21b5");
+    if (row.rejected[i] !== null) {
+      const s = document.createElement("s");
+      s.className = "rejected";
+      s.textContent = row.rejected_text[i].replace(/\n/g, "\u21b5");
+      slot.appendChild(s);
+    }
+    if (row.confidence[i] !== null) slot.style.setProperty("--confidence", row.confidence[i]);
+    slot.title = describe(slot, row, i);
+    slot.dataset.confidence = row.confidence[i] === null ? "" : String(row.confidence[i]);
+    canvas.appendChild(slot);
+  }
+  canvas.dataset.call = String(frame.call);
+  $("call").textContent = frame.call;
+  $("calls").textContent = Math.max(frame.total_calls, frames.length);
+  $("written").textContent = row.written;
+  $("new").textContent = row.new_tokens;
+  $("slider").max = String(frames.length);
+  $("slider").value = String(index + 1);
+}
+
+function step(to) {
+  if (!frames.length || running) return;
+  draw(Math.max(0, Math.min(frames.length - 1, to)));
+}
+
+// ----- a request: its events read as server-sent events from a fetch
+
+async function* events(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (value) buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = block.split("\n").filter((l) => l.startsWith("data: ")).map((l) => l.slice(6)).join("\n");
+      if (data === "[DONE]") return;
+      if (data) yield JSON.parse(data);
+    }
+    if (done) return;
+  }
+}
+
+async function generate(event) {
+  event.preventDefault();
+  if (running) running.abort();
+  const controller = (running = new AbortController());
+  const chat = $("chat").checked;
+  const text = $("prompt").value;
+  const body = { ...decodingFields(), stream: true };
+  if (chat) body.messages = text ? [{ role: "user", content: text }] : [];
+  else body.prompt = text;
+  frames = [];
+  $("error").hidden = true;
+  $("answer").textContent = "";
+  $("canvas").textContent = "";
+  $("canvas").dataset.draws = "0";
+  $("slider").disabled = true;
+  $("per-call").textContent = "-";
+  for (const id of ["call", "calls", "written", "new"]) $(id).textContent = "0";
+  setState("running", "decoding");
+  try {
+    const response = await fetch(chat ? "/v1/chat/completions/steps" : "/v1/completions/steps", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+      signal: controller.signal,
+    });
+    if (!response.ok) {
+      let message = `${response.status} ${response.statusText}`;
+      try { message = (await response.json()).error.message; } catch (e) { /* not the API's JSON */ }
+      showError(message);
+      return;
+    }
+    let finished = false;
+    for await (const item of events(response)) {
+      if (item.error) { showError(item.error.message); return; }
+      if (item.object === "steps.start") {
+        $("calls").textContent = "0";
+      } else if (item.object === "steps.call") {
+        frames.push(item);
+        draw(frames.length - 1);
+        $("canvas").dataset.draws = String(Number($("canvas").dataset.draws) + 1);
+      } else if (item.object === "steps.done") {
+        finished = true;
+        $("answer").textContent = item.text;
+        $("calls").textContent = item.calls;
+        $("calls").dataset.reported = String(item.calls);
+        $("per-call").textContent = item.tokens_per_call === null ? "-" : item.tokens_per_call.toFixed(2);
+        setState("done", `${item.completion_tokens} tokens in ${item.calls} calls (${item.finish_reason})`);
+      }
+    }
+    if (!finished) showError("the stream ended before the answer finished");
+  } catch (e) {
+    if (e.name !== "AbortError") showError(String(e));
+  } finally {
+    if (running === controller) running = null;
+    $("slider").disabled = frames.length === 0;
+  }
+}
+
+async function start() {
+  try {
+    const response = await fetch("/v1/decoding");
+    const info = await response.json();
+    if (!response.ok) throw new Error(info.error ? info.error.message : response.statusText);
+    fields = info.fields;
+    $("model").textContent = `${info.model} \u00b7 window ${info.max_model_len} tokens`;
+    buildSettings();
+    setState("ready", "ready");
+  } catch (e) {
+    showError(`cannot read this server's decoding settings (GET /v1/decoding): ${e.message || e}`);
+  }
+}
+
+$("form").addEventListener("submit", generate);
+$("prompt").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("form").requestSubmit();
+});
+$("reset").addEventListener("click", resetSettings);
+$("first").addEventListener("click", () => step(0));
+$("prev").addEventListener("click", () => step(shown - 1));
+$("next").addEventListener("click", () => step(shown + 1));
+$("last").addEventListener("click", () => step(frames.length - 1));
+$("slider").addEventListener("input", () => step(Number($("slider").value) - 1));
+document.addEventListener("keydown", (e) => {
+  if (e.target.tagName === "TEXTAREA" || e.target.tagName === "INPUT" || e.target.tagName === "SELECT") return;
+  if (e.key === "ArrowLeft") step(shown - 1);
+  if (e.key === "ArrowRight") step(shown + 1);
+});
+start();
