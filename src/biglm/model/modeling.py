@@ -33,7 +33,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
 
-from ..objective.loss import IGNORE_INDEX, token_loss
+from ..objective.loss import IGNORE_INDEX, linear_cross_entropy, token_loss
 from .attention import BACKENDS, AttentionMask, batch_invariant_attention
 from .config import BiGLMConfig
 
@@ -629,6 +629,9 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         prefix_cache: PrefixCache | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
         logits_positions: torch.Tensor | None = None,
+        loss_targets: torch.Tensor | None = None,
+        loss_weight: torch.Tensor | None = None,
+        loss_chunk: int = 1024,
         **kwargs,
     ) -> MaskedLMOutput:
         """MLM forward.
@@ -650,6 +653,11 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         it in its last. Decoding one slot at a time runs no row for the slot itself (its own row's hidden state
         predicts the slot after it, which that call does not ask for): one position per written token, as an
         autoregressive model, where the slot's row would make two.
+
+        ``loss_targets`` (M,), with ``logits_positions`` as indices: the loss of those positions' logits against
+        them (times ``loss_weight`` (M,) if given, summed, divided by ``num_items_in_batch``) fused with the output
+        projection, ``loss_chunk`` rows at a time (`objective.linear_cross_entropy`): no (M, V) logits are built, and
+        ``logits`` is None. Pre-training's step (`TrainConfig.loss_chunk`).
         """
         B, L = input_ids.shape
         next_position = (self.config.shift_logits and logits_positions is not None
@@ -671,6 +679,15 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, select)  # (M, h), no host sync
         elif select is not None:
             hidden = hidden[select]  # (M, h)
+        if loss_targets is not None:
+            if select is None or labels is not None:
+                raise ValueError("loss_targets needs logits_positions (the positions they belong to) and no labels.")
+            loss = linear_cross_entropy(hidden, self.lm_head.weight, loss_targets, loss_weight=loss_weight,
+                                        normalizer=num_items_in_batch, chunk=loss_chunk)
+            out = MaskedLMOutput(loss=loss, logits=None)
+            if "cache" in base:
+                out["cache"] = base["cache"]
+            return out
         logits = self.lm_head(hidden)
         loss = None
         if labels is not None:

@@ -1,6 +1,6 @@
 """The pre-training objective: masking as pure seeded functions, and the one loss (with ``IGNORE_INDEX``)."""
 
-from .loss import IGNORE_INDEX, masked_lm_loss, token_loss
+from .loss import IGNORE_INDEX, linear_cross_entropy, masked_lm_loss, token_loss
 from .masking import (
     OBJECTIVES,
     MaskedBatch,
@@ -13,4 +13,4 @@ from .masking import (
     mask_batch,
 )
 
-__all__ = ["IGNORE_INDEX", "token_loss", "OBJECTIVES", "MaskedBatch", "MaskPattern", "apply_masks", "draw_masks", "ObjectiveConfig", "get_objective", "make_generator", "mask_batch", "masked_lm_loss"]
+__all__ = ["IGNORE_INDEX", "token_loss", "OBJECTIVES", "MaskedBatch", "MaskPattern", "apply_masks", "draw_masks", "ObjectiveConfig", "get_objective", "make_generator", "mask_batch", "masked_lm_loss", "linear_cross_entropy"]

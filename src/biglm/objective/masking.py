@@ -182,6 +182,18 @@ class MaskedBatch:
             out.update(lookahead=self.lookahead)
         return out
 
+    def _map(self, fn) -> "MaskedBatch":
+        return dataclasses.replace(self, **{f.name: fn(v) for f in dataclasses.fields(self)
+                                            if isinstance(v := getattr(self, f.name), torch.Tensor)})
+
+    def to(self, device: torch.device | str) -> "MaskedBatch":
+        """This batch on ``device``, copied without blocking (from pinned memory: asynchronously)."""
+        return self._map(lambda t: t.to(device, non_blocking=True))
+
+    def pin_memory(self) -> "MaskedBatch":
+        """This (host) batch in pinned memory, so `to` a GPU does not block."""
+        return self._map(lambda t: t.pin_memory())
+
     def find_positions(self) -> "MaskedBatch":
         """Set ``positions``: the (M,) indices of the labelled positions in the flattened (B·L) batch, row-major.
         One host sync; a trainer does it before queuing any forward, so the model and the loss select the

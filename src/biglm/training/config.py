@@ -102,6 +102,9 @@ class LoopConfig:
     """complete checkpoints kept"""
     tensorboard: bool = False
     """also write TensorBoard scalars to OUT/tensorboard"""
+    max_minutes: float | None = None
+    """a time budget: stop after the first step that ends this many minutes into the run (a checkpoint and the
+    evaluations of a last step; the schedule stays that of --steps); none: train every step"""
 
     def validate(self, *, world_size: int = 1) -> None:
         """Refuse inconsistent settings with a message that says what to change, before any work. Checked once:
@@ -125,6 +128,8 @@ class LoopConfig:
                 raise ConfigError(f"--{name} must be at least 1, got {getattr(self, name)}")
         if self.save_every < 0:
             raise ConfigError(f"--save_every must be >= 0, got {self.save_every}")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ConfigError(f"--max_minutes must be more than 0 (or none: no time budget), got {self.max_minutes}")
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
             raise ConfigError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}")
 
@@ -197,6 +202,19 @@ class TrainConfig(LoopConfig):
     """recompute each block in the backward pass (less activation memory, dropout masks replayed exactly)"""
     peak_tflops: float | None = None
     """per-device peak for MFU (default: known GPUs; none on CPU)"""
+    loss_chunk: int = 1024
+    """masked positions per chunk of the loss fused with the output projection (the masked positions' logits over
+    the whole vocabulary never exist at once, in the forward or the backward); 0: all their logits, then the loss
+    (the previous path)"""
+    host_masks: bool = True
+    """draw each step's masks and find its masked positions on the host, a step ahead in a background thread, the
+    windows pinned and copied without blocking: no host sync in the step (on a GPU the masks differ from the device
+    generator's, drawn from the same distribution; on a CPU they are the same); false: drawn on the device, one sync
+    per micro-batch (the previous path)"""
+    deferred_finite_check: bool = True
+    """check the gradient norm for NaN/inf on the device: the fused optimizer skips a non-finite step and every step
+    after it, and the run stops at the next log line, checkpoint or evaluation naming that step (weights and
+    checkpoints untouched); false: one host sync per step, before the optimizer step (the previous path)"""
 
     # bookkeeping
     eval_every: int = 500
@@ -235,6 +253,8 @@ class TrainConfig(LoopConfig):
         for name in ("steps", "seq_len", "eval_windows"):
             if getattr(self, name) < (2 if name == "seq_len" else 1):
                 raise ConfigError(f"--{name} must be at least {2 if name == 'seq_len' else 1}, got {getattr(self, name)}")
+        if self.loss_chunk < 0:
+            raise ConfigError(f"--loss_chunk must be >= 0 (0: the unfused loss), got {self.loss_chunk}")
         for name in ("eval_every", "warmup_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")

@@ -31,8 +31,8 @@ from ..config import to_dict
 from .checkpoint import Checkpointer, hold_run_dir
 from .config import LoopConfig
 from .distributed import DistInfo, all_reduce_sum, parallelize, set_gradient_sync, shape_template, unsharded_copy
-from .parts import (MetricsWriter, autocast, autocast_dtype, build_optimizer, clip_and_step, install_stop_signals,
-                    restore_rng, restore_signals, rng_state, set_lr)
+from .parts import (FiniteWatch, MetricsWriter, autocast, autocast_dtype, build_optimizer, clip_and_step,
+                    install_stop_signals, restore_rng, restore_signals, rng_state, set_lr)
 
 
 @dataclass
@@ -64,6 +64,7 @@ class TrainLoop:
         self.step = 0
         self._stop_signal: int | None = None
         self._checking_inputs = True
+        self.finite_watch: FiniteWatch | None = None  # a program sets one for the sync-free non-finite check
 
     # ------------------------------------------------------------------ set-up
     def setup(self, model: torch.nn.Module, *, activation_checkpointing: bool = False,
@@ -153,10 +154,15 @@ class TrainLoop:
         for i, parts in enumerate(micro):
             total += self.forward_backward(*parts, normalizer, sync=i == len(micro) - 1)
         grad_norm = clip_and_step(self.raw_model, self.optimizer, grad_clip=self.cfg.grad_clip, step=self.step,
-                                  loss=total, run_dir=self.out)
+                                  loss=total, run_dir=self.out, watch=self.finite_watch)
         self.step += 1
         self.after_optimizer_step()
         return all_reduce_sum(total), grad_norm
+
+    def check_finite(self) -> None:
+        """Raise `NonFiniteLossError` if a step's gradient was not finite (with ``finite_watch``: one host sync)."""
+        if self.finite_watch is not None:
+            self.finite_watch.check(self.out)
 
     # ------------------------------------------------------------------ state
     def save(self) -> Path:
@@ -239,6 +245,8 @@ class TrainLoop:
         fault_step = int(os.environ.get("BIGLM_FAULT_AFTER_STEP", "0"))  # tests: simulate a crash (os._exit)
         self.echo(self.describe())
         self.t_start, self.step_start = time.perf_counter(), self.step
+        budget = None if getattr(cfg, "max_minutes", None) is None else cfg.max_minutes * 60.0
+        self._over_budget = False
         try:
             while self.step < self.total_steps:
                 loss, grad_norm = self.train_step()
@@ -246,16 +254,26 @@ class TrainLoop:
                     self.after_step(self, self.step)
                 if fault_step and self.step == fault_step:
                     os._exit(17)
-                last = self.step == self.total_steps
+                over = budget is not None and time.perf_counter() - self.t_start >= budget
+                last = self.step == self.total_steps or over
+                if over and self.step < self.total_steps:
+                    self.echo(f"[biglm] time budget of {cfg.max_minutes:g} min reached after step {self.step} of "
+                              f"{self.total_steps}: stopping here")
+                    self._over_budget = True
+                save = bool(cfg.save_every and self.step % cfg.save_every == 0) or self.save_due(last) or self._stop_signal
+                due = [e for e in self.evaluations if e.due(self.step, last)]
+                if last or save or due or self.step % cfg.log_every == 0:
+                    self.check_finite()  # a skipped (non-finite) step is never logged, evaluated or saved
                 self.record_step(result, metrics, loss, grad_norm, last=last)
-                for evaluation in self.evaluations:
-                    if evaluation.due(self.step, last):
-                        evaluation.run(result, metrics)
-                if (cfg.save_every and self.step % cfg.save_every == 0) or self.save_due(last) or self._stop_signal:
+                for evaluation in due:
+                    evaluation.run(result, metrics)
+                if save:
                     self.save()
                 if self._stop_signal:
                     result.interrupted = True
                     self.echo(f"[biglm] stopped at step {self.step}; run the same command to resume.")
+                    break
+                if over:
                     break
         finally:
             restore_signals(old_handlers)

@@ -46,23 +46,94 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
+def _non_finite(step: int, loss_now: float, run_dir: Path) -> NonFiniteLossError:
+    return NonFiniteLossError(
+        f"non-finite {'loss' if not math.isfinite(loss_now) else 'gradient'} at step {step} "
+        f"(loss {loss_now}): the run stopped before the optimizer step, so the weights and every checkpoint "
+        f"are untouched. Lower --lr, check the data, or resume from the last checkpoint in {run_dir}/checkpoints."
+    )
+
+
+class FiniteWatch:
+    """The non-finite check without a host sync per step: the first step whose gradient norm is NaN/inf is recorded
+    on the device, and from it on the fused optimiser skips every update (its ``found_inf``, as AMP's grad scaler
+    uses it), so the weights stay those before that step; `check` (one sync) raises the error naming it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.first = torch.full((), -1, dtype=torch.long, device=device)
+        self.loss = torch.zeros((), device=device)
+
+    def update(self, grad_norm: torch.Tensor, *, step: int, loss: torch.Tensor) -> torch.Tensor:
+        """Record this step's norm; returns the optimiser's ``found_inf`` (1.0: skip)."""
+        new = ~torch.isfinite(grad_norm) & (self.first < 0)
+        self.first = torch.where(new, step, self.first)
+        self.loss = torch.where(new, loss.detach().float(), self.loss)
+        return (self.first >= 0).float()
+
+    def check(self, run_dir: Path) -> None:
+        first = int(self.first)
+        if first >= 0:
+            raise _non_finite(first, float(all_reduce_sum(self.loss.clone())), run_dir)
+
+
 def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, grad_clip: float, step: int,
-                  loss: torch.Tensor, run_dir: Path) -> torch.Tensor:
+                  loss: torch.Tensor, run_dir: Path, watch: FiniteWatch | None = None) -> torch.Tensor:
     """Clip the global gradient norm, refuse a non-finite one before the weights change (one scalar sync per
-    step), take the optimiser step and clear the gradients. Returns the (pre-clip) gradient norm."""
+    step; with ``watch``, none: the step is skipped on the device and `FiniteWatch.check` raises later), take the
+    optimiser step and clear the gradients. Returns the (pre-clip) gradient norm."""
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     if hasattr(grad_norm, "full_tensor"):
         grad_norm = grad_norm.full_tensor()
-    if not bool(torch.isfinite(grad_norm)):
-        loss_now = float(all_reduce_sum(loss.detach().clone()))
-        raise NonFiniteLossError(
-            f"non-finite {'loss' if not math.isfinite(loss_now) else 'gradient'} at step {step} "
-            f"(loss {loss_now}): the run stopped before the optimizer step, so the weights and every checkpoint "
-            f"are untouched. Lower --lr, check the data, or resume from the last checkpoint in {run_dir}/checkpoints."
-        )
+    if watch is not None:
+        optimizer.found_inf = watch.update(grad_norm, step=step, loss=loss)
+    elif not bool(torch.isfinite(grad_norm)):
+        raise _non_finite(step, float(all_reduce_sum(loss.detach().clone())), run_dir)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
+
+
+class StepPrefetcher:
+    """Builds the steps ``start, start+1, ... end-1`` with ``build(step)`` in a background thread, ``depth`` ahead,
+    so data reading and mask drawing run while the device computes; `get` returns them in order (re-raising an
+    error of ``build``). The thread is the only caller of ``build`` until `close`."""
+
+    def __init__(self, build: Callable[[int], Any], *, start: int, end: int, depth: int = 2) -> None:
+        import queue
+        import threading
+
+        self.next_step = start
+        self._queue: "queue.Queue" = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+
+        def run() -> None:
+            for step in range(start, end):
+                try:
+                    item = (build(step), None)
+                except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                    item = (None, e)
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set() or item[1] is not None:
+                    return
+
+        self._thread = threading.Thread(target=run, name="biglm-step-prefetch", daemon=True)
+        self._thread.start()
+
+    def get(self) -> Any:
+        item, error = self._queue.get()
+        if error is not None:
+            raise error
+        self.next_step += 1
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:

@@ -31,11 +31,13 @@ from ..checkpoint import CheckpointError, checkpoint_dirs, latest_checkpoint, mo
 from ..config import ConfigError
 from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters, resolve_attn_backend
 from ..objective import ObjectiveConfig, apply_masks, draw_masks, make_generator, masked_lm_loss
+from ..objective.loss import masked_targets
 from ..objective.masking import annealed_lookahead
 from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_sum, full_model_on_rank0
 from .loop import Evaluation, TrainLoop
-from .parts import MetricsWriter, NonFiniteLossError, autocast, fmt_time, progress_bar  # noqa: F401 - NonFiniteLossError re-exported
+from .parts import (FiniteWatch, MetricsWriter, NonFiniteLossError, StepPrefetcher, autocast,  # noqa: F401 - re-exported
+                    fmt_time, progress_bar)
 from .schedule import lr_at
 
 # dense bf16 peak per device, for MFU
@@ -108,7 +110,7 @@ class Trainer(TrainLoop):
 
     config_file = "train_config.json"
     fixed_on_resume = ("steps", "lr", "min_lr", "schedule", "warmup_steps", "anneal_fraction", "global_batch",
-                       "seq_len", "attention_anneal_steps", "betas", "weight_decay")
+                       "seq_len", "attention_anneal_steps", "betas", "weight_decay", "host_masks")
 
     LOG_INTERVAL_S = 60.0  # a log line at least this often (and at the first step), whatever --log_every
 
@@ -118,7 +120,11 @@ class Trainer(TrainLoop):
         super().__init__(cfg, info=info, out=cfg.output_dir, echo=echo, after_step=after_step)
         self.total_steps = cfg.steps
         self.accum = cfg.global_batch // (cfg.micro_batch * info.world_size)
+        self._prefetch: StepPrefetcher | None = None
+        self._sampler_state: dict | None = None  # the data position after the last step taken (prefetching runs ahead)
         self._build(task_evaluator)
+        if cfg.deferred_finite_check and not self.fsdp:  # FSDP2's sharded optimizer state: the per-step check
+            self.finite_watch = FiniteWatch(info.device)
 
     # ------------------------------------------------------------------ setup
     def _build(self, task_evaluator: Any) -> None:
@@ -261,11 +267,27 @@ class Trainer(TrainLoop):
         self.tokenizer.save_pretrained(self.out / "tokenizer")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"tokens_seen": self.tokens_seen, "train_sampler": self.train_sampler.state_dict()}
+        sampler = self._sampler_state if self._prefetch is not None else self.train_sampler.state_dict()
+        return {"tokens_seen": self.tokens_seen, "train_sampler": sampler}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stop_prefetch()
         self.tokens_seen = state["tokens_seen"]
         self.train_sampler.load_state_dict(state["train_sampler"])
+
+    def stop_prefetch(self) -> None:
+        """End the background thread that builds steps ahead; the sampler is then where the last step left it."""
+        if self._prefetch is not None:
+            self._prefetch.close()
+            self._prefetch = None
+            if self._sampler_state is not None:
+                self.train_sampler.load_state_dict(self._sampler_state)
+
+    def train(self) -> TrainResult:
+        try:
+            return super().train()
+        finally:
+            self.stop_prefetch()
 
     # ------------------------------------------------------------------ batches and the step
     def _autocast(self):
@@ -289,20 +311,39 @@ class Trainer(TrainLoop):
         for any number of ranks, micro-batch size or accumulation, and the count needs no all-reduce. Under
         ``attention_anneal_steps`` each batch also carries the step's lookahead (causal at step 0, growing to the
         objective's attention), a function of the step alone like the masks."""
-        cfg, dev = self.cfg, self.info.device
+        if not self.cfg.host_masks:
+            return self._build_step(self.step, self.info.device)
+        if self._prefetch is None or self._prefetch.next_step != self.step:
+            self.stop_prefetch()
+            self._prefetch = StepPrefetcher(self._host_step, start=self.step, end=max(self.total_steps, self.step + 1))
+        micro, normalizer, self._sampler_state = self._prefetch.get()
+        dev = self.info.device
+        return [(batch.to(dev), windows.to(dev, non_blocking=True)) for batch, windows in micro], \
+            normalizer.to(dev, non_blocking=True)
+
+    def _host_step(self, step: int):
+        """Step ``step``'s micro-batches built on the host (the prefetch thread): pinned when a GPU reads them."""
+        micro, normalizer = self._build_step(step, torch.device("cpu"))
+        if self.info.device.type == "cuda":
+            micro = [(batch.pin_memory(), windows.pin_memory()) for batch, windows in micro]
+            normalizer = normalizer.pin_memory()
+        return micro, normalizer, self.train_sampler.state_dict()
+
+    def _build_step(self, step: int, dev: torch.device) -> tuple[list[tuple[Any, torch.Tensor]], torch.Tensor]:
+        cfg = self.cfg
         W, r, mb = self.info.world_size, self.info.rank, cfg.micro_batch
-        gen = make_generator(seed=cfg.seed, step=self.step, rank=0, device=dev)
+        gen = make_generator(seed=cfg.seed, step=step, rank=0, device=dev)
         pattern = draw_masks(cfg.global_batch, cfg.seq_len, self.objective, generator=gen, device=dev,
                              vocab_size=self.model_config.vocab_size)
         normalizer = pattern.count().float().clamp(min=1)
-        lookahead = annealed_lookahead(self.step, anneal_steps=cfg.attention_anneal_steps, seq_len=cfg.seq_len)
+        lookahead = annealed_lookahead(step, anneal_steps=cfg.attention_anneal_steps, seq_len=cfg.seq_len)
         micro = []
         for i in range(self.accum):
-            windows = self.train_sampler.next_batch(mb, step=self.step).to(dev, non_blocking=True)
+            windows = self.train_sampler.next_batch(mb, step=step).to(dev, non_blocking=True)
             rows = i * mb * W + torch.arange(mb, device=dev) * W + r  # global window index of each row
             batch = apply_masks(windows, pattern.rows(rows), mask_token_id=self.mask_id)
             batch.lookahead = lookahead
-            micro.append((batch.find_positions(), windows))  # the step's syncs happen here, before any forward
+            micro.append((batch.find_positions(), windows))  # on a device, the step's syncs: before any forward
         return micro, normalizer
 
     def forward_backward(self, batch, windows: torch.Tensor, normalizer: torch.Tensor, *, sync: bool) -> torch.Tensor:
@@ -315,11 +356,21 @@ class Trainer(TrainLoop):
             batch.find_positions()
 
         def loss(model: torch.nn.Module) -> torch.Tensor:
-            out = model(batch.input_ids, **batch.attention(), doc_ids=self._doc_ids(windows),
-                        logits_positions=batch.positions)
-            return masked_lm_loss(out.logits, batch, normalizer=normalizer)
+            return self._loss(model, batch, windows, normalizer)
 
         return self.backward(loss, sync=sync)
+
+    def _loss(self, model: torch.nn.Module, batch, windows: torch.Tensor, normalizer: torch.Tensor) -> torch.Tensor:
+        """The masked-LM loss of one micro-batch: fused with the output projection (``loss_chunk``), or from the
+        masked positions' logits (the previous path)."""
+        if self.cfg.loss_chunk:
+            targets, weight = masked_targets(batch)
+            return model(batch.input_ids, **batch.attention(), doc_ids=self._doc_ids(windows),
+                         logits_positions=batch.positions, loss_targets=targets, loss_weight=weight,
+                         num_items_in_batch=normalizer, loss_chunk=self.cfg.loss_chunk).loss
+        out = model(batch.input_ids, **batch.attention(), doc_ids=self._doc_ids(windows),
+                    logits_positions=batch.positions)
+        return masked_lm_loss(out.logits, batch, normalizer=normalizer)
 
     def after_optimizer_step(self) -> None:
         self.tokens_seen += self.cfg.global_batch * self.cfg.seq_len
@@ -351,9 +402,7 @@ class Trainer(TrainLoop):
         for windows, batch in self.val_batches():
             batch.find_positions()
             with self._autocast():
-                out = self.raw_model(batch.input_ids, **batch.attention(), doc_ids=self._doc_ids(windows),
-                                     logits_positions=batch.positions)
-            loss_sum += masked_lm_loss(out.logits, batch, normalizer=torch.ones((), device=dev))
+                loss_sum += self._loss(self.raw_model, batch, windows, torch.ones((), device=dev))
             count += batch.normalizer
             bar.update(len(windows))
         bar.close()
@@ -425,6 +474,7 @@ class Trainer(TrainLoop):
         if not (self.step % cfg.log_every == 0 or last or self._stop_signal or self.step == self.step_start + 1
                 or now - self._t_last >= self.LOG_INTERVAL_S):
             return
+        self.check_finite()
         tok_s = (self.tokens_seen - self._tokens_last) / max(now - self._t_last, 1e-9)
         self._t_last, self._tokens_last = now, self.tokens_seen
         for s, l in self._pending:
