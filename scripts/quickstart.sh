@@ -63,6 +63,21 @@ if [ ! -f "$WN_DST/lexnames" ]; then
   fi
 fi
 
+# Headless Chromium and its driver for the playground's browser test (tests/test_playground_browser.py, Selenium on
+# the system's chromedriver; Selenium Manager never downloads one): Debian's chromium + chromium-driver.
+if ! command -v chromedriver >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1; } ||
+      true  # not fatal: the browser test alone needs it, and skips saying so
+  elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    sudo apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1 || true
+  fi
+  command -v chromedriver >/dev/null 2>&1 ||
+    echo "quickstart: Chromium not installed (the playground's browser test skips); as root run:" \
+      "apt-get install chromium chromium-driver" >&2
+fi
+
 what=${1:-demo}
 [ $# -gt 0 ] && shift
 case "$what" in

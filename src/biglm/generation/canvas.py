@@ -146,3 +146,68 @@ def token_text(tokenizer: Any) -> Callable[[int], str]:
         return cache[token]
 
     return text
+
+
+_CONTROL = {**{i: 0x2400 + i for i in range(32)}, 0x0A: 0x21B5, 0x7F: 0x2421}  # U+2400.. control pictures, ↵
+
+
+def visible(text: str) -> str:
+    """A token's text with control characters drawn (a newline as ↵, others as their control picture), so that every
+    slot shows something and no token moves the cursor of a terminal being redrawn."""
+    return text.translate(_CONTROL)
+
+
+_STYLES = {"new": "bold green", "remasked": "bold yellow", "accepted": "bold cyan", "kept": "", "masked": "dim"}
+
+
+def render_frame(frame: Frame, text: Callable[[int], str], *, labels: list[str] | None = None) -> Any:
+    """A frame as rich text (`biglm generate --show`): a header with the counts, then each row's slots, masked ones
+    as ░, tokens coloured by state (new green, re-masked yellow, accepted drafts cyan), a rejected draft struck
+    through in red after its slot. ``labels``: each row's name (default "prompt i")."""
+    from rich.text import Text
+
+    written = sum(r.written for r in frame.rows)
+    new = sum(r.new_tokens for r in frame.rows)
+    out = Text()
+    out.append(f"call {frame.call}/{max(frame.total_calls, frame.call)}", style="bold")
+    out.append(f"  written {written}  this call {new}  tokens per call {written / frame.call:.2f}\n")
+    for i, row in enumerate(frame.rows):
+        label = labels[i] if labels else f"prompt {row.prompt + 1}"
+        out.append(f"{label}: ", style="bold")
+        for tok, state, rejected in zip(row.tokens, row.states, row.rejected):
+            out.append("░" if tok is None else visible(text(tok)), style=_STYLES[state])
+            if rejected is not None:
+                out.append(visible(text(rejected)), style="red strike")
+        out.append("\n")
+    out.rstrip()
+    return out
+
+
+class LiveCanvas:
+    """`biglm generate --show`: the canvas redrawn in place after every model call (rich's `Live` on ``console``,
+    refreshed by each frame, not by a timer, so every call is drawn once). A console that is no terminal gets the last
+    frame only. Use as a context manager around the decode; ``recorder`` is the ``on_step`` to pass it."""
+
+    def __init__(self, tokenizer: Any, mask_id: int, *, console: Any = None) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.text = token_text(tokenizer)
+        self.recorder = CanvasRecorder(mask_id, on_frame=self.draw, keep=False)
+        self.console = console if console is not None else Console(stderr=True)
+        self.live = Live(console=self.console, auto_refresh=False, transient=False)
+        self.labels: list[str] | None = None
+        self.frames = 0
+
+    def draw(self, frame: Frame) -> None:
+        if self.labels is None and len({r.length for r in frame.rows}) > 1:  # a length beam: name each candidate
+            self.labels = [f"prompt {r.prompt + 1} (length {r.length})" for r in frame.rows]
+        self.frames += 1
+        self.live.update(render_frame(frame, self.text, labels=self.labels), refresh=True)
+
+    def __enter__(self) -> LiveCanvas:
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.stop()

@@ -2,7 +2,9 @@
 
 Prints one block per prompt: a ``### prompt i: ...`` header line, then the answer. With
 ``--show-steps`` every model call is printed first, with masked slots shown as ``_``, so one
-can watch the answer unmask (Mask-Predict prints the re-masked input and the new prediction).
+can watch the answer unmask (Mask-Predict prints the re-masked input and the new prediction); ``--show`` instead
+redraws the answer's canvas in place on the terminal (stderr) after every call (`canvas.LiveCanvas`), coloured by
+what the call did, stdout unchanged.
 Exit codes: 0 ok, 2 bad arguments or missing checkpoint.
 
 The options are the fields of `GenerateArgs`: the checkpoint, ``--prompt`` (repeatable),
@@ -32,6 +34,7 @@ cluster at ``--ray_address``) with the same output file.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from collections.abc import Mapping
@@ -115,6 +118,9 @@ class GenerateArgs(ReplicaOptions, DecodingConfig):
     tokens/s alone, 9% at 32 concurrent requests (docs/serving.md)"""
     show_steps: bool = False
     """print the answer after every model call, masked slots as _"""
+    show: bool = False
+    """redraw the answer's canvas in place on the terminal (stderr) after every model call: masked slots, the tokens
+    each call writes, re-masked ones, drafts kept and rejected, the counts; stdout gets what it gets without it"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -133,8 +139,8 @@ class GenerateArgs(ReplicaOptions, DecodingConfig):
                 raise ConfigError("--input needs --output FILE (the JSONL file the answers go to)")
             if self.batch_size < 1:
                 raise ConfigError(f"--batch_size {self.batch_size} must be >= 1")
-            if self.show_steps:
-                raise ConfigError("--show_steps applies to --prompt only")
+            if self.show_steps or self.show:
+                raise ConfigError(f"--{'show' if self.show else 'show_steps'} applies to --prompt only")
             self.check_replicas()
         elif self.output is not None:
             raise ConfigError("--output goes with --input (a file of prompts); --prompt answers print to stdout")
@@ -142,6 +148,8 @@ class GenerateArgs(ReplicaOptions, DecodingConfig):
             raise ConfigError("--replicas/--ray_address go with --input FILE --output FILE (batch generation on Ray)")
         elif not self.prompt:
             raise ConfigError("missing --prompt TEXT (repeat it for a batch) or --input FILE --output FILE")
+        if self.show and self.show_steps:
+            raise ConfigError("--show redraws the steps in place, --show_steps prints each one: pick one")
 
 
 def cli_decoding(args: DecodingConfig, argv: list[str], model) -> DecodingConfig:
@@ -225,9 +233,16 @@ def main(argv: list[str]) -> int:
     model, tokenizer = loaded
     mask_id = model.config.mask_token_id
     on_step = _step_printer(tokenizer, mask_id) if args.show_steps and mask_id is not None else None
+    live = None
+    if args.show and mask_id is not None:
+        from .canvas import LiveCanvas
+
+        live = LiveCanvas(tokenizer, mask_id)
+        on_step = live.recorder
     try:
         config = cli_decoding(args, argv, model)  # the model's saved settings under the flags given
-        answers = generate(model, tokenizer, args.prompt, config=config, on_step=on_step)
+        with live if live is not None else contextlib.nullcontext():
+            answers = generate(model, tokenizer, args.prompt, config=config, on_step=on_step)
     except (ValueError, TypeError) as e:
         print(f"biglm generate: {e}", file=sys.stderr)
         return 2

@@ -95,6 +95,10 @@ function decodingFields() {
 
 // ----- the canvas
 
+// A token's text with control characters drawn: a newline as ↵, the others as their control pictures (U+2400..).
+const visible = (text) => text.replace(/[\u0000-\u001f\u007f]/g, (c) =>
+  c === "\n" ? "\u21b5" : String.fromCharCode(c === "\u007f" ? 0x2421 : 0x2400 + c.charCodeAt(0)));
+
 function describe(slot, row, i) {
   const state = row.states[i];
   const conf = row.confidence[i];
@@ -114,11 +118,11 @@ function draw(index) {
   for (let i = 0; i < row.length; i++) {
     const slot = document.createElement("span");
     slot.className = "slot " + row.states[i];
-    slot.textContent = row.tokens[i] === null ? "\u00a0" : row.text[i].replace(/\n/g, "\u21b5");
+    slot.textContent = row.tokens[i] === null ? "\u00a0" : visible(row.text[i]);
     if (row.rejected[i] !== null) {
       const s = document.createElement("s");
       s.className = "rejected";
-      s.textContent = row.rejected_text[i].replace(/\n/g, "\u21b5");
+      s.textContent = visible(row.rejected_text[i]);
       slot.appendChild(s);
     }
     if (row.confidence[i] !== null) slot.style.setProperty("--confidence", row.confidence[i]);
