@@ -16,6 +16,7 @@ from typing import Any, Literal
 from ..config import ConfigError, check_device, from_dict, load_yaml, to_dict
 from ..model.config import PRESETS
 from ..objective import OBJECTIVES, ObjectiveConfig
+from .trackers import check_report_to, resolve_report_to
 
 # the model fields that are not its shape: training-time regularisation, and the longest input (RoPE has no
 # weights per position). --init_from may change only these; every other field is the source model's (or the
@@ -100,8 +101,15 @@ class LoopConfig:
     SIGINT/SIGTERM)"""
     keep_last: int = 2
     """complete checkpoints kept"""
+    report_to: list[Literal["tensorboard", "wandb", "trackio", "all", "none"]] = field(default_factory=list)
+    """experiment trackers that get the logged scalars, the run's config and the run directory's name as the run's
+    name (as Hugging Face Trainer's report_to): tensorboard (OUT/tensorboard), wandb (offline without an account,
+    OUT/wandb), trackio (its local database); all: every one installed; none (the default): metrics.jsonl only. A
+    resume continues the same tracker runs; a missing package or a tracker's error is one line, never a stop"""
+    project: str = "biglm"
+    """the W&B / trackio project the run is logged under ($WANDB_PROJECT, when set, for W&B)"""
     tensorboard: bool = False
-    """also write TensorBoard scalars to OUT/tensorboard"""
+    """also write TensorBoard scalars to OUT/tensorboard (the same as tensorboard in --report_to)"""
     max_minutes: float | None = None
     """a time budget: stop after the first step that ends this many minutes into the run (a checkpoint and the
     evaluations of a last step; the schedule stays that of --steps); none: train every step"""
@@ -116,6 +124,11 @@ class LoopConfig:
         self.check(world_size=world_size)
         self._validated = key
 
+    def trackers(self) -> list[str]:
+        """The experiment trackers this run reports to (--report_to resolved, with --tensorboard)."""
+        names = resolve_report_to(self.report_to)
+        return names + ["tensorboard"] if self.tensorboard and "tensorboard" not in names else names
+
     def check(self, *, world_size: int) -> None:
         """The checks of these settings; a run's config adds its own (and calls this)."""
         check_device(self.device)  # before any process group, run directory or lock
@@ -128,6 +141,8 @@ class LoopConfig:
                 raise ConfigError(f"--{name} must be at least 1, got {getattr(self, name)}")
         if self.save_every < 0:
             raise ConfigError(f"--save_every must be >= 0, got {self.save_every}")
+        if (why := check_report_to(self.report_to)) is not None:
+            raise ConfigError(why)
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ConfigError(f"--max_minutes must be more than 0 (or none: no time budget), got {self.max_minutes}")
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):

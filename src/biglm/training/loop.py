@@ -10,8 +10,9 @@
 Everything else exists once, here: the run directory's lock, the model's wrapping (torch.compile, DDP or FSDP2),
 AdamW with the settings of `LoopConfig`, the learning-rate schedule, the clipped and checked optimiser step,
 checkpoints with an exact resume (model, optimiser, step, RNG state and the program's own state), SIGINT/SIGTERM
-(a checkpoint after the current step), metrics.jsonl/TensorBoard, the ``after_step`` test hook and the
-``BIGLM_FAULT_AFTER_STEP`` crash injection. A new training mode is a program, never a flag in this file.
+(a checkpoint after the current step), metrics.jsonl and the experiment trackers of --report_to (`trackers`), the
+``after_step`` test hook and the ``BIGLM_FAULT_AFTER_STEP`` crash injection. A new training mode is a program, never
+a flag in this file.
 """
 
 from __future__ import annotations
@@ -233,8 +234,8 @@ class TrainLoop:
         self.maybe_resume()
         result = self.new_result()
         # from the step resumed at: what an earlier attempt logged after it is logged again by this one
-        metrics = MetricsWriter(self.out, enabled=self.info.is_main, tensorboard=cfg.tensorboard,
-                                start_step=self.step)
+        metrics = MetricsWriter(self.out, enabled=self.info.is_main, trackers=cfg.trackers(), config=to_dict(cfg),
+                                project=cfg.project, start_step=self.step, echo=self.echo)
 
         def stop(signum: int) -> None:
             self._stop_signal = signum

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -166,42 +167,43 @@ def restore_signals(old: dict) -> None:
 
 
 class MetricsWriter:
-    """JSONL metrics (one record per line: train losses, logs, validation) and optional TensorBoard.
+    """JSONL metrics (one record per line: train losses, logs, validation) and the experiment trackers of
+    ``--report_to`` (`trackers.Trackers`: the same numbers, as ``KIND/FIELD`` scalars at the record's step).
 
     ``start_step`` is the step the run (re)starts from: what an earlier attempt logged past it (steps a crash or a
     damaged checkpoint rolled back, which the run is about to log again) is dropped before the first new line, so
     the log reads as one run. metrics.jsonl is rewritten atomically; TensorBoard purges the same steps."""
 
-    def __init__(self, out: Path, *, enabled: bool, tensorboard: bool, start_step: int = 0) -> None:
+    def __init__(self, out: Path, *, enabled: bool, trackers: Sequence[str] = (), config: dict[str, Any] | None = None,
+                 project: str = "biglm", start_step: int = 0, echo: Callable[[str], None] = print) -> None:
         self.enabled = enabled
-        self.tb = None
+        self.trackers = None
         if not enabled:
             return
         out.mkdir(parents=True, exist_ok=True)
         _drop_logged_after(out / "metrics.jsonl", start_step)
         self.file = open(out / "metrics.jsonl", "a")
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as e:
-                raise ImportError("--tensorboard needs the tensorboard package: pip install 'biglm[tensorboard]'") from e
-            self.tb = SummaryWriter(str(out / "tensorboard"), purge_step=start_step + 1)
+        if trackers:
+            from .trackers import Trackers
+
+            self.trackers = Trackers(out, trackers, config=config or {}, project=project, start_step=start_step,
+                                     echo=echo)
 
     def write(self, record: dict[str, Any], kind: str = "train") -> None:
         if not self.enabled:
             return
         self.file.write(json.dumps({"kind": kind, **record}) + "\n")
         self.file.flush()
-        if self.tb is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    self.tb.add_scalar(f"{kind}/{k}", v, record["step"])
+        if self.trackers is not None and isinstance(record.get("step"), int):
+            self.trackers.log({f"{kind}/{k}": v for k, v in record.items()
+                               if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)},
+                              record["step"])
 
     def close(self) -> None:
         if self.enabled:
             self.file.close()
-            if self.tb is not None:
-                self.tb.close()
+            if self.trackers is not None:
+                self.trackers.close()
 
 
 def _drop_logged_after(path: Path, step: int) -> None:
