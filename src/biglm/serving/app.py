@@ -611,7 +611,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
             raise APIError(400, f"stream=false: {endpoint} always streams (server-sent events); leave stream out.",
                            param="stream", code="invalid_value")
         for name in ("stream_options", "echo", "logprobs", "top_logprobs"):
-            if name in sent and getattr(body, name) not in (None, False):
+            if name in sent and getattr(body, name) is not None and getattr(body, name) is not False:  # (0 asks)
                 raise APIError(400, f"{name} is not part of {endpoint} (each step event carries every token's "
                                     "confidence): leave it out.", param=name, code="unsupported_field")
 

@@ -99,7 +99,7 @@ function decodingFields() {
 const visible = (text) => text.replace(/[\u0000-\u001f\u007f]/g, (c) =>
   c === "\n" ? "\u21b5" : String.fromCharCode(c === "\u007f" ? 0x2421 : 0x2400 + c.charCodeAt(0)));
 
-function describe(slot, row, i) {
+function describe(row, i) {
   const state = row.states[i];
   const conf = row.confidence[i];
   let text = `slot ${i + 1}: ` + (row.tokens[i] === null ? "masked" : JSON.stringify(row.text[i]));
@@ -126,7 +126,7 @@ function draw(index) {
       slot.appendChild(s);
     }
     if (row.confidence[i] !== null) slot.style.setProperty("--confidence", row.confidence[i]);
-    slot.title = describe(slot, row, i);
+    slot.title = describe(row, i);
     slot.dataset.confidence = row.confidence[i] === null ? "" : String(row.confidence[i]);
     canvas.appendChild(slot);
   }
@@ -235,6 +235,10 @@ async function start() {
   }
 }
 
+$("canvas").addEventListener("mouseover", (e) => {
+  const slot = e.target.closest(".slot");
+  if (slot) $("slot-info").textContent = slot.title;
+});
 $("form").addEventListener("submit", generate);
 $("prompt").addEventListener("keydown", (e) => {
   if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("form").requestSubmit();
