@@ -108,6 +108,20 @@ def test_openai_client_through_ray_serve_equals_biglm_generate(served, model_dir
     assert served.client.models.list().data[0].id == NAME
 
 
+def test_the_playground_and_its_step_stream_through_ray_serve(served):
+    """--replicas serves the same app: the page at / and the step stream, which ends on the API's text."""
+    from biglm.serving.playground import asset
+
+    page = httpx.get(served.url + "/", timeout=30)
+    assert page.status_code == 200 and page.content == asset("index.html")
+    body = {"prompt": "To be, or not to be", "max_tokens": 8, "steps": 3}
+    with httpx.stream("POST", served.url + "/v1/completions/steps", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert [e["object"] for e in events] == ["steps.start", *["steps.call"] * 3, "steps.done"]
+    answer = served.client.completions.create(model=NAME, prompt=body["prompt"], max_tokens=8, extra_body={"steps": 3})
+    assert events[-1]["text"] == answer.choices[0].text
+
+
 def test_64_concurrent_requests_are_served_by_both_replicas(served):
     status, before = _health(served.url)
     assert status == 200 and before["status"] == "ok" and before["application"] == "RUNNING", before

@@ -408,3 +408,24 @@ def _check_type(name: str, value: Any, tp: Any) -> Any:
     if tp is str and not isinstance(value, str):
         raise DecodingError(f"{name}={value!r} must be a string.", option=name)
     return value
+
+
+def describe_fields(config: DecodingConfig) -> list[dict[str, Any]]:
+    """Each `DecodingConfig` field as a form needs it (the playground's settings): its name, kind (int, float, bool,
+    choice, list, text), choices, whether it may be unset (None), its value in ``config`` and its help (the field's
+    docstring, as the commands' --help shows it)."""
+    from ..config import field_docs
+
+    hints, docs, out = _hints(), field_docs(DecodingConfig), []
+    for f in dataclasses.fields(DecodingConfig):
+        tp, choices = hints[f.name], f.metadata.get("choices")
+        optional = type(None) in get_args(tp)
+        if optional:
+            (tp,) = [a for a in get_args(tp) if a is not type(None)]
+        if get_origin(tp) is Literal or choices:
+            kind, choices = "choice", list(choices or get_args(tp))
+        else:
+            kind = "list" if get_origin(tp) is list else {bool: "bool", int: "int", float: "float"}.get(tp, "text")
+        out.append({"name": f.name, "kind": kind, "choices": choices, "optional": optional,
+                    "default": getattr(config, f.name), "help": docs.get(f.name, "")})
+    return out

@@ -45,7 +45,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from ..serving.cli import ServeArgs, build_app, check_model_options
+from ..serving.cli import ServeArgs, build_app, check_model_options, playground_url
 from .ray_cluster import ClusterError, connect, disconnect, limit_threads, replica_device
 
 DEPLOYMENT = "biglm"
@@ -346,6 +346,7 @@ def _serve(args: ServeArgs, *, given: Collection[str], prog: str, stop: threadin
             print(f"{prog}: {deployed.name} on {deployed.url}/v1 on Ray Serve ({scale}, {args.replica_cpus} CPU "
                   f"{args.replica_gpus:g} GPU each; max_batch_rows={args.max_batch_rows}, max_queue="
                   f"{args.max_queue})", file=sys.stderr, flush=True)
+            print(f"{prog}: playground at {playground_url(args.host, args.port)}", file=sys.stderr, flush=True)
             stop.wait()
         print(f"{prog}: shutting down (in-flight requests get {args.shutdown_timeout:g} s)", file=sys.stderr,
               flush=True)

@@ -9,14 +9,11 @@ any client can draw what the page draws (docs/serving.md).
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from functools import cache
 from importlib import resources
-from typing import Any, Literal
+from typing import Any
 
-from ..config import field_docs
-from ..generation.config import DecodingConfig
+from ..generation.config import DecodingConfig, describe_fields
 from .protocol import EXTRA_FIELDS, OPENAI_FIELDS
 
 FILES = {"index.html": "text/html; charset=utf-8", "playground.js": "text/javascript; charset=utf-8",
@@ -29,33 +26,13 @@ def asset(name: str) -> bytes:
     return (resources.files(__package__) / "static" / name).read_bytes()
 
 
-def _kind(tp: Any, choices: Any) -> tuple[str, list[Any] | None, bool]:
-    """(kind, choices, optional) of a `DecodingConfig` field's type, as the page's inputs need it."""
-    args = typing.get_args(tp)
-    optional = type(None) in args
-    if optional:
-        (tp,) = [a for a in args if a is not type(None)]
-    if typing.get_origin(tp) is Literal:
-        return "choice", list(typing.get_args(tp)), optional
-    if choices:
-        return "choice", list(choices), optional
-    if typing.get_origin(tp) is list:
-        return "list", None, optional
-    return {bool: "bool", int: "int", float: "float"}.get(tp, "text"), None, optional
-
-
 def decoding_fields(defaults: DecodingConfig) -> list[dict[str, Any]]:
-    """The decoding fields a request may set, by their request names (``max_tokens`` for ``max_new_tokens``), in
-    `DecodingConfig`'s order: each one's kind (int, float, bool, choice, list, text), choices, whether it may be left
-    unset (null), this server's default (``defaults``) and its help (the field's docstring)."""
+    """The decoding fields a request may set (`generation.config.describe_fields`), by their request names
+    (``max_tokens`` for ``max_new_tokens``), with this server's defaults (``defaults``)."""
     request_name = {target: name for name, target in OPENAI_FIELDS.items()}
-    hints, docs = typing.get_type_hints(DecodingConfig), field_docs(DecodingConfig)
     out = []
-    for f in dataclasses.fields(DecodingConfig):
-        name = request_name.get(f.name, f.name)
-        if name not in OPENAI_FIELDS and name not in EXTRA_FIELDS:
-            continue  # not a request option (use_cache)
-        kind, choices, optional = _kind(hints[f.name], f.metadata.get("choices"))
-        out.append({"name": name, "kind": kind, "choices": choices, "optional": optional,
-                    "default": getattr(defaults, f.name), "help": docs.get(f.name, "")})
+    for f in describe_fields(defaults):
+        name = request_name.get(f["name"], f["name"])
+        if name in OPENAI_FIELDS or name in EXTRA_FIELDS:  # (use_cache is a check, not a request option)
+            out.append({**f, "name": name})
     return out
