@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown_header, positive_int, write_report  # noqa: E402
+from common import RESULTS, machine, markdown_header, positive_int, write_report  # noqa: E402
 
 KINDS = ("continue", "chat", "rewrite")
 
@@ -90,7 +90,7 @@ def main() -> None:
     if not Path(args.model).is_dir():
         ap.error(f"--model {args.model}: no such directory (a `biglm export` or `biglm pretrain` output)")
 
-    where = Path(__file__).resolve().parent / "results" / args.out
+    where = RESULTS / args.out
     where.mkdir(parents=True, exist_ok=True)
     rows_path = where / "rows.jsonl"
     rows_path.write_text("".join(json.dumps(r) + "\n" for r in prompt_rows(Path(args.data), args.prompts)))

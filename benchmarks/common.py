@@ -13,7 +13,8 @@ from typing import Callable
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# $BIGLM_RESULTS: another folder (run_gpu.sh --dry-run writes there, not into the tracked results)
+RESULTS = Path(os.environ.get("BIGLM_RESULTS") or Path(__file__).resolve().parent / "results")
 
 
 def positive_int(text: str) -> int:

@@ -4,8 +4,12 @@
 # 10-minute device call; no argument runs them all (~20 minutes on one H100):
 #   bash benchmarks/run_gpu.sh tests attention      # then: pretrain, then: generation, then: speculative
 # (speculative-carried is not in the default list: it benchmarks exports carried to the device, see docs/LOG.md)
+#   bash benchmarks/run_gpu.sh all        # issue 40's one command (<= 8 min): MFU new/previous path at 136M and 360M,
+#                                         # SmolLM2 converted, adapted and evaluated there (benchmarks/gpu_all.sh)
+#   bash benchmarks/run_gpu.sh --dry-run  # gpu_all.sh end to end on a CPU at tiny sizes (CI: tests/test_gpu_dry_run.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--dry-run" ]; then exec bash benchmarks/gpu_all.sh --dry-run; fi
 # the device machine has no network: use its own CUDA torch, import biglm from the tree; packages it lacks
 # travel as wheels (see the device tool's README)
 export PYTHONPATH="$PWD/src:$PWD/benchmarks:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
@@ -21,6 +25,7 @@ rc=0
 for s in "${sections[@]}"; do
   echo "=== $s"
   case "$s" in
+    all) bash benchmarks/gpu_all.sh ;;                                   # issue 40: MFU >= 50% @360M, >= 45% @136M
     tests) python -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_model.py ;;  # flex bf16 fwd+bwd vs SDPA
     attention) python benchmarks/bench_attention.py --presets biglm-136m,biglm-360m --seq-len 2048 --batch 8 \
                  --out attention-gpu ;;                                    # target: masked <= 0.9x dense
@@ -52,7 +57,7 @@ for s in "${sections[@]}"; do
                    --model.max_position_embeddings 640 --save_every $STEPS &&    # 640-token windows, for N = 512
                  spec_bench $G/w640 512 8 ${SPEC_OUT:-speculative-grammar-gpu}-n512 --val-shard $G/data/val-00000.bin \
                    --draft-lengths 3 --dtype ${SPEC_DTYPE:-bfloat16} ;;
-    *) echo "unknown section $s (tests, attention, pretrain, generation, speculative, speculative-carried)"; exit 2 ;;
+    *) echo "unknown section $s (all, tests, attention, pretrain, generation, speculative, speculative-carried)"; exit 2 ;;
   esac
   r=$?; [ $r -ne 0 ] && { echo "=== $s failed: rc $r"; rc=$r; }
   if [ -n "${OUT:-}" ]; then cp benchmarks/results/*-gpu.* "$OUT"/ 2>/dev/null; fi

@@ -80,7 +80,11 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be at least 1.")
     dev = hidden.device.type
-    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else hidden.dtype
+    try:
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else hidden.dtype
+    except TypeError:  # torch < 2.4: no device-type argument
+        on = torch.is_autocast_cpu_enabled() if dev == "cpu" else torch.is_autocast_enabled()
+        dtype = (torch.get_autocast_cpu_dtype() if dev == "cpu" else torch.get_autocast_gpu_dtype()) if on else hidden.dtype
     if normalizer is None:
         normalizer = (targets != IGNORE_INDEX).sum()
     denom = torch.as_tensor(normalizer, device=hidden.device).float().clamp(min=1)

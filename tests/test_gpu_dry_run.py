@@ -1,0 +1,34 @@
+"""`bash benchmarks/run_gpu.sh --dry-run`: issue 40's one GPU command (benchmarks/gpu_all.sh) end to end on a CPU at
+tiny sizes, the same commands as on the GPU, so that run cannot fail on a typo: a tiny GGUF split into two halves and
+joined (sha256), converted, adapted 2 steps, evaluated (held-out, zero-shot subset, tokens per call), and the
+pre-training bench's new and previous paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_run_gpu_dry_run_end_to_end(shared_data, tmp_path):
+    env = {**os.environ, "GPU_DRY_DIR": str(tmp_path / "dry"), "SHARED_DATA": str(shared_data), "OMP_NUM_THREADS": "1"}
+    env.pop("OUT", None)
+    proc = subprocess.run(["bash", "benchmarks/run_gpu.sh", "--dry-run"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = tmp_path / "dry" / "results"
+    rows = json.loads((results / "pretrain-levers-dry.json").read_text())["rows"]
+    assert [(r["preset"], r["path"]) for r in rows] == [("tiny", "new"), ("tiny", "previous")]
+    for r in rows:
+        assert r["device"].startswith("CPU") and r["tokens_per_second"] > 0 and r["mfu"] is None  # no CPU peak
+    assert rows[0]["levers"] == {"loss_chunk": 1024, "host_masks": True, "deferred_finite_check": True}
+    assert rows[1]["levers"] == {"loss_chunk": 0, "host_masks": False, "deferred_finite_check": False}
+    summary = json.loads((results / "adapt-smol-dry.json").read_text())
+    assert summary["steps"] == 2 and summary["tokens"] == 2 * 4 * 64
+    assert summary["heldout"]["heldout"]["masked_loss,none"] > 0
+    assert set(summary["zero_shot"]) == {"arc_easy_local", "piqa_local", "sciq_local", "winogrande_local"}
+    assert summary["same_text_as_one_per_call"] == "3/3" and summary["tokens_per_call"] >= 1
+    assert not list((REPO / "benchmarks" / "results").glob("*-dry.*"))  # the dry run writes beside itself only
