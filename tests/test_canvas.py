@@ -121,6 +121,33 @@ def test_frames_of_a_batch_and_a_length_beam_name_their_rows(tiny):
     assert len(frames) == out.steps
 
 
+@pytest.mark.parametrize("config", [dict(max_new_tokens=10, steps=4),
+                                    dict(max_new_tokens=10, strategy="confidence", draft_length=2, draft_ngram=2)])
+def test_the_engine_records_the_frames_a_lone_decode_records(tiny, config):
+    """A request's ``on_step`` in the server's engine, batched beside another request, sees the canvases that
+    `generate_ids` alone records (float32: the same tokens and states), one per call the engine reports."""
+    from biglm.generation.engine import DecodeEngine
+
+    model, tok, ids = tiny
+    alone, _ = _record(model, ids, **config)
+    engine = DecodeEngine(model, max_batch_rows=4)
+    rec = CanvasRecorder(model.config.mask_token_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine.submit("other", tok("ROMEO: My lord", add_special_tokens=False)["input_ids"],
+                      DecodingConfig(max_new_tokens=6, steps=3))
+        engine.submit("drawn", ids[0].tolist(), DecodingConfig(**config), on_step=rec)
+        finished = {}
+        while len(finished) < 2:
+            finished.update({e.request_id: e for e in engine.step() if e.finished})
+    assert len(rec.frames) == finished["drawn"].steps <= len(alone)  # (the engine may end at a settled EOS)
+    for a, b in zip(alone, rec.frames):
+        assert (a.call, a.rows[0].tokens, a.rows[0].states, a.rows[0].rejected) == (
+            b.call, b.rows[0].tokens, b.rows[0].states, b.rows[0].rejected)
+        unset = lambda confidence: [-1.0 if c is None else c for c in confidence]  # noqa: E731
+        assert unset(a.rows[0].confidence) == pytest.approx(unset(b.rows[0].confidence), rel=1e-4)
+
+
 def _pty_run(argv: list[str], env: dict) -> tuple[int, bytes, str]:
     """Run ``argv`` with stderr on a pseudo-terminal: (exit code, stdout bytes, what the terminal received)."""
     master, slave = pty.openpty()
