@@ -1,4 +1,5 @@
-"""The FastAPI application of `biglm serve`: OpenAI's completions, chat completions, models and a health check.
+"""The FastAPI application of `biglm serve`: OpenAI's completions, chat completions, models and a health check; the
+step stream (an answer's canvas after every model call) and the playground page that draws it (`playground`).
 
 Why this shape: the HTTP side only parses, checks and streams; decoding happens in one engine
 thread (`scheduler.Scheduler`) that batches every request in flight between decoding steps. Each
@@ -30,6 +31,10 @@ Notable features
 - Limits: the scheduler's bounded queue (429 at once), a per-request timeout (408, or an error event
   in a stream; the engine request is cancelled), a client that goes away mid-request or mid-stream
   cancels its engine requests, and shutdown refuses new requests with 503 (see `cli`).
+- The step stream (``POST /v1/completions/steps``, ``/v1/chat/completions/steps``: the same bodies, one answer): the
+  request runs in the engine like any other, with a `canvas.CanvasRecorder` as its decode's ``on_step``; each call's
+  `canvas.Frame` reaches the request's queue before that step's engine event, so the stream sends every canvas, then
+  the text the non-streamed API answers, and the calls that wrote it.
 - ``GET /health``: 200 while this server answers requests ("ok", or "degraded" when a deployment's `HealthHook`
   says part of it is down), 503 when it does not (draining, engine down, or a deployment with nothing serving).
   Its counts: ``running`` (admitted requests), ``prefilling`` (those among them whose long prompt is still being
@@ -386,14 +391,15 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
                                 f"at once ({scheduler.max_in_flight}): split the request.", param="n",
                            code="invalid_value")
 
-    def start(prompt_ids: list[list[int]], config: DecodingConfig, n: int, prefix: str) -> tuple[str, _Run]:
+    def start(prompt_ids: list[list[int]], config: DecodingConfig, n: int, prefix: str, *,
+              streamed: bool) -> tuple[str, _Run]:
         rid = new_id(prefix)
         jobs, streams = [], []
         for p, ids in enumerate(prompt_ids):
             for j in range(n):
                 # choice j of a prompt samples with seed + j: n distinct samples, each one reproducible
                 cfg = config if j == 0 else dataclasses.replace(config, seed=(config.seed + j) % SEEDS)
-                jobs.append(Job(f"{rid}-{p}-{j}", ids, cfg))
+                jobs.append(Job(f"{rid}-{p}-{j}", ids, cfg, final_only=not streamed))
                 streams.append(TextStream(tokenizer, eos_id=eos_id, stop=config.stop))
         return rid, _Run(scheduler, jobs, streams)
 
@@ -530,7 +536,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
         check_rows(len(prompts), body.n)
         prompt_ids = await encode(prompts, config, param="prompt")
         echoed = [(p if isinstance(p, str) else tokenizer.decode(p)) if body.echo else "" for p in prompts]
-        rid, run = start(prompt_ids, config, body.n, "cmpl")
+        rid, run = start(prompt_ids, config, body.n, "cmpl", streamed=body.stream)
         created_at = now()
 
         def logprobs(i: int) -> CompletionLogprobs | None:
@@ -572,7 +578,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
             raise APIError(400, str(e), param="messages", code="invalid_messages") from None
         limit = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
         prompt_ids = await encode([prompt], config, param="messages", limit=limit)
-        rid, run = start(prompt_ids, config, body.n, "chatcmpl")
+        rid, run = start(prompt_ids, config, body.n, "chatcmpl", streamed=body.stream)
         created_at = now()
 
         def logprobs(i: int) -> ChatLogprobs | None:

@@ -1,7 +1,9 @@
 """`biglm serve RUN_OR_HF_DIR`: an OpenAI-compatible HTTP server for a BiGLM (FastAPI + uvicorn).
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (the model's chat template),
-``GET /v1/models``, ``GET /health``; see docs/serving.md. Call it with the `openai` client::
+``GET /v1/models``, ``GET /health``, the step stream (``POST /v1/completions/steps``, ``/v1/chat/completions/steps``:
+the answer's canvas after every model call) and ``GET /v1/decoding``, and the playground page at ``/`` that draws it
+(its address is printed at start); see docs/serving.md. Call it with the `openai` client::
 
     client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
     client.completions.create(model=NAME, prompt="Once upon a time", max_tokens=32, extra_body={"steps": 8})
