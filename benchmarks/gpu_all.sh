@@ -11,7 +11,7 @@
 # Before it, carry the halves (`python benchmarks/gpu_carry.py pack GGUF ../shared/data runs/gpu-carry` here; one
 # device call carries runs/gpu-carry/a, the next runs/gpu-carry/b and runs this).
 #   bash benchmarks/gpu_all.sh --dry-run   # every step end to end on a CPU at tiny sizes (a tiny GGUF, 2 steps), the
-#                                          # same commands; results under runs/gpu-dry/results (tests/test_gpu_dry_run.py)
+#                                          # same commands; results: runs/gpu-dry/results (tests/test_gpu_dry_run.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src:$PWD/benchmarks:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
@@ -43,8 +43,8 @@ python benchmarks/gpu_carry.py join "$CARRY" "$W/model.gguf"
 D=$CARRY/data
 rm -rf "$W/smol" "$W/data" "$W/adapt" "$W/eval-heldout" "$W/eval-paper"
 python -m biglm convert "$W/model.gguf" "$W/smol"
-python -m biglm data prepare "$D/pretrain/fineweb_edu_sample/fineweb_edu_sample.jsonl" "$D/pretrain/wikitext2/wiki.test.raw" \
-  "$D/pretrain/tinystories/TinyStories-train.head.txt" --tokenizer "$W/smol" --out "$W/data" --val_docs 50 \
+python -m biglm data prepare "$D/pretrain/fineweb_edu_sample/fineweb_edu_sample.jsonl" \
+  "$D/pretrain/wikitext2/wiki.test.raw" "$D/pretrain/tinystories/TinyStories-train.head.txt" --tokenizer "$W/smol" --out "$W/data" --val_docs 50 \
   --workers $WORKERS
 
 step "MFU: Trainer.train_step, new path and previous path"

@@ -1,10 +1,11 @@
 """What `benchmarks/gpu_all.sh` needs on a GPU machine, packed into two halves that each travel in one device call
-(at most 64 MiB a call): the GGUF file split in two, checked by sha256 when joined there, and the few shared-data
-files the run reads (text to adapt on in half a; eval sets, SQuAD/WikiAuto prompts and Brown texts in half b).
+(at most 64 MiB a call, the working tree included): the GGUF file split in two, checked by sha256 when joined there,
+and the few shared-data files the run reads (text to adapt on and SQuAD prompts in half a; eval sets, WikiAuto and
+Brown texts in half b).
 
     python benchmarks/gpu_carry.py pack ../shared/models/SmolLM2-135M-Instruct.Q4_1.gguf ../shared/data runs/gpu-carry
-    #   device call 1 carries runs/gpu-carry/a, call 2 runs/gpu-carry/b (each < 64 MiB), then on the device:
-    python benchmarks/gpu_carry.py join runs/gpu-carry runs/gpu/model.gguf     # sha256 checked; data in runs/gpu-carry/data
+    #   device call 1 carries runs/gpu-carry/a, call 2 runs/gpu-carry/b (each < 58 MiB), then on the device:
+    python benchmarks/gpu_carry.py join runs/gpu-carry runs/gpu/model.gguf   # sha256 checked; data: runs/gpu-carry/data
     python benchmarks/gpu_carry.py tiny-gguf runs/gpu-dry/tiny.gguf --data ../shared/data   # the dry run's model
 
 Every failure is one line naming what is wrong (exit 1), never a traceback.
@@ -19,13 +20,13 @@ import shutil
 import sys
 from pathlib import Path
 
-LIMIT = 64 * 2**20  # bytes one device call carries
+LIMIT = 58 * 2**20  # bytes a half may hold: a device call carries 64 MiB, the working tree (~4 MiB) included
 CHUNK = 2**20
 # shared-data files of each half (paths under the data folder; a folder: all of it)
 TEXT = ["pretrain/fineweb_edu_sample/fineweb_edu_sample.jsonl", "pretrain/wikitext2/wiki.test.raw",
-        "pretrain/tinystories/TinyStories-train.head.txt"]
+        "pretrain/tinystories/TinyStories-train.head.txt", "finetune/squad_v1.1/dev-v1.1.reconstructed.json"]
 EVAL = ["eval/baber__piqa", "eval/allenai__ai2_arc/ARC-Easy", "eval/allenai__sciq", "eval/allenai__winogrande",
-        "finetune/squad_v1.1/dev-v1.1.reconstructed.json", "finetune/wikiauto/valid.jsonl"]
+        "finetune/wikiauto/valid.jsonl"]
 BROWN_LAST = 8  # bench_exact_drafts.py reads the last Brown texts
 
 
@@ -119,7 +120,8 @@ def join(carry: Path, out: Path) -> None:
     for half in ("a", "b"):
         if (carry / half / "data").is_dir():
             shutil.copytree(carry / half / "data", merged, dirs_exist_ok=True)
-    print(f"{out}: {record['name']}, {record['bytes']} bytes, sha256 {record['sha256'][:12]}... checked; data in {merged}")
+    print(f"{out}: {record['name']}, {record['bytes']} bytes, sha256 {record['sha256'][:12]}... checked; "
+          f"data in {merged}")
 
 
 SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

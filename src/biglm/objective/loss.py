@@ -43,7 +43,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         h, w = hidden.to(dtype), weight.to(dtype)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        grad_w = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1]
+                  else None)
         for s in range(0, M, chunk):
             hc, tc, sc = h[s:s + chunk], targets[s:s + chunk], scale[s:s + chunk]
             logits = (hc @ w.t()).float()  # as lm_head then .float(): the logits rounded to `dtype` first
@@ -84,7 +85,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else hidden.dtype
     except TypeError:  # torch < 2.4: no device-type argument
         on = torch.is_autocast_cpu_enabled() if dev == "cpu" else torch.is_autocast_enabled()
-        dtype = (torch.get_autocast_cpu_dtype() if dev == "cpu" else torch.get_autocast_gpu_dtype()) if on else hidden.dtype
+        auto = torch.get_autocast_cpu_dtype() if dev == "cpu" else torch.get_autocast_gpu_dtype()
+        dtype = auto if on else hidden.dtype
     if normalizer is None:
         normalizer = (targets != IGNORE_INDEX).sum()
     denom = torch.as_tensor(normalizer, device=hidden.device).float().clamp(min=1)

@@ -36,8 +36,8 @@ from ..objective.masking import annealed_lookahead
 from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_sum, full_model_on_rank0
 from .loop import Evaluation, TrainLoop
-from .parts import (FiniteWatch, MetricsWriter, NonFiniteLossError, StepPrefetcher, autocast,  # noqa: F401 - re-exported
-                    fmt_time, progress_bar)
+from .parts import (FiniteWatch, MetricsWriter, NonFiniteLossError, StepPrefetcher,  # noqa: F401 - re-exported
+                    autocast, fmt_time, progress_bar)
 from .schedule import lr_at
 
 # dense bf16 peak per device, for MFU
