@@ -203,6 +203,7 @@ def test_the_page_draws_each_call_and_ends_on_the_apis_text_in_a_browser(served,
         driver.get(served.url + "/")
         _wait(driver, "ready")
         assert driver.find_element("id", "set-max_tokens").get_attribute("value") == "64"  # the defaults filled in
+        assert driver.execute_script("return decodingFields()") == {}  # at the defaults: none sent, as the API's call
         _submit(driver, PROMPT)
         _wait(driver, "done")
         canvas = driver.find_element("id", "canvas")
