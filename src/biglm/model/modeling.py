@@ -573,6 +573,24 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    def diffusion_generate(self, inputs: torch.Tensor | None = None, generation_config=None,
+                           **kwargs) -> torch.LongTensor:
+        """Answers for the prompts ``inputs`` (B, P) (or ``input_ids=``, with ``attention_mask=``) written by biglm's
+        iterative unmasking with the model's decoding settings (those of `biglm generate`) under ``kwargs``
+        (`DecodingConfig` fields: ``max_new_tokens``, ``steps``, ``strategy``, ``temperature``...; transformers'
+        ``do_sample``; ``generation_config``: a `DecodingConfig` or a transformers ``GenerationConfig``): (B, P + n)
+        ids, the prompts then the answers. A BiGLM does not write left to right, so transformers' next-token
+        ``generate`` loop does not apply (as Dream's ``diffusion_generate``). The decoding lives in
+        `biglm.generation`, reached by name (`model/` imports no decoding)."""
+        from .. import adapter
+
+        return adapter("diffusion-generate")(self, inputs, generation_config=generation_config, **kwargs)
+
+    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs) -> torch.LongTensor:
+        """`diffusion_generate`: a BiGLM answers ``generate`` with biglm's decoding, not transformers' next-token
+        loop."""
+        return self.diffusion_generate(inputs, generation_config=generation_config, **kwargs)
+
     def encode_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                       past: PrefixCache | None = None, position_ids: torch.Tensor | None = None) -> PrefixCache:
         """Encode prompts once (full attention among prefix tokens, exactly as under the BiGLM mask)
