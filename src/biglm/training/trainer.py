@@ -315,6 +315,7 @@ class Trainer(TrainLoop):
             return self._build_step(self.step, self.info.device)
         if self._prefetch is None or self._prefetch.next_step != self.step:
             self.stop_prefetch()
+            self._sampler_state = self.train_sampler.state_dict()  # where the thread starts reading
             self._prefetch = StepPrefetcher(self._host_step, start=self.step, end=max(self.total_steps, self.step + 1))
         micro, normalizer, self._sampler_state = self._prefetch.get()
         dev = self.info.device
