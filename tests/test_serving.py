@@ -813,3 +813,57 @@ def test_metrics_say_tokens_per_call_and_positions_per_token(served):
                                                    / after["biglm_request_calls_total"], 4)
     assert after["biglm_positions_per_token"] == round(after["biglm_positions_total"]
                                                        / after["biglm_tokens_written_total"], 4)
+
+
+def test_a_reply_that_is_not_streamed_hears_only_its_finishing_event():
+    """The scheduler hands a non-streamed request (``Job.final_only``) its finishing event alone: no per-call event
+    crosses to the event loop, where 32 running requests would cost 32 wake-ups and text decodings per call. A
+    streamed request still hears every call."""
+    import threading
+
+    from biglm.generation.engine import EngineEvent
+    from biglm.serving.scheduler import Job, Scheduler
+
+    class Engine:  # three calls per request, then its end
+        def __init__(self):
+            self.live, self.num_waiting = {}, 0
+
+        @property
+        def num_running(self):
+            return len(self.live)
+
+        def submit(self, rid, ids, config):
+            self.live[rid] = 0
+
+        def cancel(self, rid):
+            self.live.pop(rid, None)
+
+        def step(self):
+            out = []
+            for rid in list(self.live):
+                self.live[rid] += 1
+                done = self.live[rid] == 3
+                out.append(EngineEvent(rid, [self.live[rid]], [self.live[rid]], done, "length" if done else None,
+                                       self.live[rid]))
+                if done:
+                    del self.live[rid]
+            return out
+
+    from biglm.generation import DecodingConfig
+
+    heard, ended = {"whole": [], "streamed": []}, threading.Event()
+    scheduler = Scheduler(Engine(), max_in_flight=4)
+    scheduler.start()
+    try:
+        def sink(item):
+            heard[item.request_id].append(item)
+            if all(h and h[-1].finished for h in heard.values()):
+                ended.set()
+
+        scheduler.admit([Job("whole", [1], DecodingConfig(), final_only=True), Job("streamed", [1], DecodingConfig())],
+                        sink)
+        assert ended.wait(10)
+    finally:
+        scheduler.stop()
+    assert [e.steps for e in heard["whole"]] == [3] and heard["whole"][0].token_ids == [3]
+    assert [e.steps for e in heard["streamed"]] == [1, 2, 3]

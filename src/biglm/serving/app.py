@@ -391,14 +391,15 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
                                 f"at once ({scheduler.max_in_flight}): split the request.", param="n",
                            code="invalid_value")
 
-    def start(prompt_ids: list[list[int]], config: DecodingConfig, n: int, prefix: str) -> tuple[str, _Run]:
+    def start(prompt_ids: list[list[int]], config: DecodingConfig, n: int, prefix: str, *,
+              streamed: bool) -> tuple[str, _Run]:
         rid = new_id(prefix)
         jobs, streams = [], []
         for p, ids in enumerate(prompt_ids):
             for j in range(n):
                 # choice j of a prompt samples with seed + j: n distinct samples, each one reproducible
                 cfg = config if j == 0 else dataclasses.replace(config, seed=(config.seed + j) % SEEDS)
-                jobs.append(Job(f"{rid}-{p}-{j}", ids, cfg))
+                jobs.append(Job(f"{rid}-{p}-{j}", ids, cfg, final_only=not streamed))
                 streams.append(TextStream(tokenizer, eos_id=eos_id, stop=config.stop))
         return rid, _Run(scheduler, jobs, streams)
 
@@ -535,7 +536,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
         check_rows(len(prompts), body.n)
         prompt_ids = await encode(prompts, config, param="prompt")
         echoed = [(p if isinstance(p, str) else tokenizer.decode(p)) if body.echo else "" for p in prompts]
-        rid, run = start(prompt_ids, config, body.n, "cmpl")
+        rid, run = start(prompt_ids, config, body.n, "cmpl", streamed=body.stream)
         created_at = now()
 
         def logprobs(i: int) -> CompletionLogprobs | None:
@@ -577,7 +578,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
             raise APIError(400, str(e), param="messages", code="invalid_messages") from None
         limit = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
         prompt_ids = await encode([prompt], config, param="messages", limit=limit)
-        rid, run = start(prompt_ids, config, body.n, "chatcmpl")
+        rid, run = start(prompt_ids, config, body.n, "chatcmpl", streamed=body.stream)
         created_at = now()
 
         def logprobs(i: int) -> ChatLogprobs | None:
