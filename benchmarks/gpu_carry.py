@@ -60,7 +60,24 @@ def copy_data(data: Path, names: list[str], dest: Path) -> None:
             shutil.copy2(src, target)
 
 
-def pack(gguf: Path, data: Path, out: Path) -> None:
+def wheels(dest: Path) -> None:
+    """The wheel of `gguf` (what `biglm convert` reads a GGUF file with; pure Python), for a device image without it;
+    a note, not a failure, where it cannot be had."""
+    import importlib.metadata
+    import subprocess
+
+    try:
+        spec = f"gguf=={importlib.metadata.version('gguf')}"
+    except importlib.metadata.PackageNotFoundError:
+        spec = "gguf"
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", spec, "--no-deps", "-q", "--timeout", "20",
+                           "--retries", "1", "-d", str(dest)],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        print(f"note: no {spec} wheel carried (pip download failed); the device must have gguf installed")
+
+
+def pack(gguf: Path, data: Path, out: Path, *, with_wheels: bool = True) -> None:
     if not gguf.is_file():
         fail(f"{gguf}: no such GGUF file")
     if not data.is_dir():
@@ -90,6 +107,8 @@ def pack(gguf: Path, data: Path, out: Path) -> None:
     copy_data(data, EVAL, b / "data")
     brown = sorted((data / "pretrain" / "brown").glob("*.txt"))[-BROWN_LAST:]
     copy_data(data, [str(p.relative_to(data)) for p in brown], b / "data")
+    if with_wheels:
+        wheels(a / "wheels")
     for folder in (a, b):
         n = size(folder)
         if n > LIMIT:
@@ -208,6 +227,7 @@ def main() -> None:
     p.add_argument("gguf", type=Path)
     p.add_argument("data", type=Path)
     p.add_argument("out", type=Path)
+    p.add_argument("--no-wheels", action="store_true", help="carry no gguf wheel (the device has gguf)")
     j = sub.add_parser("join", help="reassemble CARRY/a + CARRY/b into OUT (sha256 checked), data into CARRY/data")
     j.add_argument("carry", type=Path)
     j.add_argument("out", type=Path)
@@ -216,7 +236,7 @@ def main() -> None:
     t.add_argument("--data", type=Path, required=True)
     args = ap.parse_args()
     if args.command == "pack":
-        pack(args.gguf, args.data, args.out)
+        pack(args.gguf, args.data, args.out, with_wheels=not args.no_wheels)
     elif args.command == "join":
         join(args.carry, args.out)
     else:

@@ -32,3 +32,30 @@ def test_run_gpu_dry_run_end_to_end(shared_data, tmp_path):
     assert set(summary["zero_shot"]) == {"arc_easy_local", "piqa_local", "sciq_local", "winogrande_local"}
     assert summary["same_text_as_one_per_call"] == "3/3" and summary["tokens_per_call"] >= 1
     assert not list((REPO / "benchmarks" / "results").glob("*-dry.*"))  # the dry run writes beside itself only
+
+
+def test_gguf_halves_join_checks_sha256(shared_data, tmp_path):
+    import sys
+
+    def carry(*args):
+        return subprocess.run([sys.executable, "benchmarks/gpu_carry.py", *map(str, args)], cwd=REPO,
+                              capture_output=True, text=True)
+
+    src = tmp_path / "m.gguf"
+    src.write_bytes(bytes(range(256)) * 1001)  # an odd length: the halves differ by one byte
+    assert carry("pack", src, shared_data, tmp_path / "c", "--no-wheels").returncode == 0
+    parts = [tmp_path / "c" / "a" / "model.gguf.part1", tmp_path / "c" / "b" / "model.gguf.part2"]
+    assert [p.stat().st_size for p in parts] == [128128, 128128]
+    assert carry("join", tmp_path / "c", tmp_path / "out.gguf").returncode == 0
+    assert (tmp_path / "out.gguf").read_bytes() == src.read_bytes()
+    assert (tmp_path / "c" / "data" / "eval" / "baber__piqa").is_dir()  # both halves' data in one folder
+    damaged = bytearray(parts[1].read_bytes())
+    damaged[7] ^= 1
+    parts[1].write_bytes(bytes(damaged))
+    proc = carry("join", tmp_path / "c", tmp_path / "again.gguf")
+    assert proc.returncode == 1 and not (tmp_path / "again.gguf").exists()
+    assert proc.stderr.strip().splitlines() == [f"gpu_carry.py: {parts[1]} does not match its sha256 (cut short in "
+                                                "transit?): carry it again"]
+    parts[0].unlink()
+    proc = carry("join", tmp_path / "c", tmp_path / "again.gguf")
+    assert proc.returncode == 1 and "model.gguf.part1 is missing: carry" in proc.stderr
