@@ -645,16 +645,21 @@ class Decode:
         self.held = None
         self.settle()
 
-    def answered(self, logits: torch.Tensor, block: PrefixCache | None = None) -> None:
+    def answered(self, logits: torch.Tensor, block: PrefixCache | None = None, *,
+                 absorbed: PrefixCache | None = None) -> None:
         """The pending query answered by a call made elsewhere over `segment`: its logits, and the held block's
-        keys/values that call computed (when a block was held); then `settle`."""
+        keys/values that call computed (when a block was held), or ``absorbed``: the cache with them already written
+        in (a server engine writes every request's block at once); then `settle`."""
         q = self.run.pending
         width = q.end - q.start - self.denoise.trims(q, self.held)
         if self.held is not None:
-            if block is None:
+            if block is None and absorbed is None:
                 raise ValueError("a block was held for this call: pass the keys/values the call computed for it.")
             width += self.held.end - self.held.start
-            self.denoise.absorb(block)
+            if absorbed is not None:
+                self.denoise.cache = absorbed
+            else:
+                self.denoise.absorb(block)
         self.denoise.count(self.run.valid.shape[0], width)
         self.held = None
         self.run.advance(logits)
