@@ -351,3 +351,45 @@ def test_a_long_prompt_does_not_hold_up_short_requests(m, request):
         assert sum(prefilling) >= long_len * layers // (chunk * layers) - 1 and prefilling[-1] == 0
     for i in range(3):
         assert answers[f"s{i}"] == _alone(mdl, PROMPTS[i], cfgs[i])
+
+
+@pytest.mark.parametrize("which", ["model", "shift_model"])
+def test_a_prompt_sent_again_is_not_encoded_again_and_gets_the_same_answer(which, request):
+    """The engine's prompt cache (`_PromptCache`): a prompt seen before starts from its stored cache (no prompt pass,
+    no prefill work), beside requests that encode theirs, and its answer equals the first one's and generate_ids'
+    (float32); the stored tensors are not written by the requests that grow from them; a bounded cache drops the least
+    recently used prompt; 0 MB turns it off."""
+    from biglm.generation.engine import _PromptCache
+
+    model = request.getfixturevalue(which)
+    cfg = DecodingConfig(max_new_tokens=8, strategy="confidence", block_length=1, steps=8)
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    alone = [generate_ids(model, torch.tensor([p]), config=cfg).token_lists()[0] for p in prompts]
+    engine = DecodeEngine(model, max_batch_rows=4)
+    answers, work = {}, []
+    for round_ in range(2):
+        for i, p in enumerate(prompts):
+            engine.submit(f"{round_}-{i}", p, cfg)
+        stored = {k: [t.clone() for t in c.keys] for k, (c, _) in engine.prompt_cache.entries.items()}
+        while engine.num_running or engine.num_waiting:
+            answers.update({e.request_id: e.token_ids for e in engine.step() if e.finished})
+        for k, keys in stored.items():  # never written
+            assert all(torch.equal(a, b) for a, b in zip(keys, engine.prompt_cache.entries[k][0].keys))
+        work.append(engine.prefill_work)
+    layers = model.config.num_hidden_layers
+    assert work == [8 * layers, 8 * layers] and engine.prompt_cache.hits == 2  # each prompt encoded once
+    for i in range(2):
+        assert answers[f"0-{i}"] == answers[f"1-{i}"] == alone[i]
+    # bounded: the least recently used prompt goes first
+    one = engine.prompt_cache.entries[tuple(prompts[0])][0]
+    small = _PromptCache(int(_PromptCache._size(one) * 1.5))
+    small.put(prompts[0], one)
+    small.put(prompts[1], engine.prompt_cache.entries[tuple(prompts[1])][0])
+    assert list(small.entries) == [tuple(prompts[1])] and small.used <= small.limit
+    off = DecodeEngine(model, max_batch_rows=4, prompt_cache_mb=0)
+    off.submit("a", prompts[0], cfg)
+    while off.num_running or off.num_waiting:
+        off.step()
+    assert not off.prompt_cache.entries
+    with pytest.raises(ValueError, match="prompt_cache_mb"):
+        DecodeEngine(model, prompt_cache_mb=-1)

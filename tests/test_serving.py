@@ -569,10 +569,10 @@ def test_an_engine_error_fails_that_request_alone(served):
     scheduler = served.app.state.scheduler
     start = scheduler.engine._start
 
-    def failing_start(req):
+    def failing_start(req, *args):
         if req.prompt_ids == ids[1]:
             raise RuntimeError("this request's own failure")
-        return start(req)
+        return start(req, *args)
 
     scheduler.engine._start = failing_start
     try:

@@ -111,6 +111,7 @@ class ServeSettings:
     model_default: tuple[str, ...] = ()  # the fields of ``defaults`` that are the model's own default decoding
     prefill_chunk: int | None = None  # None: the engine's default (`engine.DEFAULT_PREFILL_CHUNK`)
     draft_rows: int | None = None  # None: the engine's default (`engine.DEFAULT_DRAFT_ROWS`)
+    prompt_cache_mb: float | None = None  # None: the engine's default (`engine.DEFAULT_PROMPT_CACHE_MB`)
 
 
 class TextStream:
@@ -299,7 +300,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
     if engine is None:
         from ..generation.engine import DecodeEngine
 
-        options = {name: getattr(settings, name) for name in ("prefill_chunk", "draft_rows")
+        options = {name: getattr(settings, name) for name in ("prefill_chunk", "draft_rows", "prompt_cache_mb")
                    if getattr(settings, name) is not None}  # unset: the engine's defaults
         engine = DecodeEngine(model, max_batch_rows=settings.max_batch_rows, tokenizer=tokenizer, **options)
     window = int(model.config.max_position_embeddings)

@@ -45,7 +45,7 @@ import torch
 from ..config import ConfigError, given_options, parse_cli
 from ..generation.cli import ReplicaOptions, ray_integration
 from ..generation.config import FIELDS, DecodingConfig, model_decoding, model_default_fields
-from ..generation.engine import DEFAULT_DRAFT_ROWS, DEFAULT_PREFILL_CHUNK
+from ..generation.engine import DEFAULT_DRAFT_ROWS, DEFAULT_PREFILL_CHUNK, DEFAULT_PROMPT_CACHE_MB
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 log = logging.getLogger(__name__)
@@ -75,6 +75,9 @@ class ServeArgs(ReplicaOptions):
     """rows up to which an engine step drafts with the model (speculative decoding: checked drafts are nearly free
     while a call is bound by reading the weights); above it speculative requests run without the model's mask drafts
     and new exact ones as one token per call, the same answers (0: never draft with the model)"""
+    prompt_cache_mb: float = DEFAULT_PROMPT_CACHE_MB
+    """memory for the encoded caches of recent prompts: a prompt sent again is not encoded again (whole prompts only: a
+    BiGLM prompt is bidirectional, so a shared beginning is not reusable; the same answers); 0: off"""
     request_timeout: float = 600.0
     """seconds a request may take before it is cancelled (408, or an error event in a stream)"""
     shutdown_timeout: float = 30.0
@@ -132,6 +135,8 @@ class ServeArgs(ReplicaOptions):
                 raise ConfigError(f"--{name} {getattr(self, name)} must be >= {0 if name == 'max_queue' else 1}")
         if self.draft_rows < 0:
             raise ConfigError(f"--draft_rows {self.draft_rows} must be >= 0 (0: never draft with the model)")
+        if not self.prompt_cache_mb >= 0:
+            raise ConfigError(f"--prompt_cache_mb {self.prompt_cache_mb} must be >= 0 (0: no prompt cache)")
         for name in ("request_timeout", "shutdown_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be > 0 seconds")
@@ -293,7 +298,8 @@ def build_app(args: ServeArgs, *, given: Collection[str] | None = None, health: 
     settings = ServeSettings(model_name=name, max_batch_rows=args.max_batch_rows, max_queue=args.max_queue,
                              request_timeout=args.request_timeout, max_steps=args.max_steps,
                              max_prompt_chars=args.max_prompt_chars, defaults=defaults, prefill_chunk=args.prefill_chunk,
-                             draft_rows=args.draft_rows, model_default=model_default)
+                             draft_rows=args.draft_rows, prompt_cache_mb=args.prompt_cache_mb,
+                             model_default=model_default)
     return create_app(model=model, tokenizer=tokenizer, settings=settings, health=health)
 
 

@@ -224,6 +224,9 @@ class Scheduler:
         self.num_running, self.num_waiting = e.num_running, e.num_waiting
         self.num_prefilling = getattr(e, "num_prefilling", 0)
         self.stats["prefill_work"] = getattr(e, "prefill_work", 0)  # prompt token-layers encoded
+        cache = getattr(e, "prompt_cache", None)
+        if cache is not None:  # prompts sent again, not encoded again
+            self.stats["prompt_cache_hits"] = cache.hits
 
     def _release(self) -> None:
         """On stop: drop what is still in the engine (its sinks were aborted), so it is left empty."""
