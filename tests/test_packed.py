@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from biglm import BiGLMConfig, BiGLMForMaskedLM
 from biglm.generation import generate_ids, left_pad
-from biglm.model.packed import PackedLinear, pack_linears
+from biglm.model.packed import FusedPackedLinear, PackedLinear, pack_linears
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
 
@@ -37,6 +37,32 @@ def test_packed_model_gives_the_same_logits_and_answers(dtype):
     for kw in (dict(strategy="confidence", block_length=1), dict(strategy="confidence", steps=8, block_length=4)):
         want = generate_ids(plain, prompts, mask, max_new_tokens=16, **kw).token_lists()
         assert generate_ids(packed, prompts, mask, max_new_tokens=16, **kw).token_lists() == want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_projections_give_the_unfused_packed_logits_bitwise(dtype):
+    """q/k/v and gate/up as one prepacked product each (`FusedPackedLinear`): the same logits bit for bit as the parts
+    one by one, for 1 to 33 rows and a prompt's encoding; the parts alone (a long prompt's encoding by layers) still
+    answer, through `F.linear`."""
+    fused, parts = _model().to(dtype), _model().to(dtype)
+    pack_linears(fused)
+    for parent in list(parts.modules()):  # the same prepacked parts, called one by one
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, PackedLinear(child))
+    layer = fused.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, FusedPackedLinear) and isinstance(layer.mlp.gate_up_proj,
+                                                                                  FusedPackedLinear)
+    assert layer.self_attn.q_proj.packed is None and fused.state_dict().keys() == _model().state_dict().keys()
+    g = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        for rows in (1, 2, 7, 33):
+            ids = torch.randint(5, fused.config.vocab_size, (rows, 9), generator=g)
+            assert torch.equal(fused(ids, prefix_len=4).logits, parts(ids, prefix_len=4).logits)
+        x = torch.randn(3, fused.config.hidden_size, generator=g).to(dtype)
+        attn, ref = layer.self_attn, parts.model.layers[0].self_attn
+        assert torch.equal(attn.qkv_proj(x), torch.cat([ref.q_proj(x), ref.k_proj(x), ref.v_proj(x)], -1))
+        torch.testing.assert_close(attn.q_proj(x), ref.q_proj(x))  # a part alone: `F.linear`, the same product
 
 
 def test_a_packed_model_still_trains_through_the_plain_path():
