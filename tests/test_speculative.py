@@ -599,3 +599,54 @@ def test_a_call_without_mask_drafts_checks_each_draft_under_the_one_token_condit
             split = P + j + 1
             one = model(answer, prefix_len=split, prompt_len=P, block_len=1).logits[0, -1]
             torch.testing.assert_close(read[j], one, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "eager"])
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_tree_mask_under_each_attention_kernel_equals_each_branch_alone_under_eager(backend, shift, dtype):
+    """One speculative call over the whole tree (pending tokens, checks and the W mask groups under one attention
+    rule), run by each attention kernel (the explicit rule dense for eager/sdpa's grouped path, a block mask for flex),
+    gives every branch the logits eager attention gives that branch called alone: the prompt, its pending tokens as
+    blocks of one, then its group's masks (float32 to 1e-5; bfloat16 within its rounding), and the pending tokens'
+    keys/values those of a from-scratch eager forward."""
+    model = _blocks_model(shift_logits=shift).to(dtype)
+    mask_id, V = model.config.mask_token_id, model.config.vocab_size
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(5, V, (1, 7), generator=g)
+    pending = torch.randint(5, V, (1, 3), generator=g)
+    W, P = 3, prompt.shape[1]
+    checks = not shift
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+    with torch.inference_mode():
+        model.set_attn_backend("eager")
+        cache = model.encode_prefix(prompt)
+        branches = []
+        for j in range(W):  # each branch alone, eager: the answer if d_1..d_j are right, then W masks
+            answer = torch.cat((prompt, pending[:, :j + 1], torch.full((1, W), mask_id)), 1)
+            split = P + j + 1
+            alone = model(answer, prefix_len=split, prompt_len=P, block_len=1).logits[0]
+            one = model(answer[:, :split + 1], prefix_len=split, prompt_len=P, block_len=1).logits[0, -1]
+            branches.append((one, alone[split + 1:] if shift else alone[split:]))
+        scratch = model.model(torch.cat((prompt, pending), 1), prefix_len=P + W, prompt_len=P, block_len=1,
+                              return_cache=True)["cache"]
+        model.set_attn_backend(backend)
+        rule = tree_rule(pending=W, width=W, checks=checks)
+        L = rule.shape[0]
+        ids = torch.cat((pending, torch.full((1, L - W), mask_id)), 1)
+        out = model(ids, prefix_cache=cache, attention_rule=torch.cat((torch.ones(L, P, dtype=torch.bool), rule), 1)[None],
+                    position_ids=P + 1 + tree_offsets(pending=W, width=W, checks=checks)[None], return_cache=True)
+        model.set_attn_backend("eager")
+    logits = out.logits[0].float()
+    if shift:  # check j is pending token j's row, group j's drafts its block's rows 1..m (`tree_predictions`)
+        read = logits[tree_predictions(pending=W, width=W, checks=False)].view(W, W, -1)
+        for j, (one, block) in enumerate(branches):
+            torch.testing.assert_close(read[j, 0], one.float(), **tol)
+            torch.testing.assert_close(read[j, 1:], block.float(), **tol)
+    else:
+        for j, (one, block) in enumerate(branches):
+            group = logits[W + j * (W + 1): W + (j + 1) * (W + 1)]
+            torch.testing.assert_close(group[0], one.float(), **tol)
+            torch.testing.assert_close(group[1:], block.float(), **tol)
+    for mine, ref in zip(out["cache"].keys + out["cache"].values, scratch.keys + scratch.values):
+        torch.testing.assert_close(mine[:, :, :W].float(), ref[:, :, P:].float(), **tol)
