@@ -322,7 +322,7 @@ class _CachePool:
                 continue
             real = bool(b.key_valid[req.slot:req.slot + req.rows, old.length:old.length + lead].all())
             req.pooled.filled = old.length + lead
-            out.append(PrefixCache._view(req.pooled, old.length + lead, padded=old.padded or not real))
+            out.append(PrefixCache._rows_view(req.pooled, old.length + lead, padded=old.padded or not real))
         return out
 
     def batch(self, reqs: list[_Request]) -> PrefixCache | None:
