@@ -108,10 +108,13 @@ def _cfg(data_root: Path, out: Path, **kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
-def test_training_computes_one_loss_per_micro_batch(synthetic_data, tmp_path, monkeypatch):
-    """The trainer's forward asks the model for logits only (no internal loss) and `masked_lm_loss` is the one
-    cross-entropy per micro-batch: no discarded fp32 masked x vocab log-softmax kept alive through backward."""
-    trainer = Trainer(_cfg(synthetic_data, tmp_path), info=SINGLE, echo=lambda s: None)
+@pytest.mark.parametrize("loss_chunk", [0, 1024])
+def test_training_computes_one_loss_per_micro_batch(synthetic_data, tmp_path, monkeypatch, loss_chunk):
+    """One loss per micro-batch and nothing discarded kept alive through backward. The previous path
+    (``loss_chunk`` 0): the forward returns sparse logits only (no internal loss), and `masked_lm_loss` is the one
+    cross-entropy. The fused loss (the default): the model computes it chunk by chunk from the hidden states and
+    returns no logits at all (no masked x vocab tensor exists)."""
+    trainer = Trainer(_cfg(synthetic_data, tmp_path, loss_chunk=loss_chunk), info=SINGLE, echo=lambda s: None)
     outputs = []
     trainer.raw_model.register_forward_hook(lambda module, args, out: outputs.append(out))
     calls = []
@@ -120,9 +123,13 @@ def test_training_computes_one_loss_per_micro_batch(synthetic_data, tmp_path, mo
     for _ in range(2):
         trainer.train_step()
     micro_batches = 2 * trainer.accum
-    assert len(outputs) == micro_batches and all(o.loss is None for o in outputs)
-    assert all(o.logits.dim() == 2 for o in outputs)  # sparse: (masked tokens, vocab)
-    assert len(calls) == micro_batches
+    assert len(outputs) == micro_batches
+    if loss_chunk:
+        assert all(o.loss is not None and o.logits is None for o in outputs)
+    else:
+        assert all(o.loss is None for o in outputs)
+        assert all(o.logits.dim() == 2 for o in outputs)  # sparse: (masked tokens, vocab)
+        assert len(calls) == micro_batches
 
 
 def test_training_checks_inputs_on_the_first_micro_batch_only(synthetic_data, tmp_path, monkeypatch):
