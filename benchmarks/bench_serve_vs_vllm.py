@@ -15,6 +15,8 @@ Protocol:
 - Quality beside speed: after the timed levels, each server's greedy answer to every prompt; for biglm also its one
   token per call answer (`strategy confidence, block_length 1, steps N, draft_length 0`): the report says how many
   are identical, and how many of those equal vLLM's (the source's greedy text).
+- Both servers as they start by default, so both reuse a prompt sent again (vLLM's prefix caching; biglm's prompt
+  cache, `--prompt_cache_mb`): the 4 prompts repeat.
 - The client (`bench_serve.level`): c threads, keep-alive connections, non-streamed `/v1/completions`, the same
   32-token prompts, greedy, `ignore_eos` so both write exactly N tokens; a warm-up request per client, then
   `--seconds` timed. Reported per server and level: tokens/s, requests/s, p50/p95 latency, the server's peak RSS
@@ -200,7 +202,8 @@ def to_markdown(report: dict) -> str:
              f"- machine: {m['cpu']}, {m['cpu_cores']} cores, load average {m['load_avg_1m_at_start']} at start; "
              f"git {m['git_commit'][:12]}" + (" (dirty)" if m["git_dirty"] else ""),
              f"- {report['max_tokens']} greedy tokens per request (ignore_eos), prompts of {report['prompt_tokens']} "
-             f"tokens, {report['seconds']:g} s per level after a warm-up request per client", "",
+             f"tokens, {report['seconds']:g} s per level after a warm-up request per client; both servers reuse a "
+             "prompt sent again (vLLM's prefix caching and biglm's prompt cache, each on by default)", "",
              "| server | clients | tok/s | x vLLM | p50 s | p95 s | calls/token | positions/token | peak RSS MB | load |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     ref = {r["clients"]: r["completion_tokens_per_s"] for s in report["servers"] if s["server"].startswith("vllm")
