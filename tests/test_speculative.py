@@ -328,6 +328,45 @@ def test_engine_drafts_only_while_a_step_holds_few_rows(shift):
         assert e.steps == len(e.token_ids) + (e.finish_reason == "stop"), i  # a call per token (and the EOS)
 
 
+
+def test_a_request_arriving_just_after_a_loaded_step_starts_as_one_token_per_call(monkeypatch):
+    """A wave of requests that started together ends together, and the next wave arrives one by one into an empty
+    engine: a request that starts within `LOAD_MEMORY_S` of a step above ``draft_rows`` rows is decoded one token per
+    call (it would otherwise need a call of its own beside every pooled call of the wave); later, alone, it drafts
+    again. The same answer either way."""
+    from biglm.generation import DecodeEngine
+    from biglm.generation import engine as engine_module
+    from biglm.generation.speculative import SpeculativeDecode
+
+    model = _blocks_model(shift_logits=True)
+    cfg = DecodingConfig(max_new_tokens=8, strategy="confidence", draft_length=2, draft_ngram=2)
+    now = [100.0]
+    monkeypatch.setattr(engine_module.time, "monotonic", lambda: now[0])
+    engine = DecodeEngine(model, max_batch_rows=8, draft_rows=1)
+
+    def run(rid, prompt):
+        engine.submit(rid, prompt, cfg)
+        kinds = []
+        while engine.num_running or engine.num_waiting:
+            for e in engine.step():
+                if e.finished:
+                    return e, kinds
+            kinds.append(type(engine._running[rid].decode) if rid in engine._running else None)
+
+    for i in range(3):  # a wave of three: above draft_rows
+        engine.submit(f"w{i}", [5 + i, 6, 7], cfg)
+    while engine.num_running or engine.num_waiting:
+        engine.step()
+    now[0] += 0.5  # the next request, half a second later: the engine is empty, but was loaded a moment ago
+    soon, kinds = run("soon", [9, 10, 9, 10])
+    assert kinds and SpeculativeDecode not in kinds
+    now[0] += engine_module.LOAD_MEMORY_S + 0.1
+    later, kinds = run("later", [9, 10, 9, 10])
+    assert kinds and set(kinds) == {SpeculativeDecode}
+    assert soon.token_ids == later.token_ids == generate_ids(model, torch.tensor([[9, 10, 9, 10]]),
+                                                             config=cfg).token_lists()[0]
+    assert soon.steps == len(soon.token_ids) + (soon.finish_reason == "stop")  # a call per token
+
 def test_engine_finishes_a_speculative_request_at_eos_and_at_a_stop_string():
     """EOS made likely: the engine's answer is generate_ids' (cut at the EOS, finish "stop"); a stop string in the
     written tokens finishes the request there, before max_new_tokens."""
