@@ -145,9 +145,6 @@ def join(carry: Path, out: Path) -> None:
 
 SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0)
-NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-         "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-         "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -156,10 +153,11 @@ def tiny_gguf(out: Path, data: Path) -> None:
     """A random 2-layer Llama with a 512-token byte-level BPE trained on the text of half a, laid out as llama.cpp
     writes a float32 GGUF (its tensor names, q/k rows permuted for its RoPE) with a ChatML template: the dry run's
     stand-in for SmolLM2, through the same split, join and `biglm convert`."""
-    import gguf
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from biglm.checkpoint.gguf_write import write_llama_gguf
 
     src = data / TEXT[-1]
     if not src.is_file():
@@ -171,53 +169,14 @@ def tiny_gguf(out: Path, data: Path) -> None:
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=512, special_tokens=specials,
                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    bpe = json.loads(backend.to_str())["model"]
-    tokens = sorted(bpe["vocab"], key=bpe["vocab"].get)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tokens), bos_token_id=1, eos_token_id=2, tie_word_embeddings=True, **SHAPE)
+    cfg = LlamaConfig(vocab_size=backend.get_vocab_size(), bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+                      **SHAPE)
     model = LlamaForCausalLM(cfg).float().eval()
     out.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(str(out), "llama")
-    w.add_block_count(SHAPE["num_hidden_layers"])
-    w.add_context_length(SHAPE["max_position_embeddings"])
-    w.add_embedding_length(SHAPE["hidden_size"])
-    w.add_feed_forward_length(SHAPE["intermediate_size"])
-    w.add_head_count(SHAPE["num_attention_heads"])
-    w.add_head_count_kv(SHAPE["num_key_value_heads"])
-    w.add_rope_freq_base(SHAPE["rope_theta"])
-    w.add_layer_norm_rms_eps(SHAPE["rms_norm_eps"])
-    w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in specials else 1 for t in tokens])
-    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in bpe["merges"]])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_chat_template(CHAT)
-
-    def permute(x, heads):
-        return x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
-
-    for name, value in model.state_dict().items():
-        a = value.numpy()
-        if name == "model.embed_tokens.weight":
-            key = "token_embd.weight"
-        elif name == "model.norm.weight":
-            key = "output_norm.weight"
-        elif name == "lm_head.weight":
-            continue  # tied
-        else:
-            parts = name.split(".")
-            sub = ".".join(parts[3:5]) if parts[3] in ("self_attn", "mlp") else parts[3]
-            key = f"blk.{parts[2]}.{NAMES[sub]}.weight"
-            if sub in ("self_attn.q_proj", "self_attn.k_proj"):
-                a = permute(a, SHAPE["num_attention_heads" if sub.endswith("q_proj") else "num_key_value_heads"])
-        w.add_tensor(key, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    print(f"{out}: a tiny Llama GGUF ({len(tokens)} tokens)")
+    n = write_llama_gguf(out, model, json.loads(backend.to_str())["model"], SHAPE, specials=specials, bos_id=1,
+                         eos_id=2, chat_template=CHAT)
+    print(f"{out}: a tiny Llama GGUF ({n} tokens)")
 
 
 def main() -> None:

@@ -209,67 +209,21 @@ def test_cli_shift_option(tmp_path, tok_with_mask, capsys):
 
 
 # --- GGUF files (llama.cpp / Ollama) and hub ids ---------------------------------------------------------------------
-_GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-
-
 def _write_gguf(path: Path, tok, *, tied: bool = False) -> "torch.nn.Module":
     """Write a random tiny Llama and ``tok`` (a byte-level BPE) as a float32 GGUF file the way llama.cpp lays one out
     (its tensor names; q/k rows permuted for its RoPE, which transformers' reader undoes); return the Llama."""
     import json
 
-    import gguf
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from biglm.checkpoint.gguf_write import write_llama_gguf
 
     cfg = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                       tie_word_embeddings=tied, **SHAPE)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).float().eval()
-    bpe = json.loads(tok.backend_tokenizer.to_str())["model"]
-    tokens = sorted(bpe["vocab"], key=bpe["vocab"].get)
-    specials = set(tok.all_special_tokens)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(SHAPE["num_hidden_layers"])
-    w.add_context_length(SHAPE["max_position_embeddings"])
-    w.add_embedding_length(SHAPE["hidden_size"])
-    w.add_feed_forward_length(SHAPE["intermediate_size"])
-    w.add_head_count(SHAPE["num_attention_heads"])
-    w.add_head_count_kv(SHAPE["num_key_value_heads"])
-    w.add_rope_freq_base(SHAPE["rope_theta"])
-    w.add_layer_norm_rms_eps(SHAPE["rms_norm_eps"])
-    w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in specials else 1 for t in tokens])  # 3: control
-    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in bpe["merges"]])
-    w.add_bos_token_id(tok.bos_token_id)
-    w.add_eos_token_id(tok.eos_token_id)
-
-    def permute(x, heads):  # llama.cpp's rotary layout of q/k rows
-        return x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
-
-    for name, value in model.state_dict().items():
-        a = value.numpy()
-        if name == "model.embed_tokens.weight":
-            key = "token_embd.weight"
-        elif name == "model.norm.weight":
-            key = "output_norm.weight"
-        elif name == "lm_head.weight":
-            if tied:
-                continue
-            key = "output.weight"
-        else:
-            parts = name.split(".")
-            sub = ".".join(parts[3:5]) if parts[3] in ("self_attn", "mlp") else parts[3]
-            key = f"blk.{parts[2]}.{_GGUF_NAMES[sub]}.weight"
-            if sub in ("self_attn.q_proj", "self_attn.k_proj"):
-                a = permute(a, SHAPE["num_attention_heads" if sub.endswith("q_proj") else "num_key_value_heads"])
-        w.add_tensor(key, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_llama_gguf(path, model, json.loads(tok.backend_tokenizer.to_str())["model"], SHAPE,
+                     specials=set(tok.all_special_tokens), bos_id=tok.bos_token_id, eos_id=tok.eos_token_id)
     return model
 
 

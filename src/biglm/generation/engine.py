@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from ..model.attention import BACKENDS, AttentionMask
-from ..model.modeling import BiGLMForMaskedLM, PrefixCache, _CacheBuffers, apply_rope
+from ..model.modeling import BiGLMForMaskedLM, PrefixCache, _CacheBuffers, _LazyView, apply_rope
 from .api import cut_at_stop
 from .config import DecodingConfig
 from .decoding import (Decode, DecodeRun, StepCallback, _unchecked, check_prompt_ids, check_speculative,
@@ -323,7 +323,7 @@ class _CachePool:
                 continue
             real = bool(b.key_valid[req.slot:req.slot + req.rows, old.length:old.length + lead].all())
             req.pooled.filled = old.length + lead
-            out.append(PrefixCache._rows_view(req.pooled, old.length + lead, padded=old.padded or not real))
+            out.append(_LazyView(req.pooled, old.length + lead, padded=old.padded or not real))
         return out
 
     def batch(self, reqs: list[_Request]) -> PrefixCache | None:

@@ -213,13 +213,6 @@ class PrefixCache:
                            key_valid=buffers.key_valid.narrow(1, 0, n), padded=padded,
                            hidden=None if buffers.hidden is None else buffers.hidden.narrow(1, 0, n), _buffers=buffers)
 
-    @staticmethod
-    def _rows_view(buffers: _CacheBuffers, n: int, *, padded: bool) -> "PrefixCache":
-        """`_view`, with the per-layer keys/values made only when read (`_LazyView`): a server engine's pooled request
-        grows by a token a call and is read through the pool's rows, so 2 x layers views per request and call would
-        be made for nothing."""
-        return _LazyView(buffers, n, padded=padded)
-
     def _owns_tail(self) -> bool:
         """Whether this view may write the slots after it: the newest view of its buffers (nothing wrote past it),
         still reading them (no tensor replaced since)."""
@@ -311,8 +304,9 @@ class PrefixCache:
 
 
 class _LazyView(PrefixCache):
-    """`PrefixCache._view` of ``buffers``' first ``n`` slots whose per-layer ``keys``/``values`` are views made when
-    read (`PrefixCache._rows_view`)."""
+    """`PrefixCache._view` of ``buffers``' first ``n`` slots whose per-layer ``keys``/``values`` are views made only
+    when read: a server engine's pooled request grows by a token a call and is read through the pool's rows, so 2 x
+    layers views per request and call would be made for nothing."""
 
     def __init__(self, buffers: _CacheBuffers, n: int, *, padded: bool) -> None:  # (no dataclass __init__: no lists)
         self._buffers, self._n, self.padded, self.ends = buffers, n, padded, None

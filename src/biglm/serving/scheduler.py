@@ -72,8 +72,8 @@ class Scheduler:
         self._submits: list[Job] = []
         self._cancels: list[str] = []
         self._sinks: dict[str, Sink] = {}  # live requests (their slots count as in flight)
-        self._in_engine: set[str] = set()  # submitted to the engine and not yet finished there
-        self._final_only: set[str] = set()  # of those, the ones whose sink hears only the finishing event
+        # submitted to the engine and not yet finished there -> whether its sink hears only the finishing event
+        self._in_engine: dict[str, bool] = {}
         self._stop = False
         self.draining = False
         self.broken: str | None = None  # why the engine cannot serve any more
@@ -177,8 +177,7 @@ class Scheduler:
         for rid in cancels:
             if rid in self._in_engine:
                 engine.cancel(rid)
-                self._in_engine.discard(rid)
-                self._final_only.discard(rid)
+                del self._in_engine[rid]
         for job in submits:
             with self._cond:
                 sink = self._sinks.get(job.request_id)
@@ -192,18 +191,15 @@ class Scheduler:
                     self._sinks.pop(job.request_id, None)
                 sink(Aborted(job.request_id, APIError(400, str(e), code="invalid_value")))
                 continue
-            self._in_engine.add(job.request_id)
-            if job.final_only:
-                self._final_only.add(job.request_id)
+            self._in_engine[job.request_id] = job.final_only
         events = engine.step() if engine.num_running or engine.num_waiting else []
         self.stats["steps"] += bool(events)
         self.stats["positions"] = getattr(engine, "positions", 0)  # what the steps computed (benchmarks' cost)
         for event in events:
-            if not event.finished and event.request_id in self._final_only:
+            if not event.finished and self._in_engine.get(event.request_id):
                 continue
             if event.finished:
-                self._in_engine.discard(event.request_id)
-                self._final_only.discard(event.request_id)
+                self._in_engine.pop(event.request_id, None)
                 if event.finish_reason != "error":  # tokens written, and the calls that wrote them (tokens per call)
                     self.stats["tokens_written"] += len(event.token_ids)
                     self.stats["request_calls"] += event.steps
@@ -233,7 +229,6 @@ class Scheduler:
         for rid in list(self._in_engine):
             self.engine.cancel(rid)
         self._in_engine.clear()
-        self._final_only.clear()
         self._count()
 
     def _fail_all(self, error: Exception) -> None:
@@ -250,7 +245,6 @@ class Scheduler:
             for rid in list(self._in_engine):
                 self.engine.cancel(rid)
             self._in_engine.clear()
-            self._final_only.clear()
             if self.engine.num_running or self.engine.num_waiting:
                 self.engine.step()
         except Exception as e:  # noqa: BLE001
