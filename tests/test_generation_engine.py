@@ -391,5 +391,6 @@ def test_a_prompt_sent_again_is_not_encoded_again_and_gets_the_same_answer(which
     while off.num_running or off.num_waiting:
         off.step()
     assert not off.prompt_cache.entries
-    with pytest.raises(ValueError, match="prompt_cache_mb"):
-        DecodeEngine(model, prompt_cache_mb=-1)
+    for bad in (-1, float("inf"), float("nan"), "8"):
+        with pytest.raises(ValueError, match="prompt_cache_mb"):
+            DecodeEngine(model, prompt_cache_mb=bad)

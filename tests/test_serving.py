@@ -271,6 +271,9 @@ def test_cli_refuses_bad_arguments(tmp_path, capsys):
     assert "--threads 0: must be >= 1" in capsys.readouterr().err
     assert main([str(tmp_path), "--threads", "2", "--replicas", "2"]) == 2
     assert "--replica_cpus" in capsys.readouterr().err
+    for bad in ("-1", "inf"):
+        assert main([str(tmp_path), "--prompt_cache_mb", bad]) == 2
+        assert "--prompt_cache_mb" in capsys.readouterr().err
 
 
 def test_cpu_threads_leave_a_core_to_the_front_end():

@@ -427,8 +427,9 @@ class DecodeEngine:
         if isinstance(draft_rows, bool) or not isinstance(draft_rows, int) or draft_rows < 0:
             raise ValueError(f"draft_rows={draft_rows!r} must be an integer >= 0 (0: never draft with the model).")
         self.draft_rows = draft_rows
-        if isinstance(prompt_cache_mb, bool) or not isinstance(prompt_cache_mb, (int, float)) or not prompt_cache_mb >= 0:
-            raise ValueError(f"prompt_cache_mb={prompt_cache_mb!r} must be a number >= 0 (0: no prompt cache).")
+        if (isinstance(prompt_cache_mb, bool) or not isinstance(prompt_cache_mb, (int, float))
+                or not 0 <= prompt_cache_mb < float("inf")):
+            raise ValueError(f"prompt_cache_mb={prompt_cache_mb!r} must be a finite number >= 0 (0: no prompt cache).")
         self.prompt_cache = _PromptCache(int(prompt_cache_mb * 2**20))
         self.prefill_work = 0  # prompt token-layers encoded (a prompt of P tokens: P x layers): a cost counter
         self._loaded_at = float("-inf")  # when a step last held more than ``draft_rows`` rows (`LOAD_MEMORY_S`)

@@ -135,8 +135,9 @@ class ServeArgs(ReplicaOptions):
                 raise ConfigError(f"--{name} {getattr(self, name)} must be >= {0 if name == 'max_queue' else 1}")
         if self.draft_rows < 0:
             raise ConfigError(f"--draft_rows {self.draft_rows} must be >= 0 (0: never draft with the model)")
-        if not self.prompt_cache_mb >= 0:
-            raise ConfigError(f"--prompt_cache_mb {self.prompt_cache_mb} must be >= 0 (0: no prompt cache)")
+        if not 0 <= self.prompt_cache_mb < float("inf"):
+            raise ConfigError(f"--prompt_cache_mb {self.prompt_cache_mb} must be a finite number >= 0 (0: no prompt "
+                              "cache)")
         for name in ("request_timeout", "shutdown_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be > 0 seconds")
