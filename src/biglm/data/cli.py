@@ -1,4 +1,5 @@
-"""`biglm data prepare` (tokenise sources into shards) and `biglm data info` (inspect shards)."""
+"""`biglm data prepare` (tokenise sources into shards), `biglm data distill` (a teacher model writes the text, then
+shards of it) and `biglm data info` (inspect shards)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,59 @@ class PrepareArgs:
 
 
 @dataclass
+class DistillArgs:
+    """A teacher model writes the text a model adapts on: prompts cut from text SOURCES (continuations),
+    --chat_sources (user turns) and/or --input rows, answered greedily by the teacher (an autoregressive model, e.g.
+    the GGUF a model was converted from, or a biglm model one token per call), then tokenised with the student's
+    --tokenizer into train-*.bin / val-*.bin shards and a manifest.json in --out, as `biglm data prepare` writes them.
+    A model adapted on it learns in its mask slots the tokens the teacher writes next (draft acceptance;
+    docs/decoding.md). Re-running the same command after an interruption continues where it stopped."""
+
+    sources: list[str] = field(default_factory=list)
+    """text sources for continuation prompts: .txt/.jsonl/.parquet files, folders of them, 'builtin' or hf:OWNER/NAME"""
+    teacher: str = ""
+    """the model that writes the text (required): an autoregressive model (a .gguf file, a transformers folder, a hub
+    id) or a biglm model folder or run"""
+    tokenizer: str = ""
+    """the student's tokenizer, for the shards (e.g. `biglm convert`'s output; default: a biglm teacher's own)"""
+    out: str = ""
+    """output folder: prompts.jsonl, answers.jsonl, text.jsonl, the shards and manifest.json (required)"""
+    chat_sources: list[str] = field(default_factory=list)
+    """sources whose documents become a user's turn through the chat template (e.g. instructions)"""
+    chat_field: str = "text"
+    """field holding the text in .jsonl/.parquet/hub rows of --chat_sources"""
+    chat_docs: int = 256
+    """chat prompts taken from --chat_sources (the sources in turn)"""
+    input: str = ""
+    """more prompts: a JSONL of rows in `biglm generate --input`'s format (a "prompt" or chat "messages")"""
+    docs: int = 1024
+    """continuation prompts cut from SOURCES (one per document, the sources in turn)"""
+    prompt_words: int = 32
+    """words of a document kept as its prompt (shorter documents are skipped)"""
+    skip_docs: int = 0
+    """documents skipped at the start of each source (e.g. the --val_docs of the set you evaluate on)"""
+    max_new_tokens: int = 96
+    """tokens the teacher writes after each prompt"""
+    batch_size: int = 16
+    """prompts the teacher answers together"""
+    val_docs: int = 0
+    """hold out the first N documents of the teacher's text as the val split"""
+    text_field: str = "text"
+    """field holding the text in .jsonl/.parquet/hub rows of SOURCES"""
+    txt_mode: Literal["paragraph", "document", "line"] = "paragraph"
+    """how .txt SOURCES split into documents: at blank lines, per file, per line"""
+    progress: bool = True
+    """show progress bars"""
+
+    def __post_init__(self) -> None:
+        for name in ("teacher", "out"):
+            if not getattr(self, name):
+                raise ValueError(f"missing --{name}")
+        if not self.sources and not self.chat_sources and not self.input:
+            raise ValueError("no prompts: give text SOURCES (continuation prompts), --chat_sources and/or --input")
+
+
+@dataclass
 class InfoArgs:
     """Print each shard's header and verify its checksum."""
 
@@ -79,6 +133,24 @@ def _prepare(args: PrepareArgs) -> int:
     return 0
 
 
+def _distill(args: DistillArgs) -> int:
+    from biglm.training.distill import distill
+
+    t0 = time.perf_counter()
+    manifest = distill(args.teacher, args.out, sources=args.sources, chat_sources=args.chat_sources,
+                       input=args.input or None, tokenizer=args.tokenizer or None, docs=args.docs,
+                       chat_docs=args.chat_docs, chat_field=args.chat_field,
+                       prompt_words=args.prompt_words, skip_docs=args.skip_docs, max_new_tokens=args.max_new_tokens,
+                       batch_size=args.batch_size, val_docs=args.val_docs, text_field=args.text_field,
+                       txt_mode=args.txt_mode, progress=args.progress)
+    for split, p in manifest["progress"].items():
+        if p["tokens"]:
+            print(f"{split}: {p['tokens']:,} tokens, {p['docs']:,} documents")
+    print(f"wrote {args.out} in {time.perf_counter() - t0:.1f} s; train on it: biglm pretrain blocks-adapt "
+          f"--init_from MODEL --data {args.out}")
+    return 0
+
+
 def _info(args: InfoArgs) -> int:
     from pathlib import Path
 
@@ -97,6 +169,7 @@ def _info(args: InfoArgs) -> int:
 def main(argv: list[str]) -> int:
     """Entry point for ``biglm data ...``; ``argv`` excludes the word "data"."""
     command, args = parse_subcommand(argv, {"prepare": (PrepareArgs, PrepareArgs.__doc__, ("sources",)),
+                                            "distill": (DistillArgs, DistillArgs.__doc__, ("sources",)),
                                             "info": (InfoArgs, InfoArgs.__doc__, ("paths",))}, prog="biglm data")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from biglm.data.prepare import PrepareError
@@ -105,6 +178,15 @@ def main(argv: list[str]) -> int:
     from biglm.data.tokenizer import TokenizerError
 
     try:
+        if command == "distill":
+            from biglm.generation.batch import BatchInputError
+            from biglm.training.distill import DistillError
+
+            try:
+                return _distill(args)
+            except (DistillError, BatchInputError) as e:
+                print(f"biglm data: {e}", file=sys.stderr)
+                return 2
         return _prepare(args) if command == "prepare" else _info(args)
     except (PrepareError, ShardError, SourceError, TokenizerError) as e:
         print(f"biglm data: {e}", file=sys.stderr)
