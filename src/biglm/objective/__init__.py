@@ -3,7 +3,10 @@
 from .loss import IGNORE_INDEX, linear_cross_entropy, masked_lm_loss, token_loss
 from .masking import (
     OBJECTIVES,
+    DraftTree,
     MaskedBatch,
+    draft_tree_layout,
+    draw_draft_tree,
     MaskPattern,
     apply_masks,
     draw_masks,
@@ -13,4 +16,4 @@ from .masking import (
     mask_batch,
 )
 
-__all__ = ["IGNORE_INDEX", "token_loss", "OBJECTIVES", "MaskedBatch", "MaskPattern", "apply_masks", "draw_masks", "ObjectiveConfig", "get_objective", "make_generator", "mask_batch", "masked_lm_loss", "linear_cross_entropy"]
+__all__ = ["IGNORE_INDEX", "token_loss", "OBJECTIVES", "DraftTree", "draft_tree_layout", "draw_draft_tree", "MaskedBatch", "MaskPattern", "apply_masks", "draw_masks", "ObjectiveConfig", "get_objective", "make_generator", "mask_batch", "masked_lm_loss", "linear_cross_entropy"]

@@ -68,7 +68,15 @@ class ObjectiveConfig:
     blocks of 1 (past a prompt boundary q), none of it masked, then ``draft_width`` masks, all masked, which learn
     the tokens that follow (a draft slot k tokens ahead); 0: none"""
     draft_width: int = 4
-    """biglm-blocks: the masks after the text in a drafting window (speculative decoding's draft_length + 1)"""
+    """biglm-blocks: the masks after the text in a drafting window, and in each group of a draft-tree step
+    (speculative decoding's draft_length + 1)"""
+    draft_tree_every: int = 0
+    """biglm-blocks: every N-th step lays its windows out as speculative decoding's call (`draft_tree_layout`): the
+    text as blocks of 1 after a prompt (a model with ``shift_logits`` learns each next token there, the check), and
+    ``draft_groups`` blocks of ``draft_width`` masks, each seeing the text up to a drawn token t and itself, which
+    learn the tokens after t + 1 (the draft slots); 0: none"""
+    draft_groups: int = 16
+    """biglm-blocks: mask groups per window in a draft-tree step (each a draft of ``draft_width`` - 1 slots)"""
 
     def __post_init__(self) -> None:
         if self.diffusion:
@@ -107,6 +115,15 @@ class ObjectiveConfig:
                 raise ValueError(f"draft_prob={self.draft_prob} must lie in [0, 1].")
             if self.draft_width < 1:
                 raise ValueError(f"draft_width={self.draft_width} must be >= 1.")
+            if self.draft_tree_every < 0 or self.draft_groups < 1:
+                raise ValueError(f"draft_tree_every={self.draft_tree_every} must be >= 0 and draft_groups="
+                                 f"{self.draft_groups} >= 1.")
+            if self.draft_tree_every and self.draft_width < 2:
+                raise ValueError(f"draft_width={self.draft_width}: a draft-tree group needs >= 2 masks (its first "
+                                 "slot is the check's).")
+        elif self.draft_tree_every:
+            raise ValueError(f"draft_tree_every={self.draft_tree_every} applies to biglm-blocks only (it needs "
+                             "prefix_blocks): set prefix_blocks or leave draft_tree_every at 0.")
         elif self.draft_prob:
             raise ValueError(f"draft_prob={self.draft_prob} applies to biglm-blocks only (it needs prefix_blocks): "
                              "set prefix_blocks or leave draft_prob at 0.")
@@ -158,7 +175,8 @@ class MaskedBatch:
     positions: (M,) flat indices of the masked positions once `find_positions` has run, else None;
     prompt_len, block_len: (B,) the biglm-blocks rule, None for the paper's bidirectional prefix;
     lookahead: attention annealing (`annealed_lookahead`): queries also never see keys more than this many
-    positions ahead (0: causal), None for the objective's own attention.
+    positions ahead (0: causal), None for the objective's own attention; attention_rule (B, L, L) and position_ids
+    (B, L): a draft-tree layout's own attention and RoPE positions (`draft_tree_layout`), None otherwise.
     """
 
     input_ids: torch.Tensor
@@ -172,9 +190,13 @@ class MaskedBatch:
     prompt_len: torch.Tensor | None = None
     block_len: torch.Tensor | None = None
     lookahead: int | None = None
+    attention_rule: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
 
     def attention(self) -> dict[str, torch.Tensor | int | None]:
         """The model's attention arguments for this batch (``model(batch.input_ids, **batch.attention())``)."""
+        if self.attention_rule is not None:  # a draft-tree layout: every query's keys given outright
+            return {"attention_rule": self.attention_rule, "position_ids": self.position_ids}
         out = {"prefix_len": self.prefix_len}
         if self.prompt_len is not None:
             out.update(prompt_len=self.prompt_len, block_len=self.block_len)
@@ -343,6 +365,80 @@ def draw_masks(
         if p_random > 0:
             pattern.random_ids = torch.randint(0, vocab_size, (B, L), device=dev, generator=generator)
     return pattern
+
+
+@dataclass
+class DraftTree:
+    """Where a draft-tree step's windows are cut (`draw_draft_tree`): ``prompt_len`` (B,) q, the prompt that sees
+    itself both ways (0: none), and ``anchors`` (B, G), each group's last visible text token t >= q - 1."""
+
+    prompt_len: torch.Tensor
+    anchors: torch.Tensor
+
+    def rows(self, idx: torch.Tensor) -> "DraftTree":
+        return DraftTree(self.prompt_len.index_select(0, idx), self.anchors.index_select(0, idx))
+
+    def count(self, seq_len: int, width: int, *, shift: bool) -> torch.Tensor:
+        """The labelled positions of these windows (`draft_tree_layout`): the groups' slots, and with ``shift`` the
+        text tokens each predicted from the one before (from q on; the first token has nothing before it)."""
+        groups = self.anchors.numel() * (width - 1)
+        text = (seq_len - self.prompt_len.clamp(min=1)).sum() if shift else 0
+        return torch.as_tensor(groups, device=self.anchors.device) + text
+
+
+def draw_draft_tree(batch: int, seq_len: int, objective: ObjectiveConfig, *, generator: torch.Generator,
+                    device: torch.device | str) -> DraftTree:
+    """A draft-tree step's cuts: q ~ U{0..L/2}, then each of ``draft_groups`` anchors t ~ U{max(q-1, 0)..L-1-W}."""
+    W = objective.draft_width
+    if seq_len < 2 * W + 2:
+        raise ValueError(f"window length L={seq_len} is too short for draft-tree groups of draft_width={W}: "
+                         f"need L >= {2 * W + 2}.")
+    uniform = lambda *shape: torch.rand(*shape, generator=generator, device=device)  # noqa: E731
+    q = (uniform(batch) * (seq_len // 2 + 1)).long().clamp_max(seq_len // 2)
+    lo, hi = (q - 1).clamp(min=0), seq_len - 1 - W
+    anchors = lo[:, None] + (uniform(batch, objective.draft_groups) * (hi - lo + 1)[:, None]).long()
+    return DraftTree(prompt_len=q, anchors=anchors.clamp_max(hi))
+
+
+def draft_tree_layout(windows: torch.Tensor, tree: DraftTree, *, width: int, shift: bool, mask_token_id: int,
+                      normalizer: torch.Tensor | None = None) -> MaskedBatch:
+    """Windows (B, L) laid out as speculative decoding's call (`generation.speculative`), (B, L + G·W) per row:
+
+    - the text, positions 0..L-1: the prompt (i < q) sees the prompt, each later token itself and what precedes it
+      (blocks of 1, the append cache's keys); with ``shift`` token i >= max(q, 1) is a label, predicted from token
+      i - 1's row: what one token per call writes (the check);
+    - group g, positions t+1..t+W (RoPE) of its anchor t: W masks that see the text up to t and each other (the
+      block of masks after a check); its rows k = 1..W-1 are labels, the text's tokens t+1+k: with ``shift``
+      predicted from row k - 1, else from row k itself, as a call reads its drafts (slot k). No text row sees a group.
+    """
+    B, L = windows.shape
+    G, W = tree.anchors.shape[1], width
+    dev = windows.device
+    Lt = L + G * W
+    i = torch.arange(L, device=dev)
+    q = tree.prompt_len[:, None, None]
+    rule = torch.zeros(B, Lt, Lt, dtype=torch.bool, device=dev)
+    rule[:, :L, :L] = (i[None, :, None] >= i[None, None, :]) | ((i[None, :, None] < q) & (i[None, None, :] < q))
+    group_rows = L + torch.arange(G * W, device=dev).view(G, W)  # (G, W) layout rows of each group
+    t = tree.anchors  # (B, G)
+    sees_text = i[None, None, :] <= t[:, :, None]  # (B, G, L)
+    rule[:, L:, :L] = sees_text[:, :, None, :].expand(B, G, W, L).reshape(B, G * W, L)
+    same_group = torch.block_diag(*[torch.ones(W, W, dtype=torch.bool, device=dev)] * G)
+    rule[:, L:, L:] = same_group
+    k = torch.arange(W, device=dev)
+    slots = t[:, :, None] + 1 + k  # (B, G, W) positions of each group's rows
+    position_ids = torch.cat((i.expand(B, L), slots.reshape(B, G * W)), 1)
+    input_ids = torch.cat((windows, torch.full((B, G * W), mask_token_id, dtype=windows.dtype, device=dev)), 1)
+    labels = torch.full((B, Lt), IGNORE_INDEX, dtype=windows.dtype, device=dev)
+    if shift:
+        text_labelled = i[None, :] >= tree.prompt_len.clamp(min=1)[:, None]
+        labels[:, :L] = torch.where(text_labelled, windows, labels[:, :L])
+    targets = windows.gather(1, (slots[:, :, 1:]).reshape(B, -1)).view(B, G, W - 1)  # text tokens t+2..t+W
+    labels[:, group_rows[:, 1:].reshape(-1)] = targets.reshape(B, -1)
+    count = tree.count(L, W, shift=shift) if normalizer is None else normalizer
+    return MaskedBatch(input_ids=input_ids, labels=labels, prefix_len=None, split=None, loss_weight=None,
+                       normalizer=count, ratios=torch.zeros(B, 2, device=dev), attention_rule=rule,
+                       position_ids=position_ids)
 
 
 def apply_masks(windows: torch.Tensor, pattern: MaskPattern, *, mask_token_id: int,

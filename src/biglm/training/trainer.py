@@ -32,7 +32,7 @@ from ..config import ConfigError
 from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters, resolve_attn_backend
 from ..objective import ObjectiveConfig, apply_masks, draw_masks, make_generator, masked_lm_loss
 from ..objective.loss import masked_targets
-from ..objective.masking import annealed_lookahead
+from ..objective.masking import annealed_lookahead, draft_tree_layout, draw_draft_tree
 from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_sum, full_model_on_rank0
 from .loop import Evaluation, TrainLoop
@@ -334,6 +334,9 @@ class Trainer(TrainLoop):
         cfg = self.cfg
         W, r, mb = self.info.world_size, self.info.rank, cfg.micro_batch
         gen = make_generator(seed=cfg.seed, step=step, rank=0, device=dev)
+        every = self.objective.draft_tree_every
+        if every and step % every == every - 1:
+            return self._draft_tree_step(step, dev, gen)
         pattern = draw_masks(cfg.global_batch, cfg.seq_len, self.objective, generator=gen, device=dev,
                              vocab_size=self.model_config.vocab_size)
         normalizer = pattern.count().float().clamp(min=1)
@@ -345,6 +348,22 @@ class Trainer(TrainLoop):
             batch = apply_masks(windows, pattern.rows(rows), mask_token_id=self.mask_id)
             batch.lookahead = lookahead
             micro.append((batch.find_positions(), windows))  # on a device, the step's syncs: before any forward
+        return micro, normalizer
+
+    def _draft_tree_step(self, step: int, dev: torch.device, gen: torch.Generator):
+        """A draft-tree step (`ObjectiveConfig.draft_tree_every`): the global batch's cuts drawn from (seed, step), as
+        masks are, each rank laying out its own windows; the count is the whole batch's labels."""
+        cfg, W, r, mb = self.cfg, self.info.world_size, self.info.rank, self.cfg.micro_batch
+        tree = draw_draft_tree(cfg.global_batch, cfg.seq_len, self.objective, generator=gen, device=dev)
+        shift = bool(getattr(self.model_config, "shift_logits", False))
+        width = self.objective.draft_width
+        normalizer = tree.count(cfg.seq_len, width, shift=shift).float().clamp(min=1)
+        micro = []
+        for i in range(self.accum):
+            windows = self.train_sampler.next_batch(mb, step=step).to(dev, non_blocking=True)
+            rows = i * mb * W + torch.arange(mb, device=dev) * W + r
+            batch = draft_tree_layout(windows, tree.rows(rows), width=width, shift=shift, mask_token_id=self.mask_id)
+            micro.append((batch.find_positions(), windows))
         return micro, normalizer
 
     def forward_backward(self, batch, windows: torch.Tensor, normalizer: torch.Tensor, *, sync: bool) -> torch.Tensor:
@@ -364,13 +383,13 @@ class Trainer(TrainLoop):
     def _loss(self, model: torch.nn.Module, batch, windows: torch.Tensor, normalizer: torch.Tensor) -> torch.Tensor:
         """The masked-LM loss of one micro-batch: fused with the output projection (``loss_chunk``), or from the
         masked positions' logits (the previous path)."""
+        doc_ids = None if batch.attention_rule is not None else self._doc_ids(windows)
         if self.cfg.loss_chunk:
             targets, weight = masked_targets(batch)
-            return model(batch.input_ids, **batch.attention(), doc_ids=self._doc_ids(windows),
+            return model(batch.input_ids, **batch.attention(), doc_ids=doc_ids,
                          logits_positions=batch.positions, loss_targets=targets, loss_weight=weight,
                          num_items_in_batch=normalizer, loss_chunk=self.cfg.loss_chunk).loss
-        out = model(batch.input_ids, **batch.attention(), doc_ids=self._doc_ids(windows),
-                    logits_positions=batch.positions)
+        out = model(batch.input_ids, **batch.attention(), doc_ids=doc_ids, logits_positions=batch.positions)
         return masked_lm_loss(out.logits, batch, normalizer=normalizer)
 
     def after_optimizer_step(self) -> None:
