@@ -149,3 +149,24 @@ def test_a_converted_model_that_was_not_adapted_is_refused_as_a_teacher(tmp_path
     conv = convert_checkpoint(llama, tmp_path / "conv", shift=True, log=lambda s: None)
     with pytest.raises(DistillError, match="give the source it was converted from"):
         distill(str(conv), tmp_path / "o", sources=_sources(tmp_path), progress=False)
+
+
+def test_a_sampled_teacher_is_seeded_per_batch_so_a_resumed_run_draws_the_same_and_other_settings_are_refused(
+        tmp_path, llama, tok):
+    sources = _sources(tmp_path)
+    kw = dict(sources=sources, tokenizer=str(llama), docs=5, prompt_words=4, max_new_tokens=8, batch_size=2,
+              temperature=1.0, seed=3, progress=False, echo=lambda s: None)
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    distill(str(llama), whole, **kw)
+    distill(str(llama), cut, **kw)
+    assert (whole / "answers.jsonl").read_bytes() == (cut / "answers.jsonl").read_bytes()
+    greedy = distill(str(llama), tmp_path / "greedy", **{**kw, "temperature": 0.0})
+    assert greedy and (tmp_path / "greedy" / "answers.jsonl").read_bytes() != (whole / "answers.jsonl").read_bytes()
+    lines = (cut / "answers.jsonl").read_bytes().splitlines(keepends=True)  # killed after its first batch (2 rows)
+    (cut / "answers.jsonl").write_bytes(b"".join(lines[:2]))
+    for f in [cut / "text.jsonl", cut / "manifest.json", *cut.glob("*.bin")]:
+        f.unlink()
+    distill(str(llama), cut, **kw)
+    assert (cut / "answers.jsonl").read_bytes() == (whole / "answers.jsonl").read_bytes()
+    with pytest.raises(DistillError, match="other --temperature"):
+        distill(str(llama), cut, **{**kw, "temperature": 0.5})

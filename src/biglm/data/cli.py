@@ -81,6 +81,10 @@ class DistillArgs:
     """tokens the teacher writes after each prompt"""
     batch_size: int = 16
     """prompts the teacher answers together"""
+    temperature: float = 0.0
+    """0: the teacher's greedy text (its next tokens exactly: what draft slots are checked against); above 0: sampled"""
+    seed: int = 0
+    """the sampler's seed (with --temperature)"""
     val_docs: int = 0
     """hold out the first N documents of the teacher's text as the val split"""
     text_field: str = "text"
@@ -141,7 +145,8 @@ def _distill(args: DistillArgs) -> int:
                        input=args.input or None, tokenizer=args.tokenizer or None, docs=args.docs,
                        chat_docs=args.chat_docs, chat_field=args.chat_field,
                        prompt_words=args.prompt_words, skip_docs=args.skip_docs, max_new_tokens=args.max_new_tokens,
-                       batch_size=args.batch_size, val_docs=args.val_docs, text_field=args.text_field,
+                       batch_size=args.batch_size, temperature=args.temperature, seed=args.seed,
+                       val_docs=args.val_docs, text_field=args.text_field,
                        txt_mode=args.txt_mode, progress=args.progress)
     for split, p in manifest["progress"].items():
         if p["tokens"]:

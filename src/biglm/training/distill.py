@@ -108,10 +108,11 @@ def _resolve(teacher: str):
 
 
 def answer_autoregressive(teacher: str, rows: Sequence[dict[str, Any]], answers: Path, *, max_new_tokens: int,
-                          batch_size: int, progress: bool = True) -> int:
-    """Greedy answers of an autoregressive ``teacher`` (transformers' ``generate``, its KV cache) to ``rows``, appended
-    to ``answers`` batch by batch (flushed and synced; rows already there are skipped, a partial last line dropped).
-    Returns the rows written now."""
+                          batch_size: int, temperature: float = 0.0, seed: int = 0, progress: bool = True) -> int:
+    """Answers of an autoregressive ``teacher`` (transformers' ``generate``, its KV cache) to ``rows``: greedy, or
+    sampled at ``temperature`` (each batch seeded from ``seed`` and its first row's place, so a resumed run draws
+    what the whole one would), appended to ``answers`` batch by batch (flushed and synced; rows already there are
+    skipped, a partial last line dropped). Returns the rows written now."""
     import torch
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -126,22 +127,30 @@ def answer_autoregressive(teacher: str, rows: Sequence[dict[str, Any]], answers:
     if answers.is_file():  # a kill may have cut the last line short: keep whole lines only
         data = answers.read_bytes()
         os.truncate(answers, data.rfind(b"\n") + 1)
-    todo = [r for r in rows if r["id"] not in done]
-    bar = tqdm(total=len(rows), initial=len(rows) - len(todo), unit="row", desc="teacher", disable=not progress)
+    bar = tqdm(total=len(rows), initial=len(done), unit="row", desc="teacher", disable=not progress)
+    written = 0
     with open(answers, "ab") as f:
-        for s in range(0, len(todo), batch_size):
-            batch = todo[s:s + batch_size]
+        for s in range(0, len(rows), batch_size):
+            batch = rows[s:s + batch_size]
+            if all(r["id"] in done for r in batch):
+                continue
             texts = [r["prompt"] if "messages" not in r else
                      tok.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True) for r in batch]
             ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
             width = max(map(len, ids))
             input_ids = torch.tensor([[pad] * (width - len(i)) + i for i in ids])
             attention = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
+            sampling = {"do_sample": False}
+            if temperature > 0:
+                torch.manual_seed(seed * 1_000_003 + s)
+                sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
             with torch.no_grad():
                 out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                                     do_sample=False, pad_token_id=pad)
+                                     pad_token_id=pad, **sampling)
             lines = []
             for r, new in zip(batch, out[:, width:].tolist()):
+                if r["id"] in done:  # a batch a kill cut short runs again whole: its rows keep their first answer
+                    continue
                 ended = tok.eos_token_id in new
                 new = new[:new.index(tok.eos_token_id)] if ended else new
                 lines.append({"id": r["id"], "text": tok.decode(new, skip_special_tokens=True),
@@ -149,19 +158,22 @@ def answer_autoregressive(teacher: str, rows: Sequence[dict[str, Any]], answers:
             f.write("".join(json.dumps(a, ensure_ascii=False) + "\n" for a in lines).encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
-            bar.update(len(batch))
+            bar.update(len(lines))
+            written += len(lines)
     bar.close()
-    return len(todo)
+    return written
 
 
 def distill(teacher: str, out: str | os.PathLike[str], *, sources: Sequence[str] = (),
             chat_sources: Sequence[str] = (), input: str | None = None, tokenizer: str | None = None,
             docs: int = 1024, chat_docs: int = 256, prompt_words: int = 32, skip_docs: int = 0,
-            max_new_tokens: int = 96, batch_size: int = 16, val_docs: int = 0, text_field: str = "text",
+            max_new_tokens: int = 96, batch_size: int = 16, temperature: float = 0.0, seed: int = 0,
+            val_docs: int = 0, text_field: str = "text",
             chat_field: str = "text", txt_mode: str = "paragraph", progress: bool = True, echo=print) -> dict[str, Any]:
     """Write a prepared data folder ``out`` of the teacher's text (module docstring); returns its manifest.
     ``tokenizer``: the student's, for the shards (default: a biglm teacher's own; required for an autoregressive
-    teacher, whose tokenizer lacks the mask token)."""
+    teacher, whose tokenizer lacks the mask token). ``temperature`` 0: the teacher's greedy text; above 0 sampled
+    (seeded by ``seed``)."""
     from biglm.data.prepare import prepare
     from biglm.data.tokenizer import load_tokenizer
     from biglm.generation.batch import read_rows
@@ -174,6 +186,8 @@ def distill(teacher: str, out: str | os.PathLike[str], *, sources: Sequence[str]
                              ("skip_docs", skip_docs, 0), ("val_docs", val_docs, 0)):
         if value < low:
             raise DistillError(f"--{name} {value}: must be >= {low}")
+    if not 0.0 <= temperature < float("inf"):
+        raise DistillError(f"--temperature {temperature}: must be a number >= 0 (0: greedy)")
     autoregressive = is_autoregressive(teacher)
     if autoregressive:
         _resolve(teacher)  # a wrong path is said now, before anything is written
@@ -208,12 +222,25 @@ def distill(teacher: str, out: str | os.PathLike[str], *, sources: Sequence[str]
                            "--skip_docs or --input): use another --out, or delete this one to start over")
     if not prompts_path.is_file():
         _write_jsonl_atomic(prompts_path, rows)
+    settings = {"teacher": str(teacher), "max_new_tokens": max_new_tokens, "batch_size": batch_size,
+                "temperature": temperature, "seed": seed}
+    record = out / "distill.json"
+    if record.is_file():
+        old = json.loads(record.read_text())
+        changed = [k for k in settings if old.get(k) != settings[k]]
+        if changed:
+            raise DistillError(f"{out}: was written with other {', '.join('--' + k for k in changed)} "
+                               f"({', '.join(f'{k}={old.get(k)!r}' for k in changed)}): use another --out, or delete "
+                               "this one to start over")
+    else:
+        _write_jsonl_atomic(record, [settings])  # one line of JSON, written whole or not at all
 
     if not text_path.is_file():
         t0 = time.perf_counter()
         if autoregressive:
             written = answer_autoregressive(teacher, rows, answers_path, max_new_tokens=max_new_tokens,
-                                            batch_size=batch_size, progress=progress)
+                                            batch_size=batch_size, temperature=temperature, seed=seed,
+                                            progress=progress)
         else:
             from biglm.checkpoint.loading import load_model
             from biglm.generation.batch import generate_file
@@ -221,7 +248,8 @@ def distill(teacher: str, out: str | os.PathLike[str], *, sources: Sequence[str]
             model, teacher_tok = load_model(teacher)
             written = generate_file(model, teacher_tok, prompts_path, answers_path, progress=progress,
                                     config={**TEACHER_DECODING, "max_new_tokens": max_new_tokens,
-                                            "steps": max_new_tokens}, batch_size=batch_size,
+                                            "steps": max_new_tokens, "temperature": temperature, "seed": seed},
+                                    batch_size=batch_size,
                                     model_path=teacher).written
         echo(f"teacher {teacher}: {written} answers written in {time.perf_counter() - t0:.0f} s")
         answers = {a["id"]: a["text"] for a in _read_jsonl(answers_path)}
