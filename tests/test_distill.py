@@ -170,3 +170,25 @@ def test_a_sampled_teacher_is_seeded_per_batch_so_a_resumed_run_draws_the_same_a
     assert (cut / "answers.jsonl").read_bytes() == (whole / "answers.jsonl").read_bytes()
     with pytest.raises(DistillError, match="other --temperature"):
         distill(str(llama), cut, **{**kw, "temperature": 0.5})
+
+
+def test_no_repeat_ngram_answers_are_transformers_own_and_refused_for_a_biglm_teacher(tmp_path, llama, tok):
+    from transformers import AutoModelForCausalLM
+
+    sources = _sources(tmp_path)
+    kw = dict(sources=sources, tokenizer=str(llama), docs=3, prompt_words=4, max_new_tokens=12, batch_size=1,
+              progress=False, echo=lambda s: None)
+    distill(str(llama), tmp_path / "nr", **kw, no_repeat_ngram=2)
+    model = AutoModelForCausalLM.from_pretrained(llama, dtype=torch.float32).eval()
+    rows = [json.loads(line) for line in (tmp_path / "nr" / "prompts.jsonl").read_text().splitlines()]
+    answers = [json.loads(line)["text"] for line in (tmp_path / "nr" / "answers.jsonl").read_text().splitlines()]
+    for row, answer in zip(rows, answers):
+        ids = torch.tensor([tok(row["prompt"], add_special_tokens=False)["input_ids"]])
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                             no_repeat_ngram_size=2, pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
+        out = out[:out.index(tok.eos_token_id)] if tok.eos_token_id in out else out
+        assert answer == tok.decode(out, skip_special_tokens=True)
+        pairs = list(zip(out, out[1:]))
+        assert len(pairs) == len(set(pairs))  # no bigram twice
+    with pytest.raises(DistillError, match="must be >= 0"):
+        distill(str(llama), tmp_path / "bad", **kw, no_repeat_ngram=-1)

@@ -101,3 +101,29 @@ def test_the_trainer_runs_draft_tree_steps_and_refuses_them_with_doc_mask(tmp_pa
     bad = tiny_train_config(tmp_path / "bad", **data, objective=objective, doc_mask=True)
     with pytest.raises(ConfigError, match="draft_tree_every with --doc_mask"):
         bad.validate()
+
+
+def test_blocks_adapt_takes_draft_tree_steps_on_a_teachers_greedy_text_only(tmp_path, synthetic_data):
+    import json
+    import shutil
+
+    from conftest import tiny_train_config
+
+    from biglm.training import Trainer, get_recipe
+    from biglm.training.distributed import DistInfo
+
+    objective = get_recipe("blocks-adapt").objective
+    assert objective.draft_tree_every == -1  # auto
+    objective = objective.replace(prefix_blocks=(1, 4), draft_width=3, draft_groups=4)
+    single = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    greedy, sampled = tmp_path / "greedy", tmp_path / "sampled"
+    for folder, temperature in ((greedy, 0.0), (sampled, 0.7)):
+        shutil.copytree(synthetic_data / "shards", folder)
+        (folder / "distill.json").write_text(json.dumps({"teacher": "t", "temperature": temperature}) + "\n")
+    got = {}
+    for name, data in (("greedy", [greedy]), ("sampled", [sampled]), ("corpus", [synthetic_data / "shards"]),
+                       ("mixed", [greedy, synthetic_data / "shards"])):
+        cfg = tiny_train_config(tmp_path / name, data={str(d): 1.0 for d in data},
+                                tokenizer=str(synthetic_data / "tok"), objective=objective)
+        got[name] = Trainer(cfg, info=single, echo=lambda s: None).objective.draft_tree_every
+    assert got == {"greedy": 2, "sampled": 0, "corpus": 0, "mixed": 0}

@@ -48,11 +48,11 @@ class PrepareArgs:
 @dataclass
 class DistillArgs:
     """A teacher model writes the text a model adapts on: prompts cut from text SOURCES (continuations),
-    --chat_sources (user turns) and/or --input rows, answered greedily by the teacher (an autoregressive model, e.g.
-    the GGUF a model was converted from, or a biglm model one token per call), then tokenised with the student's
+    --chat_sources (user turns) and/or --input rows, answered by the teacher (an autoregressive model, e.g. the GGUF
+    a model was converted from, or a biglm model one token per call; greedy unless --temperature), then tokenised with the student's
     --tokenizer into train-*.bin / val-*.bin shards and a manifest.json in --out, as `biglm data prepare` writes them.
-    A model adapted on it learns in its mask slots the tokens the teacher writes next (draft acceptance;
-    docs/decoding.md). Re-running the same command after an interruption continues where it stopped."""
+    A model adapted on it learns in its mask slots the tokens the teacher writes next (draft acceptance; README,
+    "Drafts the model learns"). Re-running the same command after an interruption continues where it stopped."""
 
     sources: list[str] = field(default_factory=list)
     """text sources for continuation prompts: .txt/.jsonl/.parquet files, folders of them, 'builtin' or hf:OWNER/NAME"""
@@ -85,6 +85,9 @@ class DistillArgs:
     """0: the teacher's greedy text (its next tokens exactly: what draft slots are checked against); above 0: sampled"""
     seed: int = 0
     """the sampler's seed (with --temperature)"""
+    no_repeat_ngram: int = 0
+    """an autoregressive teacher never repeats an n-gram of this many tokens (0: no limit); a small model's greedy text
+    loops, and a model adapted on loops loops more"""
     val_docs: int = 0
     """hold out the first N documents of the teacher's text as the val split"""
     text_field: str = "text"
@@ -146,6 +149,7 @@ def _distill(args: DistillArgs) -> int:
                        chat_docs=args.chat_docs, chat_field=args.chat_field,
                        prompt_words=args.prompt_words, skip_docs=args.skip_docs, max_new_tokens=args.max_new_tokens,
                        batch_size=args.batch_size, temperature=args.temperature, seed=args.seed,
+                       no_repeat_ngram=args.no_repeat_ngram,
                        val_docs=args.val_docs, text_field=args.text_field,
                        txt_mode=args.txt_mode, progress=args.progress)
     for split, p in manifest["progress"].items():

@@ -74,7 +74,8 @@ class ObjectiveConfig:
     """biglm-blocks: every N-th step lays its windows out as speculative decoding's call (`draft_tree_layout`): the
     text as blocks of 1 after a prompt (a model with ``shift_logits`` learns each next token there, the check), and
     ``draft_groups`` blocks of ``draft_width`` masks, each seeing the text up to a drawn token t and itself, which
-    learn the tokens after t + 1 (the draft slots); 0: none"""
+    learn the tokens after t + 1 (the draft slots); 0: none; -1: auto, 2 when every training data folder is a
+    teacher's greedy text (`biglm data distill`), else 0 (the trainer decides and says so)"""
     draft_groups: int = 16
     """biglm-blocks: mask groups per window in a draft-tree step (each a draft of ``draft_width`` - 1 slots)"""
 
@@ -115,13 +116,13 @@ class ObjectiveConfig:
                 raise ValueError(f"draft_prob={self.draft_prob} must lie in [0, 1].")
             if self.draft_width < 1:
                 raise ValueError(f"draft_width={self.draft_width} must be >= 1.")
-            if self.draft_tree_every < 0 or self.draft_groups < 1:
-                raise ValueError(f"draft_tree_every={self.draft_tree_every} must be >= 0 and draft_groups="
-                                 f"{self.draft_groups} >= 1.")
+            if self.draft_tree_every < -1 or self.draft_groups < 1:
+                raise ValueError(f"draft_tree_every={self.draft_tree_every} must be >= 0 (or -1: auto) and "
+                                 f"draft_groups={self.draft_groups} >= 1.")
             if self.draft_tree_every and self.draft_width < 2:
                 raise ValueError(f"draft_width={self.draft_width}: a draft-tree group needs >= 2 masks (its first "
                                  "slot is the check's).")
-        elif self.draft_tree_every:
+        elif self.draft_tree_every > 0:
             raise ValueError(f"draft_tree_every={self.draft_tree_every} applies to biglm-blocks only (it needs "
                              "prefix_blocks): set prefix_blocks or leave draft_tree_every at 0.")
         elif self.draft_prob:

@@ -307,7 +307,7 @@ class TrainConfig(LoopConfig):
                                   f"{self.init_from} (prepare the data with it); drop --tokenizer")
         if not self.data:
             raise ConfigError("no training data: give --data DIR (a folder written by `biglm data prepare`).")
-        if self.objective.draft_tree_every and self.doc_mask:
+        if self.objective.draft_tree_every > 0 and self.doc_mask:
             raise ConfigError("--objective.draft_tree_every with --doc_mask: a draft-tree step gives its attention "
                               "outright and keeps no document bounds; drop one of them")
 

@@ -38,7 +38,7 @@ class DistillError(ValueError):
     """Bad input to `distill`, found before any generation."""
 
 
-def is_autoregressive(teacher: str) -> bool:
+def autoregressive_teacher(teacher: str) -> bool:
     """Whether ``teacher`` names an autoregressive model transformers loads (a GGUF file, a folder holding one, a
     transformers folder of another model type, a hub id) rather than a biglm model or run."""
     path = Path(teacher)
@@ -50,6 +50,33 @@ def is_autoregressive(teacher: str) -> bool:
             return json.loads(config.read_text()).get("model_type") != "biglm"
         return len(list(path.glob("*.gguf"))) == 1
     return True  # a hub id (transformers says in one line when it is none)
+
+
+RECORD = "distill.json"
+"""The teacher settings a distilled folder was written with (``teacher``, ``temperature``, ...)."""
+
+AUTO_DRAFT_TREE_EVERY = 2
+"""Draft-tree steps of an adaptation on a teacher's greedy text (`ObjectiveConfig.draft_tree_every` -1): every second
+step. On SmolLM2-135M, 40 CPU steps on the source's greedy text: the model's first draft kept in 41% of calls, against
+28-31% without them and 23% after adapting on a corpus, where they did not help (docs/LOG.md 2026-11-27 evening)."""
+
+
+def greedy_teacher_text(folder: str | os.PathLike[str]) -> bool:
+    """Whether ``folder`` holds a teacher's greedy text, as `distill` writes it (its record says temperature 0)."""
+    record = Path(folder) / RECORD
+    if not record.is_file():
+        return False
+    try:
+        return float(json.loads(record.read_text()).get("temperature", -1)) == 0.0
+    except (ValueError, AttributeError):
+        return False
+
+
+def auto_draft_tree_every(folders: Sequence[str]) -> int:
+    """`ObjectiveConfig.draft_tree_every` -1 resolved for training data ``folders``: `AUTO_DRAFT_TREE_EVERY` when every
+    one is a teacher's greedy text (its next tokens exactly: what the draft slots are checked against), else 0 (on a
+    corpus the slots' targets are its many continuations, where draft-tree steps did not raise acceptance)."""
+    return AUTO_DRAFT_TREE_EVERY if folders and all(greedy_teacher_text(f) for f in folders) else 0
 
 
 def prompt_rows(sources: Sequence[str], *, docs: int, prompt_words: int, skip_docs: int = 0, chat: bool = False,
@@ -108,10 +135,12 @@ def _resolve(teacher: str):
 
 
 def answer_autoregressive(teacher: str, rows: Sequence[dict[str, Any]], answers: Path, *, max_new_tokens: int,
-                          batch_size: int, temperature: float = 0.0, seed: int = 0, progress: bool = True) -> int:
+                          batch_size: int, temperature: float = 0.0, seed: int = 0, no_repeat_ngram: int = 0,
+                          progress: bool = True) -> int:
     """Answers of an autoregressive ``teacher`` (transformers' ``generate``, its KV cache) to ``rows``: greedy, or
     sampled at ``temperature`` (each batch seeded from ``seed`` and its first row's place, so a resumed run draws
-    what the whole one would), appended to ``answers`` batch by batch (flushed and synced; rows already there are
+    what the whole one would), never repeating an n-gram of ``no_repeat_ngram`` tokens (0: no limit; transformers'
+    ``no_repeat_ngram_size``), appended to ``answers`` batch by batch (flushed and synced; rows already there are
     skipped, a partial last line dropped). Returns the rows written now."""
     import torch
     from tqdm.auto import tqdm
@@ -140,10 +169,10 @@ def answer_autoregressive(teacher: str, rows: Sequence[dict[str, Any]], answers:
             width = max(map(len, ids))
             input_ids = torch.tensor([[pad] * (width - len(i)) + i for i in ids])
             attention = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
-            sampling = {"do_sample": False}
+            sampling = {"do_sample": False, "no_repeat_ngram_size": no_repeat_ngram}
             if temperature > 0:
                 torch.manual_seed(seed * 1_000_003 + s)
-                sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+                sampling.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
             with torch.no_grad():
                 out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
                                      pad_token_id=pad, **sampling)
@@ -168,12 +197,14 @@ def distill(teacher: str, out: str | os.PathLike[str], *, sources: Sequence[str]
             chat_sources: Sequence[str] = (), input: str | None = None, tokenizer: str | None = None,
             docs: int = 1024, chat_docs: int = 256, prompt_words: int = 32, skip_docs: int = 0,
             max_new_tokens: int = 96, batch_size: int = 16, temperature: float = 0.0, seed: int = 0,
+            no_repeat_ngram: int = 0,
             val_docs: int = 0, text_field: str = "text",
             chat_field: str = "text", txt_mode: str = "paragraph", progress: bool = True, echo=print) -> dict[str, Any]:
     """Write a prepared data folder ``out`` of the teacher's text (module docstring); returns its manifest.
     ``tokenizer``: the student's, for the shards (default: a biglm teacher's own; required for an autoregressive
     teacher, whose tokenizer lacks the mask token). ``temperature`` 0: the teacher's greedy text; above 0 sampled
-    (seeded by ``seed``)."""
+    (seeded by ``seed``); ``no_repeat_ngram`` > 0: the autoregressive teacher never repeats an n-gram that long (a
+    small model's greedy text loops, and a model adapted on loops loops more)."""
     from biglm.data.prepare import prepare
     from biglm.data.tokenizer import load_tokenizer
     from biglm.generation.batch import read_rows
@@ -186,9 +217,14 @@ def distill(teacher: str, out: str | os.PathLike[str], *, sources: Sequence[str]
                              ("skip_docs", skip_docs, 0), ("val_docs", val_docs, 0)):
         if value < low:
             raise DistillError(f"--{name} {value}: must be >= {low}")
+    if no_repeat_ngram < 0:
+        raise DistillError(f"--no_repeat_ngram {no_repeat_ngram}: must be >= 0 (0: no limit)")
+    if no_repeat_ngram and not autoregressive_teacher(teacher):
+        raise DistillError("--no_repeat_ngram applies to an autoregressive teacher (transformers' generate); a biglm "
+                           "teacher writes one token per call's own text")
     if not 0.0 <= temperature < float("inf"):
         raise DistillError(f"--temperature {temperature}: must be a number >= 0 (0: greedy)")
-    autoregressive = is_autoregressive(teacher)
+    autoregressive = autoregressive_teacher(teacher)
     if autoregressive:
         _resolve(teacher)  # a wrong path is said now, before anything is written
         if not tokenizer:
@@ -223,8 +259,8 @@ def distill(teacher: str, out: str | os.PathLike[str], *, sources: Sequence[str]
     if not prompts_path.is_file():
         _write_jsonl_atomic(prompts_path, rows)
     settings = {"teacher": str(teacher), "max_new_tokens": max_new_tokens, "batch_size": batch_size,
-                "temperature": temperature, "seed": seed}
-    record = out / "distill.json"
+                "temperature": temperature, "seed": seed, "no_repeat_ngram": no_repeat_ngram}
+    record = out / RECORD
     if record.is_file():
         old = json.loads(record.read_text())
         changed = [k for k in settings if old.get(k) != settings[k]]
@@ -240,7 +276,7 @@ def distill(teacher: str, out: str | os.PathLike[str], *, sources: Sequence[str]
         if autoregressive:
             written = answer_autoregressive(teacher, rows, answers_path, max_new_tokens=max_new_tokens,
                                             batch_size=batch_size, temperature=temperature, seed=seed,
-                                            progress=progress)
+                                            no_repeat_ngram=no_repeat_ngram, progress=progress)
         else:
             from biglm.checkpoint.loading import load_model
             from biglm.generation.batch import generate_file

@@ -153,7 +153,9 @@ _ADAPT = dict(model=ModelArgs(), tokenizer=None, requires_init=True)
 # blocks of 1 as well: one-token-per-call decoding, speculative decoding and the append scorer read answer tokens as
 # blocks of 1 (a converted AR model's own condition); measured free at the real shape (SmolLM2-135M, 120 steps: val
 # loss 5.554 with them vs 5.553 without, zero-shot within noise; docs/LOG.md 2026-11-26)
-_BLOCKS_ADAPT = dataclasses.replace(_BLOCKS, prefix_blocks=(1, *_BLOCKS.prefix_blocks))
+# draft-tree steps when the data is a teacher's greedy text (`biglm data distill`): its draft slots learn the tokens
+# one token per call writes (41% of first drafts kept after 40 CPU steps vs 23% on a corpus; docs/LOG.md 2026-11-27)
+_BLOCKS_ADAPT = dataclasses.replace(_BLOCKS, prefix_blocks=(1, *_BLOCKS.prefix_blocks), draft_tree_every=-1)
 RECIPES["blocks-adapt"] = lambda: _r(_DEFAULT, "blocks-adapt", objective=_BLOCKS_ADAPT, steps=300, lr=3e-4, min_lr=3e-5,
                                      warmup_steps=20, eval_every=100, save_every=100, **_ADAPT)
 for _size, _mb in (("136m", 16), ("360m", 8)):

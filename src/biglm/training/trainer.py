@@ -178,6 +178,15 @@ class Trainer(TrainLoop):
         else:
             self.model_config = BiGLMConfig.from_preset(cfg.preset, **model_args)
         self.objective = cfg.objective
+        if self.objective.draft_tree_every < 0:  # auto: draft-tree steps on a teacher's greedy text only
+            from .distill import auto_draft_tree_every
+
+            folders = [f for f in {**cfg.data, **(cfg.anneal_data or {})} if f != "builtin"]
+            every = auto_draft_tree_every(folders) if self.objective.prefix_blocks and not cfg.doc_mask else 0
+            self.objective = self.objective.replace(draft_tree_every=every)
+            if every:
+                self.echo(f"[biglm] draft-tree steps every {every} steps: the data is a teacher's greedy text "
+                          "(`biglm data distill`); --objective.draft_tree_every 0 turns them off")
         self.mask_id = self.tokenizer.mask_token_id
 
         torch.manual_seed(cfg.seed)
