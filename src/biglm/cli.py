@@ -13,7 +13,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "presets": ("biglm.cli_presets", "list the architecture presets with their parameter counts"),
     "tokenizer": ("biglm.data.cli_tokenizer", "train a byte-level BPE tokenizer (tokenizer train ...)"),
-    "data": ("biglm.data.cli", "tokenise text sources into binary token shards (data prepare ...)"),
+    "data": ("biglm.data.cli", "tokenise text sources into binary token shards (data prepare ...), or a teacher's text (data distill ...)"),
     "pretrain": ("biglm.training.cli", "pre-train a BiGLM from a recipe (no argument: the built-in default)"),
     "recipes": ("biglm.training.cli_recipes", "list the pre-training recipes of the paper"),
     "finetune": ("biglm.finetune.cli", "fine-tune on a task (classification by prompt, SQuAD, retrieval, CMLM seq2seq, FLAN instruction tuning)"),
