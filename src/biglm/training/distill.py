@@ -9,13 +9,15 @@ from an autoregressive checkpoint is its own best teacher: `biglm convert`'s out
 exactly as the source does, so no corpus beyond the prompts is needed (DESIGN: "the AR source writes the text the
 BiGLM adapts on").
 
-`distill` runs in three resumable stages inside ``out`` (a stage whose output is complete is not run again):
+`distill` runs in three resumable stages inside ``out`` (a stage whose output is complete is not run again; the
+teacher's settings are recorded in ``distill.json``, which `blocks-adapt` reads: `auto_draft_tree_every`):
 1. ``prompts.jsonl``: continuation prompts (the first ``prompt_words`` words of documents of text sources, taken in
    turn from each source after its first ``skip_docs``) and any rows of ``input`` (`biglm generate --input`'s
    format: a prompt or chat messages);
-2. ``answers.jsonl``: the teacher's answers, greedy one token per call (``strategy confidence, block_length 1,
-   draft_length 0``; for a converted model the source's own greedy text), by the batch generator
-   (`generation.batch.generate_file`: written row by row, resumed by row id after a kill);
+2. ``answers.jsonl``: the teacher's answers, greedy unless ``temperature``: an autoregressive teacher (the GGUF or
+   transformers model a biglm model was converted from) through transformers' ``generate``, written batch by batch
+   and resumed by row id after a kill (`answer_autoregressive`); a biglm teacher one token per call (``strategy
+   confidence, block_length 1, draft_length 0``) by the batch generator (`generation.batch.generate_file`);
 3. ``text.jsonl`` (each prompt with its answer; a chat row rendered by the teacher's chat template with the answer as
    the assistant's turn), tokenised by `data.prepare` into the token shards ``biglm pretrain --data`` reads.
 """
