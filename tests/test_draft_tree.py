@@ -127,3 +127,15 @@ def test_blocks_adapt_takes_draft_tree_steps_on_a_teachers_greedy_text_only(tmp_
                                 tokenizer=str(synthetic_data / "tok"), objective=objective)
         got[name] = Trainer(cfg, info=single, echo=lambda s: None).objective.draft_tree_every
     assert got == {"greedy": 2, "sampled": 0, "corpus": 0, "mixed": 0}
+
+
+def test_a_window_too_short_for_the_groups_is_refused_before_any_step(tmp_path, synthetic_data):
+    from conftest import tiny_train_config
+
+    from biglm.config import ConfigError
+
+    objective = get_objective("biglm-blocks", prefix_blocks=(1, 4), draft_width=20, draft_tree_every=2)
+    cfg = tiny_train_config(tmp_path / "run", data={str(synthetic_data / "shards"): 1.0},
+                            tokenizer=str(synthetic_data / "tok"), objective=objective)
+    with pytest.raises(ConfigError, match="too short for draft-tree groups"):
+        cfg.validate()

@@ -307,6 +307,10 @@ class TrainConfig(LoopConfig):
                                   f"{self.init_from} (prepare the data with it); drop --tokenizer")
         if not self.data:
             raise ConfigError("no training data: give --data DIR (a folder written by `biglm data prepare`).")
+        width = self.objective.draft_width
+        if self.objective.draft_tree_every and self.objective.prefix_blocks and self.seq_len < 2 * width + 2:
+            raise ConfigError(f"--seq_len {self.seq_len} is too short for draft-tree groups of --objective.draft_width "
+                              f"{width}: need >= {2 * width + 2} (or --objective.draft_tree_every 0)")
         if self.objective.draft_tree_every > 0 and self.doc_mask:
             raise ConfigError("--objective.draft_tree_every with --doc_mask: a draft-tree step gives its attention "
                               "outright and keeps no document bounds; drop one of them")
