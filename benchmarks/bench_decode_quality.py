@@ -61,10 +61,11 @@ def decoding(setting: str, n: int) -> dict:
 def judge_nll(judge: torch.nn.Module, pairs: list[tuple[list[int], list[int]]]) -> float:
     """Mean NLL per continuation token under the AR judge."""
     total, count = 0.0, 0
+    device = next(judge.parameters()).device
     for prompt, cont in pairs:
-        ids = torch.tensor([prompt + cont])
+        ids = torch.tensor([prompt + cont], device=device)
         logp = judge(ids).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
-        total -= float(logp.gather(1, torch.tensor(cont)[:, None]).sum())
+        total -= float(logp.gather(1, torch.tensor(cont, device=device)[:, None]).sum())
         count += len(cont)
     return total / count
 

@@ -27,7 +27,7 @@ TEXT = ["pretrain/fineweb_edu_sample/fineweb_edu_sample.jsonl", "pretrain/wikite
         "pretrain/tinystories/TinyStories-train.head.txt", "finetune/squad_v1.1/dev-v1.1.reconstructed.json"]
 EVAL = ["eval/baber__piqa", "eval/allenai__ai2_arc/ARC-Easy", "eval/allenai__sciq", "eval/allenai__winogrande",
         "finetune/wikiauto/valid.jsonl"]
-BROWN_LAST = 8  # bench_exact_drafts.py reads the last Brown texts
+BROWN_LAST = 16  # bench_exact_drafts.py reads the last Brown texts (11 a kind in gpu_decode.sh)
 
 
 def fail(msg: str) -> None:
