@@ -10,7 +10,8 @@
 #   reads text with): .whl holds its wheels, made here with `echo /.whl/ >> .git/info/exclude; python3 -m pip download
 #   --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 -d .whl
 #   datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19`. The text is tokenized there, with the tokenizer converted
-#   there: transformers 5.17 reads a GGUF's tokenizer with another pad token than 5.24, so shards made here are refused.
+#   there: transformers 5.17 (the image's) builds a GGUF's tokenizer otherwise than 5.24 (normalizer, decoder, BPE
+#   flags; the special tokens `biglm convert` now takes from the file), so shards made here are refused there.
 #   bash benchmarks/gpu_decode.sh --dry-run   # the same commands on a CPU at tiny sizes (2 steps, 8 tokens)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -209,7 +209,7 @@ def test_cli_shift_option(tmp_path, tok_with_mask, capsys):
 
 
 # --- GGUF files (llama.cpp / Ollama) and hub ids ---------------------------------------------------------------------
-def _write_gguf(path: Path, tok, *, tied: bool = False) -> "torch.nn.Module":
+def _write_gguf(path: Path, tok, *, tied: bool = False, pad_id: int | None = None) -> "torch.nn.Module":
     """Write a random tiny Llama and ``tok`` (a byte-level BPE) as a float32 GGUF file the way llama.cpp lays one out
     (its tensor names; q/k rows permuted for its RoPE, which transformers' reader undoes); return the Llama."""
     import json
@@ -223,7 +223,8 @@ def _write_gguf(path: Path, tok, *, tied: bool = False) -> "torch.nn.Module":
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).float().eval()
     write_llama_gguf(path, model, json.loads(tok.backend_tokenizer.to_str())["model"], SHAPE,
-                     specials=set(tok.all_special_tokens), bos_id=tok.bos_token_id, eos_id=tok.eos_token_id)
+                     specials=set(tok.all_special_tokens), bos_id=tok.bos_token_id, eos_id=tok.eos_token_id,
+                     pad_id=pad_id)
     return model
 
 
@@ -269,6 +270,48 @@ def test_gguf_file_converts_with_equal_logits(tmp_path, tok_without_mask, tied, 
                       "tokenizer_fingerprint": tokenizer_fingerprint(AutoTokenizer.from_pretrained(out))}
     assert str(tmp_path) not in json.dumps(source)  # a file name, never a local path
     assert "GGUF file `tiny-llama.F32.gguf`" in capsys.readouterr().out
+
+
+def test_gguf_special_tokens_are_the_files_whatever_transformers_reads(tmp_path, tok_without_mask, monkeypatch, capsys):
+    """transformers 5.17 reads SmolLM2's GGUF tokenizer with no pad and EOS = <|im_start|> (5.24: the file's own), so the
+    same file converted to two tokenizers and shards of one were refused by the other. The file's special tokens win:
+    a conversion whose tokenizer reader gets them wrong ends with the file's (said in a line), one that gets them right
+    is left as it is."""
+    import transformers
+
+    from biglm.checkpoint.convert import gguf_special_ids
+    from biglm.checkpoint.source import resolve_source
+    from biglm.cli import main
+    from biglm.data import load_tokenizer
+    from biglm.data.tokenizer import tokenizer_fingerprint
+    from biglm.model import BiGLMConfig
+
+    eos, pad = tok_without_mask.eos_token_id, tok_without_mask.eos_token_id  # SmolLM2: pad = EOS = <|im_end|>
+    f = tmp_path / "named.gguf"
+    _write_gguf(f, tok_without_mask, pad_id=pad)
+    assert gguf_special_ids(resolve_source(str(f))) == {"bos_token": tok_without_mask.bos_token_id,
+                                                        "eos_token": eos, "pad_token": pad}
+    assert main(["convert", str(f), str(tmp_path / "right")]) == 0
+    assert "the GGUF file names" not in capsys.readouterr().out  # this transformers reads them right: nothing changed
+    right = load_tokenizer(tmp_path / "right")
+    assert (right.eos_token_id, right.pad_token_id) == (eos, pad)
+
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def misread(*args, **kwargs):  # what transformers 5.17 does with SmolLM2's file
+        tok = real(*args, **kwargs)
+        tok.eos_token, tok.pad_token = tok.bos_token, None
+        return tok
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", misread)
+    assert main(["convert", str(f), str(tmp_path / "misread")]) == 0
+    said = capsys.readouterr().out
+    assert "the GGUF file names eos_token" in said and "the GGUF file names pad_token" in said
+    monkeypatch.undo()
+    fixed = load_tokenizer(tmp_path / "misread")
+    assert (fixed.eos_token_id, fixed.pad_token_id, len(fixed)) == (eos, pad, len(right))
+    assert BiGLMConfig.from_pretrained(tmp_path / "misread").pad_token_id == pad
+    assert tokenizer_fingerprint(fixed) == tokenizer_fingerprint(right)
 
 
 def test_gguf_in_a_folder_and_bad_sources_said_in_one_line(tmp_path, tok_without_mask, capsys):

@@ -70,6 +70,29 @@ def _reading(where: Any) -> Iterator[None]:
                            "file; download it again (or check its size and sha256 against the source's)") from None
 
 
+GGUF_SPECIAL = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
+                "pad_token": "padding_token_id"}
+
+
+def gguf_special_ids(where: Any) -> dict[str, int]:
+    """The special tokens a GGUF source names (``tokenizer.ggml.eos_token_id``, ...) as {"eos_token": id, ...}; {} for
+    a source that is not a GGUF file. transformers' GGUF tokenizer reads them differently across versions (5.17 leaves
+    the pad unset and takes ``<|im_start|>`` as SmolLM2's EOS; 5.24 reads the file's), so `convert_checkpoint` takes
+    the file's own: one file converts to the same special tokens whichever transformers is installed."""
+    if where.gguf_file is None:
+        return {}
+    from gguf import GGUFReader
+    from transformers.utils import cached_file
+
+    fields = GGUFReader(cached_file(where.location, where.gguf_file)).fields
+    found = {}
+    for name, key in GGUF_SPECIAL.items():
+        field = fields.get(f"tokenizer.ggml.{key}")
+        if field is not None and field.data:
+            found[name] = int(field.parts[field.data[0]][0])
+    return found
+
+
 def check_convertible(src: Any) -> None:
     """Refuse (`ConvertError`, one line naming the field) a source config BiGLM cannot represent."""
     mt = getattr(src, "model_type", None)
@@ -140,6 +163,12 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
         raise ConvertError(f"{biased[0]}: BiGLM's o_proj has no bias.")
     theta, _ = _rope(src_cfg)
     vocab = src_cfg.vocab_size
+    for name, token_id in gguf_special_ids(where).items():  # the file's own special tokens (see gguf_special_ids)
+        if 0 <= token_id < len(tok) and getattr(tok, f"{name}_id") != token_id:
+            token = tok.convert_ids_to_tokens(token_id)
+            log(f"[biglm] the GGUF file names {name} {token!r} (id {token_id}); transformers read "
+                f"{getattr(tok, name)!r}: the file's is kept")
+            setattr(tok, name, token)
     added = {name: token for name, token in (("mask_token", MASK), ("pad_token", PAD)) if getattr(tok, name) is None}
     if added:
         tok.add_special_tokens(added)

@@ -21,7 +21,7 @@ def _permute(x: Any, heads: int) -> Any:
 
 
 def write_llama_gguf(path: str | Path, model: torch.nn.Module, bpe: dict, shape: dict, *, specials: set[str] | list[str],
-                     bos_id: int, eos_id: int, chat_template: str | None = None) -> int:
+                     bos_id: int, eos_id: int, pad_id: int | None = None, chat_template: str | None = None) -> int:
     """Write ``model`` (a `LlamaForCausalLM` of ``shape``: the `LlamaConfig` fields it was built with) and its tokenizer
     (``bpe``: the "model" object of a tokenizers byte-level BPE's JSON; ``specials`` typed as control tokens) to
     ``path``; an untied output layer is written as ``output.weight``. Returns the vocabulary's size."""
@@ -44,6 +44,8 @@ def write_llama_gguf(path: str | Path, model: torch.nn.Module, bpe: dict, shape:
     w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in bpe["merges"]])
     w.add_bos_token_id(bos_id)
     w.add_eos_token_id(eos_id)
+    if pad_id is not None:
+        w.add_pad_token_id(pad_id)
     if chat_template is not None:
         w.add_chat_template(chat_template)
     tied = model.config.tie_word_embeddings
