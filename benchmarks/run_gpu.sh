@@ -4,6 +4,8 @@
 # 10-minute device call; no argument runs them all (~20 minutes on one H100):
 #   bash benchmarks/run_gpu.sh tests attention      # then: pretrain, then: generation, then: speculative
 # (speculative-carried is not in the default list: it benchmarks exports carried to the device, see docs/LOG.md)
+#   bash benchmarks/run_gpu.sh decode     # issue 38 item 7 (benchmarks/gpu_decode.sh, 461 s on one H100): the default
+#                                         # decoding against a compiled AR (carry runs/gpu-carry/a first, then b and .whl)
 #   bash benchmarks/run_gpu.sh all        # issue 40's one command (<= 8 min): MFU new/previous path at 136M and 360M,
 #                                         # SmolLM2 converted, adapted and evaluated there (benchmarks/gpu_all.sh)
 #   bash benchmarks/run_gpu.sh --dry-run  # gpu_all.sh end to end on a CPU at tiny sizes (CI: tests/test_gpu_dry_run.py)
@@ -26,6 +28,7 @@ for s in "${sections[@]}"; do
   echo "=== $s"
   case "$s" in
     all) bash benchmarks/gpu_all.sh ;;                                   # issue 40: MFU >= 50% @360M, >= 45% @136M
+    decode) bash benchmarks/gpu_decode.sh ;;                             # issue 38 item 7: vs a compiled AR
     tests) python -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_model.py ;;  # flex bf16 fwd+bwd vs SDPA
     attention) python benchmarks/bench_attention.py --presets biglm-136m,biglm-360m --seq-len 2048 --batch 8 \
                  --out attention-gpu ;;                                    # target: masked <= 0.9x dense
@@ -57,7 +60,7 @@ for s in "${sections[@]}"; do
                    --model.max_position_embeddings 640 --save_every $STEPS &&    # 640-token windows, for N = 512
                  spec_bench $G/w640 512 8 ${SPEC_OUT:-speculative-grammar-gpu}-n512 --val-shard $G/data/val-00000.bin \
                    --draft-lengths 3 --dtype ${SPEC_DTYPE:-bfloat16} ;;
-    *) echo "unknown section $s (all, tests, attention, pretrain, generation, speculative, speculative-carried)"; exit 2 ;;
+    *) echo "unknown section $s (all, decode, tests, attention, pretrain, generation, speculative, speculative-carried)"; exit 2 ;;
   esac
   r=$?; [ $r -ne 0 ] && { echo "=== $s failed: rc $r"; rc=$r; }
   if [ -n "${OUT:-}" ]; then cp benchmarks/results/*-gpu.* "$OUT"/ 2>/dev/null; fi
