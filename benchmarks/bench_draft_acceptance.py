@@ -31,12 +31,16 @@ from biglm.generation import DecodingConfig, generate_ids  # noqa: E402
 from biglm.generation.speculative import SOURCES, SpeculativeDecode  # noqa: E402
 
 
-def settings(lengths: list[int]) -> dict[str, dict]:
+def settings(lengths: list[int], ngrams: list[int]) -> dict[str, dict]:
+    """The settings of a run: one token per call, then each draft length with each source; n-gram sources once per
+    ``ngrams`` value (the longest n-gram matched, `DecodingConfig.draft_ngram`; named in the label when not 3)."""
     out = {"one token per call": dict(block_length=1)}
     for m in lengths:
         out[f"m={m} model"] = dict(draft_length=m)
-        out[f"m={m} n-gram"] = dict(draft_length=m, draft_ngram=3, draft_model=False)
-        out[f"m={m} model+n-gram"] = dict(draft_length=m, draft_ngram=3)
+        for n in ngrams:
+            tag = "" if n == 3 else f", n<={n}"
+            out[f"m={m}{tag} n-gram"] = dict(draft_length=m, draft_ngram=n, draft_model=False)
+            out[f"m={m}{tag} model+n-gram"] = dict(draft_length=m, draft_ngram=n)
     return out
 
 
@@ -47,6 +51,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=positive_int, default=4, help="prompts of each kind")
     ap.add_argument("--max-new-tokens", type=positive_int, default=96)
     ap.add_argument("--draft-lengths", type=positive_int, nargs="+", default=[2, 3, 4])
+    ap.add_argument("--ngram", type=positive_int, nargs="+", default=[3],
+                    help="longest n-gram matched by n-gram drafts (draft_ngram); one setting per value")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=positive_int, default=1)
     ap.add_argument("--sources", nargs="+", default=["model", "n-gram", "model+n-gram"],
@@ -74,8 +80,8 @@ def main() -> None:
     spy.decodes = []
     SpeculativeDecode.__init__ = spy
     rows, answers = {}, {}
-    chosen = {label: extra for label, extra in settings(args.draft_lengths).items()
-              if label == "one token per call" or label.split(" ", 1)[1] in args.sources}
+    chosen = {label: extra for label, extra in settings(args.draft_lengths, args.ngram).items()
+              if label == "one token per call" or label.rsplit(" ", 1)[1] in args.sources}
     for label, extra in chosen.items():
         cfg = DecodingConfig(**base, **extra)
         generate_ids(model, torch.tensor([texts[0][1]]), config=cfg)  # warm-up
