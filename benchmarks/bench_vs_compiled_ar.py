@@ -35,22 +35,14 @@ from bench_decode_quality import distinct2, judge_nll  # noqa: E402
 from bench_exact_drafts import prompt_rows  # noqa: E402
 from common import RESULTS, hf_directory, machine, markdown_header, positive_int, sync, write_report  # noqa: E402
 
+from biglm.generation.decoding import left_pad  # noqa: E402
+
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
 def one_per_call(n: int) -> dict:
     """`biglm generate`'s plain one-token-per-call flags (the reference every default is compared with)."""
     return {"strategy": "confidence", "block_length": 1, "steps": n, "draft_length": 0}
-
-
-def left_pad(seqs: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(s)
-        mask[i, width - len(s):] = 1
-    return ids.to(device), mask.to(device)
 
 
 def batches(items: list, size: int) -> list[list]:
@@ -86,7 +78,7 @@ class BiglmSide:
         start = time.perf_counter()
         with torch.inference_mode():
             for group in batches(prepared, size):
-                ids, mask = left_pad([r.prompt_ids for r in group], pad, self.device)
+                ids, mask = left_pad([r.prompt_ids for r in group], pad_id=pad, device=self.device)
                 out = generate_ids(self.model, ids, mask, config=group[0].config, suppress_ids=self.suppress)
                 for r, toks, calls in zip(group, out.token_lists(), out.calls_per_row()):
                     out_rows.append({"id": r.id, "prompt_ids": r.prompt_ids, "tokens": toks, "calls": calls})
@@ -114,7 +106,7 @@ class ArSide:
         start = time.perf_counter()
         with torch.inference_mode():
             for group in batches(prompts, size):
-                ids, mask = left_pad([p for _, p in group], self.pad, self.device)
+                ids, mask = left_pad([p for _, p in group], pad_id=self.pad, device=self.device)
                 res = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                                           do_sample=False, pad_token_id=self.pad, **kw)
                 for (rid, p), row in zip(group, res[:, ids.shape[1]:].tolist()):
