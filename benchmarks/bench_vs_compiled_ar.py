@@ -68,12 +68,13 @@ class BiglmSide:
         prepare_rows(self.model, self.tok, prepared, where="bench rows", config=options)
         return prepared
 
-    def run(self, prepared, size: int) -> tuple[list[dict], float]:
+    def run(self, prepared, size: int) -> tuple[list[dict], float, int]:
+        """Answers, seconds and the query positions the calls computed (`GenerationOutput.positions`)."""
         from biglm.generation.decoding import generate_ids
 
         cfg = self.model.config
         pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
-        out_rows = []
+        out_rows, positions = [], 0
         sync(self.device)
         start = time.perf_counter()
         with torch.inference_mode():
@@ -82,9 +83,9 @@ class BiglmSide:
                 out = generate_ids(self.model, ids, mask, config=group[0].config, suppress_ids=self.suppress)
                 for r, toks, calls in zip(group, out.token_lists(), out.calls_per_row()):
                     out_rows.append({"id": r.id, "prompt_ids": r.prompt_ids, "tokens": toks, "calls": calls})
-                out_rows[-1]["_positions"] = out.positions  # per batch: summed over its rows
+                positions += out.positions
         sync(self.device)
-        return out_rows, time.perf_counter() - start
+        return out_rows, time.perf_counter() - start, positions
 
 
 class ArSide:
@@ -120,15 +121,16 @@ class ArSide:
         return hasattr(self.model, "_compiled_call")
 
 
-def summarize(label: str, size: int, rows: list[dict], seconds: float, judge, reference: dict | None) -> dict:
+def summarize(label: str, size: int, rows: list[dict], seconds: float, judge, reference: dict | None,
+              positions: int | None = None) -> dict:
     tokens = sum(len(r["tokens"]) for r in rows)
     calls = sum(r["calls"] for r in rows)  # each answer's own calls (`biglm generate`'s ``calls``)
     out = {"setting": label, "batch": size, "rows": len(rows), "tokens": tokens, "seconds": round(seconds, 3),
            "tokens_per_s": round(tokens / seconds, 1), "tokens_per_call": round(tokens / max(calls, 1), 2),
            "judged_nll": round(judge_nll(judge, [(r["prompt_ids"], r["tokens"]) for r in rows]), 3),
            "distinct2": round(distinct2([r["tokens"] for r in rows]), 3)}
-    if any("_positions" in r for r in rows):
-        out["positions_per_token"] = round(sum(r.get("_positions", 0) for r in rows) / tokens, 2)
+    if positions is not None:
+        out["positions_per_token"] = round(positions / tokens, 2)
     if reference is not None:
         out["same_as_one_per_call"] = f"{sum(r['tokens'] == reference[r['id']] for r in rows)}/{len(rows)}"
     print(json.dumps(out), flush=True)
@@ -178,8 +180,8 @@ def main(argv: list[str] | None = None) -> None:
         write_report(args.out, report, to_markdown(report, batch1=len(rows1), batched=len(all_rows)))
         (RESULTS / f"{args.out}-answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
 
-    def record(label, size, rows, sec, ref):
-        report_rows.append(summarize(label, size, rows, sec, judge, ref))
+    def record(label, size, rows, sec, ref, positions=None):
+        report_rows.append(summarize(label, size, rows, sec, judge, ref, positions))
         answers.extend({"setting": label, "batch": size, "id": r["id"], "tokens": r["tokens"]} for r in rows)
         write()
 
@@ -195,8 +197,8 @@ def main(argv: list[str] | None = None) -> None:
             by_id = {r.id: r for r in prepared}
             for size, subset in ((1, [by_id[r["id"]] for r in rows1]), (args.batch, prepared)):
                 side.run(subset[:size], size)  # warm-up: a batch of this size
-                got, sec = side.run(subset, size)
-                record(f"biglm {name}, {tag}", size, got, sec, refs.get(size))
+                got, sec, positions = side.run(subset, size)
+                record(f"biglm {name}, {tag}", size, got, sec, refs.get(size), positions)
                 if name == "one token per call":
                     refs[size] = {r["id"]: r["tokens"] for r in got}
 

@@ -40,9 +40,8 @@ rm -rf "$W/data"
 python -m biglm data prepare "$C/data/pretrain/fineweb_edu_sample/fineweb_edu_sample.jsonl" \
   "$C/data/pretrain/wikitext2/wiki.test.raw" "$C/data/pretrain/tinystories/TinyStories-train.head.txt" \
   --tokenizer "$W/smol" --out "$W/data" --val_docs 50 --workers 1
-DATA=$W/data
 step "adapt: issue 38's done-when command ($STEPS steps)"
-python -m biglm pretrain blocks-adapt --init_from "$W/smol" --data "$DATA" --out_dir "$W/a40" --steps $STEPS --warmup_steps $WARM \
+python -m biglm pretrain blocks-adapt --init_from "$W/smol" --data "$W/data" --out_dir "$W/a40" --steps $STEPS --warmup_steps $WARM \
   --global_batch 16 --micro_batch 16 --compile no --attn_backend sdpa --eval_every 0 --save_every $STEPS
 step "decode: biglm vs the compiled AR"
 python benchmarks/bench_vs_compiled_ar.py --biglm "$W/a40" --source "$W/model.gguf" --data "$C/data" \
