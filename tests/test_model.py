@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForMaskedLM
 
 import biglm  # noqa: F401  (registers the Auto classes)
@@ -106,6 +107,35 @@ def test_grouped_attention_matches_eager_for_few_queries(queries, dtype, monkeyp
             A.sdpa_attention(q[:1], k[:1], v[:1], one)
         torch.testing.assert_close(kernel.float(), A.eager_attention(q[:1].float(), k[:1].float(), v[:1].float(), one),
                                    **tol)
+
+@pytest.mark.parametrize("queries", [1, 2, 6, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_folded_attention_is_the_kernels_gqa_mode(queries, dtype):
+    """`folded_attention` (what sdpa runs for one row of a few queries in bf16 on a CPU: a batch-1 decoding call)
+    folds the query heads sharing a key/value head into the query length: the kernel's GQA mode's result (bitwise in
+    bf16 at these shapes; a few key counts differ in the last bit), under a draft tree's arbitrary rule and with none,
+    and close in float32 (other tile sizes, another summation order)."""
+    from biglm.model import attention as A
+
+    g = torch.Generator().manual_seed(1)
+    H, Hkv, D, C = 9, 3, 64, 40
+    Lk = C + queries
+    q = torch.randn(1, queries, H, D, generator=g).to(dtype).transpose(1, 2)  # the model's (B, H, L, D) layout
+    k, v = (torch.randn(1, Hkv, Lk, D, generator=g).to(dtype) for _ in range(2))
+    rule = torch.rand(1, queries, Lk, generator=g) > 0.4
+    rule[..., 0] = True  # every query sees a key
+    for mask in (A.AttentionMask(batch=1, q_len=queries, k_len=Lk, q_offset=C, rule=rule),
+                 A.AttentionMask(batch=1, q_len=queries, k_len=Lk, q_offset=C)):
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense(q.device), enable_gqa=True)
+        got = A.folded_attention(q, k, v, mask)
+        if dtype == torch.bfloat16:
+            assert torch.equal(got, want)
+            assert torch.equal(A.sdpa_attention(q, k, v, mask), want)  # the backend's path for such a call
+        else:
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(got.float(), A.eager_attention(q.float(), k.float(), v.float(), mask),
+                                   **(dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else {}))
+
 
 def test_sdpa_matches_eager_backward():
     config = BiGLMConfig.from_preset("tiny", attn_backend="eager")

@@ -156,3 +156,20 @@ def test_speculative_decoding_gives_the_copying_caches_tokens(shift):
         assert len(ref_ptrs) > 2 and len(ptrs) < len(ref_ptrs)
         if alone:
             assert len(ptrs) == 1
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_an_encoded_prompts_keys_and_values_hold_no_more_than_themselves(pack):
+    """A prompt's cache (what a server keeps in its prompt cache, sized by its tensors) holds its own storage, not views
+    of the layers' q/k/v products (which would keep every query head alive: 5x the values, 4x the keys here), with the
+    fused products of an inference model too."""
+    from biglm.model.packed import pack_linears
+
+    model = _model()
+    if pack:
+        pack_linears(model)
+    ids, mask = left_pad(PROMPTS, pad_id=0)
+    with torch.inference_mode():
+        cache = model.encode_prefix(ids, mask)
+    for t in cache.keys + cache.values:
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size()

@@ -196,9 +196,9 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Att
 # The longest query a batched CPU call in bfloat16/float16 runs through `grouped_attention` instead of PyTorch's CPU
 # flash kernel, which is slow for several rows of a few queries in those dtypes (SmolLM2-135M's heads, 9 query / 3
 # key-value of 64, bf16, one thread, AMD EPYC, rows x queries x keys: 32 x 1 x 170 4.3 ms vs 0.24 ms; 8 x 1 x 120 0.67
-# vs 0.08 ms; 32 x 8 x 170 2.4 vs 0.9 ms; docs/LOG.md 2026-11-27). A single row stays with the kernel: one fused call
-# beats the grouped path's ten small ones there (35 vs 100 us per layer in a decoding loop). Batched decoding calls are
-# such calls; training and prompt encoding are not.
+# vs 0.08 ms; 32 x 8 x 170 2.4 vs 0.9 ms; docs/LOG.md 2026-11-27). A single row takes the kernel with its query heads
+# folded (`folded_attention`: 48 us a layer for 1 query over 150 keys, against 85 grouped and 143 in the kernel's GQA
+# mode). Batched decoding calls are such calls; training and prompt encoding are not.
 GROUPED_MAX_QUERIES = 8
 
 
@@ -267,14 +267,35 @@ def batch_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       for s in range(0, Lq, C)], dim=2)
 
 
+def folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    """PyTorch's fused kernel with the query heads that share a key/value head folded into the query length: q (B, H,
+    Lq, D) as (B, Hkv, H / Hkv * Lq, D) against k, v (B, Hkv, Lk, D), the mask repeated for each folded head; no GQA
+    in the kernel. The same attention as the kernel's GQA mode: in bfloat16 bitwise its result for 124 of 126 query
+    and key counts tried (1-6 queries, up to 300 keys), the other two a last bit apart (the kernel splits the keys by
+    the query count). Faster for a decoding call of one row on a CPU, where the GQA mode runs a query at a time
+    (SmolLM2-135M's heads, 9 query / 3 key-value of 64, bf16, one thread, AMD EPYC, 1 query over 150 keys: 143 ->
+    48 us a layer; 6 queries under a draft tree's rule 86 -> 77 us; docs/LOG.md 2026-11-27, late)."""
+    B, H, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    rep = H // Hkv
+    dense = mask.dense(q.device)
+    if dense is not None:
+        dense = dense.expand(B, 1, Lq, Lk).repeat(1, 1, rep, 1)  # folded row r * Lq + i is query i's
+    out = F.scaled_dot_product_attention(q.reshape(B, Hkv, rep * Lq, D), k, v, attn_mask=dense)
+    return out.view(B, H, Lq, D)
+
+
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
                    dropout_p: float = 0.0) -> torch.Tensor:
-    """PyTorch scaled_dot_product_attention with a boolean mask and native GQA; several rows of a few queries in
-    bfloat16/float16 on a CPU (batched decoding calls) go through `grouped_attention`, the same attention, faster
-    there."""
-    if (q.shape[0] > 1 and q.shape[2] <= GROUPED_MAX_QUERIES and dropout_p == 0.0 and q.device.type == "cpu"
+    """PyTorch scaled_dot_product_attention with a boolean mask and native GQA; a few queries in bfloat16/float16 on a
+    CPU (decoding calls) go through `grouped_attention` for several rows and `folded_attention` for one, the same
+    attention, faster there."""
+    if (q.shape[2] <= GROUPED_MAX_QUERIES and dropout_p == 0.0 and q.device.type == "cpu"
             and q.dtype in (torch.bfloat16, torch.float16)):
-        return grouped_attention(q, k, v, mask)
+        if q.shape[0] > 1:
+            return grouped_attention(q, k, v, mask)
+        if q.shape[1] > k.shape[1]:
+            return folded_attention(q, k, v, mask)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask.dense(q.device), dropout_p=dropout_p, is_causal=False, enable_gqa=True
     )

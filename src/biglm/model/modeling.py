@@ -345,16 +345,18 @@ class BiGLMAttention(nn.Module):
                 past: tuple[torch.Tensor, torch.Tensor] | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         B, L, _ = x.shape
-        if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split((self.n_heads * self.head_dim, self.n_kv * self.head_dim,
-                                              self.n_kv * self.head_dim), dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(B, L, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, L, D)
-        k = k.view(B, L, self.n_kv, self.head_dim).transpose(1, 2)  # (B, Hkv, L, D)
-        v = v.view(B, L, self.n_kv, self.head_dim).transpose(1, 2)
+        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.qkv_proj is not None:  # q and k side by side in one product: one rotation for both (a decoding call's
+            qkv = self.qkv_proj(x)     # per-op overhead; each element rotated as alone, bitwise)
+            qk = apply_rope(qkv[..., :(H + Hkv) * D].view(B, L, H + Hkv, D).transpose(1, 2), cos, sin)
+            q, k = qk[:, :H], qk[:, H:]  # (B, H, L, D), (B, Hkv, L, D)
+            v = qkv[..., (H + Hkv) * D:].view(B, L, Hkv, D).transpose(1, 2)
+        else:
+            q = self.q_proj(x).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
+            k = self.k_proj(x).view(B, L, Hkv, D).transpose(1, 2)  # (B, Hkv, L, D)
+            v = self.v_proj(x).view(B, L, Hkv, D).transpose(1, 2)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         new_kv = (k, v)
         if past is not None:
             k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
@@ -635,7 +637,12 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         """
         new = self.model(input_ids, attention_mask=attention_mask, prefix_cache=past, position_ids=position_ids,
                          return_cache=True)["cache"]
-        return new if past is None else past.extend(new)
+        if past is not None:
+            return past.extend(new)
+        # keys/values of their own: a layer's are views of its q/k/v product, which would keep every head alive in a
+        # cache a server holds (its prompt cache counts the keys' and values' own sizes)
+        new.keys, new.values = [k.contiguous() for k in new.keys], [v.contiguous() for v in new.values]
+        return new
 
     @staticmethod
     def _shifted(hidden: torch.Tensor, prefix_cache: PrefixCache | None, *, next_position: bool = False,
