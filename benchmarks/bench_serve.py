@@ -79,8 +79,9 @@ def wait_healthy(httpx, url: str, proc: subprocess.Popen, timeout: float = 300.0
 
 
 def level(httpx, url: str, *, clients: int, seconds: float, body: dict, first: int,
-          prompts: list[str] = PROMPTS) -> dict:
-    """``clients`` threads sending requests back to back for ``seconds``; per-request latency and tokens."""
+          prompts: list[str] = PROMPTS, keep_latencies: bool = False) -> dict:
+    """``clients`` threads sending requests back to back for ``seconds``; per-request latency and tokens
+    (``keep_latencies``: each request's too, ``latencies_s``, for merging several levels' percentiles)."""
     latencies: list[float] = []
     tokens: list[int] = []
     failures: list[str] = []
@@ -134,7 +135,8 @@ def level(httpx, url: str, *, clients: int, seconds: float, body: dict, first: i
                 latency_p50_s=_percentile(latencies, 50) if latencies else None,
                 latency_p99_s=_percentile(latencies, 99) if latencies else None,
                 latency_mean_s=statistics.mean(latencies) if latencies else None,
-                latency_p95_s=_percentile(latencies, 95) if latencies else None, next_seed=counter[0])
+                latency_p95_s=_percentile(latencies, 95) if latencies else None, next_seed=counter[0],
+                **({"latencies_s": latencies} if keep_latencies else {}))
 
 
 def random_copy(checkpoint: str, out: Path) -> str:

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import _free_port, level, wait_healthy  # noqa: E402
+from bench_serve import _free_port, _percentile, level, wait_healthy  # noqa: E402
 from common import hf_directory, machine, positive_int, write_report  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,52 +105,113 @@ class PeakRSS:
         return self.peak
 
 
-def serve_and_measure(name: str, cmd: list[str], env: dict, *, model: str, args, body: dict, stats: bool) -> dict:
+class Served:
+    """One server under test: started at once with the others and kept up, measured level by level (in rounds that
+    alternate with the other servers', `measure_all`), its answers taken for quality, then stopped."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict, *, model: str, args, body: dict, stats: bool) -> None:
+        self.name, self.cmd, self.model, self.body, self.stats = name, cmd, model, body, stats
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(Path(args.work) / f"{name}.log", "w")
+        self.proc = subprocess.Popen([*cmd, "--port", str(self.port)], env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.proc.stderr = open(self.log.name)  # wait_healthy reads it when the server dies
+        self.t0, self.started, self.peak, self.seed = time.monotonic(), None, None, 0
+        self.rounds: dict[int, list[dict]] = {}  # clients -> each round's row
+
+    def wait(self, httpx, timeout: float) -> None:
+        wait_healthy(httpx, self.url, self.proc, timeout=timeout)
+        self.started = time.monotonic() - self.t0
+        print(f"{self.name}: healthy after {self.started:.0f} s", flush=True)
+        self.peak = PeakRSS(self.proc.pid)
+
+    def measure(self, httpx, *, clients: int, seconds: float) -> dict:
+        """One timed round of ``clients`` clients (a warm-up request per client first), with the server's model calls
+        and positions per written token where it reports them."""
+        before = httpx.get(self.url + "/health").json().get("stats", {}) if self.stats else {}
+        row = level(httpx, self.url, clients=clients, seconds=seconds, body=dict(self.body, model=self.model),
+                    first=self.seed, prompts=PROMPTS, keep_latencies=True)
+        self.seed = row.pop("next_seed")
+        row["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        row["written"] = row["completion_tokens_per_s"] * row["wall_s"] + clients * self.body["max_tokens"]  # + warm-up
+        if self.stats:
+            after = httpx.get(self.url + "/health").json()["stats"]
+            row["steps"] = after["steps"] - before.get("steps", 0)
+            row["positions"] = after["positions"] - before.get("positions", 0)
+        self.rounds.setdefault(clients, []).append(row)
+        print(f"{self.name} {clients:3d} clients: {row['completion_tokens_per_s']:.1f} tok/s, "
+              f"p50 {row['latency_p50_s']:.2f} s ({row['requests']} requests, {row['failures']} failed)", flush=True)
+        return row
+
+    def levels(self) -> list[dict]:
+        """Each level's rounds merged: tokens over the summed wall time, percentiles over every request."""
+        out = []
+        for clients, rounds in self.rounds.items():
+            wall = sum(r["wall_s"] for r in rounds)
+            tokens = sum(r["completion_tokens_per_s"] * r["wall_s"] for r in rounds)
+            latencies = sorted(x for r in rounds for x in r["latencies_s"])
+            row = dict(clients=clients, rounds=len(rounds), requests=sum(r["requests"] for r in rounds),
+                       failures=sum(r["failures"] for r in rounds), wall_s=round(wall, 2),
+                       completion_tokens_per_s=tokens / wall,
+                       round_tokens_per_s=[round(r["completion_tokens_per_s"], 2) for r in rounds],
+                       latency_p50_s=_percentile(latencies, 50) if latencies else None,
+                       latency_p95_s=_percentile(latencies, 95) if latencies else None,
+                       load_avg_1m=max(r["load_avg_1m"] for r in rounds))
+            if self.stats:
+                written = sum(r["written"] for r in rounds)
+                row["calls_per_token"] = round(sum(r["steps"] for r in rounds) / written, 3)
+                row["positions_per_token"] = round(sum(r["positions"] for r in rounds) / written, 2)
+            out.append(row)
+        return out
+
+    def finish(self, httpx, max_tokens: int) -> dict:
+        """The quality of what was timed (each prompt's answer with the served defaults, and for biglm one token per
+        call's), the report's entry; the server stopped."""
+        try:
+            rss = self.peak.stop()
+            quality = {"answers": [_complete(httpx, self.url, dict(self.body, model=self.model, prompt=p))
+                                   for p in PROMPTS]}
+            if self.stats:
+                one = dict(self.body, model=self.model, strategy="confidence", block_length=1, steps=max_tokens,
+                           draft_length=0)
+                quality["one_per_call"] = [_complete(httpx, self.url, dict(one, prompt=p)) for p in PROMPTS]
+                quality["same_as_one_per_call"] = sum(a == b for a, b in zip(quality["answers"],
+                                                                             quality["one_per_call"]))
+        finally:
+            self.stop()
+        return {"server": self.name, "command": " ".join(self.cmd), "start_s": round(self.started, 1),
+                "peak_rss_mb": round(rss / 2**20), "levels": self.levels(), "quality": quality}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self.peak is not None:
+            self.peak.stop()
+        self.log.close()
+
+
+def measure_all(servers: list[Served], args) -> list[dict]:
+    """Every server started, then each level timed in ``args.rounds`` rounds of ``args.seconds / rounds`` per server,
+    the servers' order reversed each round, so a drift of the machine's speed (other tenants of its memory bus) falls
+    on every server alike; the report keeps each round's rate beside the merged one."""
     import httpx2 as httpx
 
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(Path(args.work) / f"{name}.log", "w")
-    proc = subprocess.Popen([*cmd, "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-    proc.stderr = open(log.name)  # wait_healthy reads it when the server dies
-    t0 = time.monotonic()
-    rows = []
     try:
-        wait_healthy(httpx, url, proc, timeout=args.start_timeout)
-        started = time.monotonic() - t0
-        print(f"{name}: healthy after {started:.0f} s", flush=True)
-        peak = PeakRSS(proc.pid)
-        seed = 0
+        for server in servers:
+            server.wait(httpx, args.start_timeout)
         for c in args.concurrency:
-            before = httpx.get(url + "/health").json().get("stats", {}) if stats else {}
-            row = level(httpx, url, clients=c, seconds=args.seconds, body=dict(body, model=model), first=seed,
-                        prompts=PROMPTS)
-            seed = row.pop("next_seed")
-            row["load_avg_1m"] = round(os.getloadavg()[0], 2)
-            if stats:
-                after = httpx.get(url + "/health").json()["stats"]
-                written = row["completion_tokens_per_s"] * row["wall_s"] + c * args.max_tokens  # warm-up included
-                row["calls_per_token"] = round((after["steps"] - before.get("steps", 0)) / written, 3)
-                row["positions_per_token"] = round((after["positions"] - before.get("positions", 0)) / written, 2)
-            rows.append(row)
-            print(f"{name} {c:3d} clients: {row['completion_tokens_per_s']:.1f} tok/s, p50 {row['latency_p50_s']:.2f} s, "
-                  f"p95 {row['latency_p95_s']:.2f} s ({row['requests']} requests, {row['failures']} failed)", flush=True)
-        rss = peak.stop()
-        # the quality of what was timed: each prompt's answer with the served defaults, and one token per call's
-        quality = {"answers": [_complete(httpx, url, dict(body, model=model, prompt=p)) for p in PROMPTS]}
-        if stats:
-            one = dict(body, model=model, strategy="confidence", block_length=1, steps=args.max_tokens, draft_length=0)
-            quality["one_per_call"] = [_complete(httpx, url, dict(one, prompt=p)) for p in PROMPTS]
-            quality["same_as_one_per_call"] = sum(a == b for a, b in zip(quality["answers"], quality["one_per_call"]))
+            for r in range(args.rounds):
+                for server in (servers if r % 2 == 0 else servers[::-1]):
+                    server.measure(httpx, clients=c, seconds=args.seconds / args.rounds)
+        return [server.finish(httpx, args.max_tokens) for server in servers]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-    return {"server": name, "command": " ".join(cmd), "start_s": round(started, 1), "peak_rss_mb": round(rss / 2**20),
-            "levels": rows, "quality": quality}
+        for server in servers:
+            server.stop()
 
 
 def _complete(httpx, url: str, body: dict) -> str:
@@ -202,8 +263,11 @@ def to_markdown(report: dict) -> str:
              f"- machine: {m['cpu']}, {m['cpu_cores']} cores, load average {m['load_avg_1m_at_start']} at start; "
              f"git {m['git_commit'][:12]}" + (" (dirty)" if m["git_dirty"] else ""),
              f"- {report['max_tokens']} greedy tokens per request (ignore_eos), prompts of {report['prompt_tokens']} "
-             f"tokens, {report['seconds']:g} s per level after a warm-up request per client; both servers reuse a "
-             "prompt sent again (vLLM's prefix caching and biglm's prompt cache, each on by default)", "",
+             f"tokens, {report['seconds']:g} s per level after a warm-up request per client"
+             + (f", in {report['rounds']} rounds alternating the servers (both up throughout)"
+                if report.get("rounds", 1) > 1 else "")
+             + "; both servers reuse a prompt sent again (vLLM's prefix caching and biglm's prompt cache, each on by "
+             "default)", "",
              "| server | clients | tok/s | x vLLM | p50 s | p95 s | calls/token | positions/token | peak RSS MB | load |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     ref = {r["clients"]: r["completion_tokens_per_s"] for s in report["servers"] if s["server"].startswith("vllm")
@@ -214,6 +278,17 @@ def to_markdown(report: dict) -> str:
             lines.append(f"| {s['server']} | {r['clients']} | {r['completion_tokens_per_s']:.1f} | {x:.2f} | "
                          f"{r['latency_p50_s']:.2f} | {r['latency_p95_s']:.2f} | {r.get('calls_per_token', '-')} | "
                          f"{r.get('positions_per_token', '-')} | {s['peak_rss_mb']} | {r['load_avg_1m']} |")
+    rounds = {r["clients"]: r["round_tokens_per_s"] for s in report["servers"] if s["server"].startswith("vllm")
+              for r in s["levels"] if "round_tokens_per_s" in r}
+    for s in report["servers"]:
+        for r in s["levels"]:
+            peer = rounds.get(r["clients"])
+            if s["server"].startswith("vllm") or not peer or len(peer) < 2:
+                continue
+            each = sorted(a / b for a, b in zip(r["round_tokens_per_s"], peer))
+            lines.append(f"\n{s['server']}, {r['clients']} clients, x vLLM round by round: "
+                         + ", ".join(f"{a / b:.2f}" for a, b in zip(r["round_tokens_per_s"], peer))
+                         + f" (min {each[0]:.2f}, median {each[len(each) // 2]:.2f})")
     lines += ["", "Quality of what was timed (greedy answers to the same prompts):", ""]
     for s in report["servers"]:
         q = s.get("quality", {})
@@ -252,7 +327,9 @@ def main() -> int:
     ap.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--biglm-args", default="", help="more `biglm serve` options, e.g. '--dtype bfloat16'")
     ap.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 32])
-    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--seconds", type=float, default=60.0, help="timed seconds per server and level, in all rounds")
+    ap.add_argument("--rounds", type=positive_int, default=1,
+                    help="split each level's seconds into this many rounds, alternating the servers (both kept up)")
     ap.add_argument("--max-tokens", type=positive_int, default=128)
     ap.add_argument("--steps", default="default", type=lambda t: t if t == "default" else str(positive_int(t)),
                     help="biglm's model calls per answer: a number, or 'default' (the "
@@ -272,14 +349,31 @@ def main() -> int:
 
     prompt_tokens = sorted({len(AutoTokenizer.from_pretrained(hf_dir)(p)["input_ids"]) for p in PROMPTS})
     body = {"max_tokens": args.max_tokens, "temperature": 0.0, "ignore_eos": True}
-    servers = []
+    servers: list = []
+    try:
+        add_servers(servers, args, source=source, work=work, hf_dir=hf_dir, body=body)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    servers = measure_all(servers, args)
+    peers = transformers_peers(hf_dir, args) if "transformers" not in args.skip else []
+    report = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "machine": machine(),
+              "max_tokens": args.max_tokens, "prompt_tokens": prompt_tokens, "seconds": args.seconds,
+              "rounds": args.rounds, "servers": servers, "peers": peers}
+    write_report(f"serve-vs-vllm-{args.tag}", report, to_markdown(report))
+    return 0
+
+
+def add_servers(servers: list, args, *, source: Path, work: Path, hf_dir: Path, body: dict) -> None:
+    """Start the servers under test (appended as they start, so a failure can stop those already up)."""
     if "vllm" not in args.skip:
         python = make_vllm_env(Path(args.vllm_env))
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", VLLM_TARGET_DEVICE="cpu")
         cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_dir), "--dtype",
                args.vllm_dtype, "--max-model-len", "2048", "--served-model-name", "peer"]
-        servers.append(serve_and_measure(f"vllm-cpu {args.vllm_dtype}", cmd, env, model="peer", args=args, body=body,
-                                         stats=False))
+        servers.append(Served(f"vllm-cpu {args.vllm_dtype}", cmd, env, model="peer", args=args, body=body,
+                              stats=False))
     if "biglm" not in args.skip:
         biglm_dir = Path(args.biglm) if args.biglm else work / "biglm-blocks"
         if not args.biglm and not (biglm_dir / "checkpoints").is_dir():
@@ -291,14 +385,7 @@ def main() -> int:
         cmd = [sys.executable, "-m", "biglm", "serve", str(biglm_dir), "--model_name", "biglm", "--threads",
                str(args.threads), "--decoding.max_new_tokens", str(args.max_tokens), *steps,
                "--log_level", "warning", *args.biglm_args.split()]
-        servers.append(serve_and_measure("biglm serve", cmd, dict(os.environ), model="biglm", args=args, body=body,
-                                         stats=True))
-    peers = transformers_peers(hf_dir, args) if "transformers" not in args.skip else []
-    report = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "machine": machine(),
-              "max_tokens": args.max_tokens, "prompt_tokens": prompt_tokens, "seconds": args.seconds,
-              "servers": servers, "peers": peers}
-    write_report(f"serve-vs-vllm-{args.tag}", report, to_markdown(report))
-    return 0
+        servers.append(Served("biglm serve", cmd, dict(os.environ), model="biglm", args=args, body=body, stats=True))
 
 
 if __name__ == "__main__":
