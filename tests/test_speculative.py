@@ -599,7 +599,8 @@ def test_each_draft_source_writes_one_token_per_calls_answer(ngram, model_drafts
 
     speculative.SpeculativeDecode.__init__ = spy
     try:
-        out = generate_ids(model, ids, mask, draft_length=3, draft_ngram=ngram, draft_model=model_drafts, **kw)
+        out = generate_ids(model, ids, mask, draft_length=3, draft_ngram=ngram, draft_model=model_drafts,
+                           draft_fill=False, **kw)
     finally:
         speculative.SpeculativeDecode.__init__ = real
     assert out.token_lists() == ref.token_lists()
@@ -609,6 +610,48 @@ def test_each_draft_source_writes_one_token_per_calls_answer(ngram, model_drafts
     if not model_drafts:
         assert decodes[0].kept_by_source["model"] == 0  # (rows beside an n-gram row repeat their last token)
         assert out.positions - ids.numel() <= ids.shape[0] * out.steps * (3 + 1) * (1 + (not shift)) + 3 * out.steps
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+@pytest.mark.parametrize("fill", [True, False])
+def test_a_call_with_nothing_to_check_carries_the_models_drafts_with_draft_fill(fill, shift, monkeypatch):
+    """n-gram drafts with ``draft_fill``: a call that has no n-gram draft to check (the first, and wherever the text
+    never showed its last token before) carries one block of m + 1 masks whose predictions are the next call's drafts;
+    every other call carries none. Token for token one token per call's answer either way (float32 greedy, a batch of
+    a repetitive and a plain prompt); without ``draft_fill`` no call carries a block and no model draft is kept."""
+    from biglm.generation import speculative
+
+    model = _blocks_model(shift_logits=shift)
+    g = torch.Generator().manual_seed(4)
+    base = torch.randint(5, model.config.vocab_size, (5,), generator=g).tolist()
+    ids, mask = left_pad([base * 3, [11, 12, 13, 14, 15, 16]], pad_id=model.config.pad_token_id)
+    kw = dict(max_new_tokens=20, strategy="confidence", suppress_ids=[7])
+    ref = generate_ids(model, ids, mask, block_length=1, **kw)
+    calls, decodes = [], []
+    real_segment, real_init = speculative.SpeculativeDecode.segment, speculative.SpeculativeDecode.__init__
+
+    def segment(self):
+        call = real_segment(self)
+        calls.append((self.pending.shape[1], self.block, call.ids.shape[1]))
+        return call
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        decodes.append(self)
+
+    monkeypatch.setattr(speculative.SpeculativeDecode, "segment", segment)
+    monkeypatch.setattr(speculative.SpeculativeDecode, "__init__", init)
+    W = 4
+    out = generate_ids(model, ids, mask, draft_length=W - 1, draft_ngram=2, draft_model=False, draft_fill=fill, **kw)
+    assert out.token_lists() == ref.token_lists()
+    bare = [c for c in calls if c[0] <= 1]  # calls with nothing to check
+    assert bare and calls[0][0] == 0
+    assert all(block == (W if fill and n <= 1 else 0) for n, block, _ in calls)
+    if fill:  # the block's W masks ride after the token (and its check)
+        assert all(width == n + (not shift) + W for n, _, width in bare)
+    else:
+        assert decodes[0].kept_by_source["model"] == 0
+        assert all(width == n + 1 for n, _, width in bare)  # the token, then its check (or the row after it)
 
 
 @pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])

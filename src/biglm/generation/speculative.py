@@ -208,8 +208,9 @@ class SpeculativeDecode:
         self.active = torch.ones(B, dtype=torch.bool, device=device)
         self.rows = torch.arange(B, device=device)
         self.slots = torch.arange(W, device=device)[None, :]
-        # the mask blocks that draft the next call (``draft_model``; the engine may drop them for a step)
-        self.model_drafts = cfg.draft_model
+        # the mask blocks that draft the next call (``draft_model``; the engine may drop them for a step), and the one
+        # a call without drafts to check carries (``draft_fill``; dropped alike)
+        self.model_drafts, self.fill_drafts = cfg.draft_model, cfg.draft_fill
         self.layouts = {(n, b): tuple(f(pending=n, width=W, checks=self.checks, block=b, device=device)
                                       for f in (tree_rule, tree_offsets, tree_predictions))
                         for n, b in ((0, W), (1, W), (W, W), (0, 0), (1, 0), (W, 0))}  # by pending tokens and mask block
@@ -241,7 +242,9 @@ class SpeculativeDecode:
     def segment(self) -> TreeCall:
         """The pending call over this decode's rows and its own cache (`TreeCall`)."""
         n = self.pending.shape[1]
-        self.block = self.W if self.model_drafts else 0  # this call's mask block (`answered` reads it)
+        # this call's mask block (`answered` reads it): every call's with the model's drafts, else a call's that has
+        # nothing to check (its last token alone, or the first call)
+        self.block = self.W if self.model_drafts or (self.fill_drafts and n <= 1) else 0
         tail, offsets, read = self.layouts[n, self.block]
         B, L, C = self.B, tail.shape[0], self.cache.length
         rule = torch.cat((tail.new_ones(L, C), tail), 1).expand(B, L, C + L)
@@ -388,7 +391,9 @@ def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
         invariant = getattr(getattr(model, "model", None), "batch_invariant", False)  # drafts change a sample's draw
         while not decode.finished:
             if not invariant:
-                decode.model_drafts = decode.config.draft_model and int(decode.active.sum()) <= DRAFT_ROWS
+                few = int(decode.active.sum()) <= DRAFT_ROWS
+                decode.model_drafts = decode.config.draft_model and few
+                decode.fill_drafts = decode.config.draft_fill and few
             decode.step()
     return decode.output()
 
