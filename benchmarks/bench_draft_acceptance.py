@@ -39,7 +39,8 @@ def settings(lengths: list[int], ngrams: list[int]) -> dict[str, dict]:
         out[f"m={m} model"] = dict(draft_length=m)
         for n in ngrams:
             tag = "" if n == 3 else f", n<={n}"
-            out[f"m={m}{tag} n-gram"] = dict(draft_length=m, draft_ngram=n, draft_model=False)
+            out[f"m={m}{tag} n-gram"] = dict(draft_length=m, draft_ngram=n, draft_model=False, draft_fill=False)
+            out[f"m={m}{tag} n-gram+fill"] = dict(draft_length=m, draft_ngram=n, draft_model=False)  # the default
             out[f"m={m}{tag} model+n-gram"] = dict(draft_length=m, draft_ngram=n)
     return out
 
@@ -55,8 +56,10 @@ def main() -> None:
                     help="longest n-gram matched by n-gram drafts (draft_ngram); one setting per value")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=positive_int, default=1)
-    ap.add_argument("--sources", nargs="+", default=["model", "n-gram", "model+n-gram"],
-                    choices=["model", "n-gram", "model+n-gram"], help="draft sources to run at each draft length")
+    ap.add_argument("--sources", nargs="+", default=["model", "n-gram", "n-gram+fill", "model+n-gram"],
+                    choices=["model", "n-gram", "n-gram+fill", "model+n-gram"],
+                    help="draft sources to run at each draft length (n-gram+fill: n-gram drafts, the model's where none "
+                         "matched, `draft_fill`: the default)")
     ap.add_argument("--batch-invariant", action="store_true", help="load_model(batch_invariant=True) (bf16)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

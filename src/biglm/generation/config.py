@@ -249,7 +249,8 @@ def saved_where(model_config: Any) -> str:
 # adapted 40 CPU steps, bf16, batch 1, 12 held-out prompts of three kinds (docs/LOG.md 2026-11-27,
 # benchmarks/results/draft-acceptance-smol-a40-bf16.md): n-gram drafts, m = 4: 1.96 tokens per call at 2.4 positions
 # per token, 1.97x one token per call; the model's own mask drafts keep 22-27% of first drafts and ~5% of second ones
-# (1.24 tokens per call) at 16-24 positions per token, so with them a call costs more than they save (1.24x at m = 4)
+# (1.24 tokens per call) at 16-24 positions per token, so with them a call costs more than they save (1.24x at m = 4);
+# one block of them in a call that has no n-gram draft to check (``draft_fill``) costs nothing there and pays
 DEFAULT_DRAFT_LENGTH = 4
 DEFAULT_DRAFT_NGRAM = 3
 SHAPE_FIELDS = ("strategy", "steps", "block_length", "block_suffix", "block_cache", "length_beam", "use_cache",

@@ -22,6 +22,11 @@ the one-token-per-call distribution), group a's masks give the next drafts, and 
 call writes a + 1 tokens and runs W + W(W + 1) positions (logits at W² of them). The first call has no pending tokens
 and one group.
 
+With n-gram drafts instead (``draft_model`` false, ``draft_ngram``) a call carries no mask block: the pending tokens
+and their checks alone; one that has nothing to check (no n-gram matched) carries the one group's block of W masks
+with ``draft_fill``, so the next call has the model's drafts to check (a call of 1 + W positions costs no more than
+one of 2 on a CPU at batch 1; docs/LOG.md 2026-11-27, late).
+
 A shift model (``shift_logits``: converted from an autoregressive checkpoint, a row's logits are the previous row's
 hidden state) needs no check rows: one-token-per-call decoding predicts the slot after a token from that token's own
 row (it sees the cache and itself), so pending token j's row is check j, read one row later; group j is the block of
