@@ -304,6 +304,12 @@ def to_markdown(report: dict) -> str:
             same = sum(a == b for a, b in zip(vllm, q["one_per_call"]))
             lines.append(f"- {s['server']}: one token per call = vLLM's (the source's greedy) answer on {same}/{len(vllm)}")
     for s in report["servers"]:
+        judged = s.get("quality", {}).get("judged", {})
+        if judged:
+            lines.append(f"- {s['server']}: judged by the source (float32), NLL per token / distinct-2: "
+                         + "; ".join(f"{'its answers' if k == 'answers' else 'its one token per call'} "
+                                     f"{v['nll']:.3f} / {v['distinct2']:.2f}" for k, v in judged.items()))
+    for s in report["servers"]:
         for i, a in enumerate(s.get("quality", {}).get("answers", [])[:1]):
             lines.append(f"- {s['server']}, prompt {i + 1}: {a[:240]!r}")
     if report.get("peers"):
@@ -311,6 +317,27 @@ def to_markdown(report: dict) -> str:
         lines += [f"- {p['peer']}: " + (f"{p['tokens_per_s']} tok/s" if "tokens_per_s" in p else f"failed: {p['error']}")
                   for p in report["peers"]]
     return "\n".join(lines) + "\n"
+
+
+def judge(report: dict, hf_dir: Path) -> None:
+    """Each server's answers judged by the source in float32 (mean NLL per token of the answer's text after its
+    prompt, `bench_decode_quality.judge_nll`) and their distinct-2, biglm's one token per call's beside them: the
+    quality of what was timed, written into ``report`` (``quality.judged``)."""
+    import torch
+    from bench_decode_quality import distinct2, judge_nll
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    for server in report["servers"]:
+        q = server.get("quality", {})
+        q["judged"] = {}
+        for key in ("answers", "one_per_call"):
+            if key in q:
+                conts = [tok(a, add_special_tokens=False)["input_ids"] for a in q[key]]
+                q["judged"][key] = {"nll": round(judge_nll(model, list(zip(prompts, conts))), 3),
+                                    "distinct2": round(distinct2(conts), 3)}
 
 
 def rewrite_markdown(json_path: Path) -> None:
@@ -339,12 +366,22 @@ def main() -> int:
     ap.add_argument("--skip", nargs="*", default=[], choices=["vllm", "biglm", "transformers"])
     ap.add_argument("--work", default=str(REPO / "runs" / "bench-serve-vs-vllm"))
     ap.add_argument("--tag", default="cpu")
+    ap.add_argument("--judge", metavar="RESULT_JSON", default=None,
+                    help="only judge an earlier run's answers by --source and write its .json and .md again")
     args = ap.parse_args()
     source, work = Path(args.source), Path(args.work)
     if not source.exists():
         sys.exit(f"bench_serve_vs_vllm: --source {source} does not exist")
+    if args.judge and not Path(args.judge).is_file():
+        sys.exit(f"bench_serve_vs_vllm: --judge {args.judge} is not a file (a results .json of this benchmark)")
     work.mkdir(parents=True, exist_ok=True)
     hf_dir = hf_directory(source, work)
+    if args.judge:
+        report = json.loads(Path(args.judge).read_text())
+        judge(report, hf_dir)
+        Path(args.judge).write_text(json.dumps(report, indent=2) + "\n")
+        rewrite_markdown(Path(args.judge))
+        return 0
     from transformers import AutoTokenizer
 
     prompt_tokens = sorted({len(AutoTokenizer.from_pretrained(hf_dir)(p)["input_ids"]) for p in PROMPTS})
@@ -361,6 +398,7 @@ def main() -> int:
     report = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "machine": machine(),
               "max_tokens": args.max_tokens, "prompt_tokens": prompt_tokens, "seconds": args.seconds,
               "rounds": args.rounds, "servers": servers, "peers": peers}
+    judge(report, hf_dir)
     write_report(f"serve-vs-vllm-{args.tag}", report, to_markdown(report))
     return 0
 
