@@ -270,7 +270,7 @@ def batch_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
     """PyTorch's fused kernel with the query heads that share a key/value head folded into the query length: q (B, H,
     Lq, D) as (B, Hkv, H / Hkv * Lq, D) against k, v (B, Hkv, Lk, D), the mask repeated for each folded head; no GQA
-    in the kernel. The same attention as the kernel's GQA mode: in bfloat16 bitwise its result for 124 of 126 query
+    in the kernel. The same attention as the kernel's GQA mode: in bfloat16 bitwise its result for 126 of 128 query
     and key counts tried (1-6 queries, up to 300 keys), the other two a last bit apart (the kernel splits the keys by
     the query count). Faster for a decoding call of one row on a CPU, where the GQA mode runs a query at a time
     (SmolLM2-135M's heads, 9 query / 3 key-value of 64, bf16, one thread, AMD EPYC, 1 query over 150 keys: 143 ->
