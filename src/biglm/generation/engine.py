@@ -685,8 +685,7 @@ class DecodeEngine:
         model_drafts = self._drafts_pay()
         for r in reqs:  # the mask blocks that draft the next call cost (m + 1)^2 positions: only while drafts pay
             if isinstance(r.decode, SpeculativeDecode):
-                r.decode.model_drafts = r.decode.config.draft_model and model_drafts
-                r.decode.fill_drafts = r.decode.config.draft_fill and model_drafts
+                r.decode.drafts_pay(model_drafts)
         calls = [self._as_tree(r) if isinstance(r.decode, Decode) else (r.decode.segment(), None) for r in reqs]
         cache = PrefixCache.merge([r.decode.cache for r in reqs])
         C, width = cache.length, max(call.ids.shape[1] for call, _ in calls)

@@ -244,6 +244,12 @@ class SpeculativeDecode:
         self.pending = prompt_ids[:, :0]  # (B, 0) on the first call, then (B, W): the last token and m drafts
         self.finished = False
 
+    def drafts_pay(self, pays: bool) -> None:
+        """Whether the next call may carry the model's mask drafts (``draft_model``'s blocks, ``draft_fill``'s one):
+        while a call is bound by reading the weights (few rows), where they cost next to nothing (`DRAFT_ROWS`)."""
+        self.model_drafts = self.config.draft_model and pays
+        self.fill_drafts = self.config.draft_fill and pays
+
     def segment(self) -> TreeCall:
         """The pending call over this decode's rows and its own cache (`TreeCall`)."""
         n = self.pending.shape[1]
@@ -396,9 +402,7 @@ def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
         invariant = getattr(getattr(model, "model", None), "batch_invariant", False)  # drafts change a sample's draw
         while not decode.finished:
             if not invariant:
-                few = int(decode.active.sum()) <= DRAFT_ROWS
-                decode.model_drafts = decode.config.draft_model and few
-                decode.fill_drafts = decode.config.draft_fill and few
+                decode.drafts_pay(int(decode.active.sum()) <= DRAFT_ROWS)
             decode.step()
     return decode.output()
 
