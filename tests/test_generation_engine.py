@@ -4,6 +4,7 @@ token for token the answer `generate_ids` gives it alone with the same config an
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -136,6 +137,48 @@ def test_the_pooled_cache_serves_calls_in_place_as_requests_come_and_go(model, m
     for i, (p, c) in enumerate(zip(prompts, configs)):
         if i != 1:
             assert events[f"r{i}"][-1].token_ids == _alone(model, p, c), i
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_runs_draw_in_one_pass_what_each_draws_alone(model, dtype):
+    """`decoding.draw_greedy`: greedy runs that ban the same tokens draw from their logits stacked in one pass, and
+    each run then holds bitwise what its own `advance` over its part writes (tokens and confidences; float32 and
+    bfloat16 logits); runs that ban other tokens, or sample, are refused."""
+    from biglm.generation.decoding import DecodeRun, draw_greedy
+
+    def run(**kw):
+        cfg = DecodingConfig(max_new_tokens=6, strategy="confidence", steps=3, **kw)
+        return DecodeRun(model.config, config=cfg, cand_len=torch.tensor([[6]]), generator=torch.Generator())
+
+    batched, alone = [run() for _ in range(3)], [run() for _ in range(3)]
+    counts = [int(r.pending.where.sum()) for r in batched]
+    logits = torch.randn(sum(counts), model.config.vocab_size, generator=torch.Generator().manual_seed(0)).to(dtype)
+    for r, part in zip(alone, logits.clone().split(counts)):
+        r.advance(part)
+    for r, d in zip(batched, draw_greedy(batched, logits, counts)):
+        r.advance(drawn=d)
+    for a, b in zip(alone, batched):
+        assert torch.equal(a.progress.answer, b.progress.answer) and torch.equal(a.progress.probs, b.progress.probs)
+    for other in (run(ignore_eos=True), run(temperature=1.0, seed=1)):
+        with pytest.raises(ValueError, match="greedy runs that ban the same tokens"):
+            draw_greedy([batched[0], other], logits, [1, 1])
+
+
+def test_the_engine_draws_its_greedy_requests_together(model, monkeypatch):
+    """A step draws its greedy requests' tokens in one pass per set of banned tokens (EOS banned or not), a sampled
+    request alone; every answer is its solo decode (float32)."""
+    import biglm.generation.engine as E
+
+    passes: list[int] = []
+    draw = E.draw_greedy
+    monkeypatch.setattr(E, "draw_greedy", lambda runs, *a: passes.append(len(runs)) or draw(runs, *a))
+    configs = [CONFIGS[1], CONFIGS[1], dataclasses.replace(CONFIGS[1], ignore_eos=True),
+               dataclasses.replace(CONFIGS[3], ignore_eos=True), CONFIGS[6], CONFIGS[9]]
+    arrivals = {0: [(f"r{i}", PROMPTS[i % 3], c) for i, c in enumerate(configs)]}
+    events = _drain(DecodeEngine(model), arrivals)
+    for i, c in enumerate(configs):
+        assert events[f"r{i}"][-1].token_ids == _alone(model, PROMPTS[i % 3], c), i
+    assert passes and max(passes) == 3 and min(passes) >= 2  # (each pass two or three requests, none of them sampled)
 
 
 def test_stable_ids_grow_and_end_as_the_answer(model):

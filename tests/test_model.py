@@ -108,6 +108,32 @@ def test_grouped_attention_matches_eager_for_few_queries(queries, dtype, monkeyp
         torch.testing.assert_close(kernel.float(), A.eager_attention(q[:1].float(), k[:1].float(), v[:1].float(), one),
                                    **tol)
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_grouped_attention_adds_the_mask_once_bitwise_as_it_filled_it(dtype):
+    """`grouped_attention` adds the mask as float32 scores built once a call (`AttentionMask.bias`: 0 or -inf) in the
+    same op as the scaling: bitwise the scaled scores with the masked ones filled with -inf (what each layer did), under
+    the engine's pooled layout (right-padded caches, a held block as prefix) and a padded query, rows of 1-8 queries."""
+    from biglm.model import attention as A
+
+    def filled(q, k, v, dense):  # the per-layer masked_fill it replaces
+        B, H, Lq, D = q.shape
+        Hkv, Lk = k.shape[1], k.shape[2]
+        s = (q.reshape(B, Hkv, H // Hkv * Lq, D) @ k.transpose(-1, -2)).float() * D ** -0.5
+        s = s.view(B, Hkv, H // Hkv, Lq, Lk).masked_fill(~dense[:, :, None], float("-inf")).view(B, Hkv, -1, Lk)
+        return (s.softmax(-1).to(v.dtype) @ v).view(B, H, Lq, D)
+
+    g = torch.Generator().manual_seed(3)
+    for B, Lq, C in [(32, 1, 150), (4, 3, 40), (5, 8, 77)]:
+        q = torch.randn(B, 9, Lq, 64, generator=g).to(dtype)
+        k, v = (torch.randn(B, 3, C + Lq, 64, generator=g).to(dtype) for _ in range(2))
+        valid = torch.rand(B, C + Lq, generator=g) > 0.2
+        valid[:, 0] = True
+        mask = A.AttentionMask(batch=B, q_len=Lq, k_len=C + Lq, q_offset=C, prefix_len=torch.full((B,), C + 1),
+                               key_valid=valid)
+        assert torch.equal(A.grouped_attention(q, k, v, mask), filled(q, k, v, mask.dense(q.device)))
+        assert mask.bias(q.device) is mask.bias(q.device)  # built once, read by every layer
+
+
 @pytest.mark.parametrize("queries", [1, 2, 6, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_folded_attention_is_the_kernels_gqa_mode(queries, dtype):

@@ -53,8 +53,8 @@ from ..model.attention import BACKENDS, AttentionMask
 from ..model.modeling import BiGLMForMaskedLM, PrefixCache, _CacheBuffers, _LazyView, apply_rope
 from .api import cut_at_stop
 from .config import DecodingConfig
-from .decoding import (Decode, DecodeRun, StepCallback, _unchecked, check_prompt_ids, check_speculative,
-                       require_mask_token, uses_length_head)
+from .decoding import (Decode, DecodeRun, Query, StepCallback, _unchecked, check_prompt_ids, check_speculative,
+                       draw_greedy, require_mask_token, uses_length_head)
 from .speculative import DRAFT_ROWS, SpeculativeDecode, TreeCall
 
 DEFAULT_PREFILL_CHUNK = 64
@@ -212,13 +212,16 @@ class _CachePool:
         return self.buffers.capacity
 
     def _allocate(self, rows: int, columns: int) -> _CacheBuffers:
+        # every layer's keys are one tensor (layers, rows, Hkv, columns, D), and so are the values: the buffers' layers
+        # are its views, so a step's new keys (`absorb`) and a leaving request's rows (`remove`) move in one copy for
+        # every layer, not one per layer
         cfg = self.config
-        kv = lambda: torch.zeros(rows, cfg.num_key_value_heads, columns, cfg.head_dim, device=self.device,  # noqa: E731
-                                 dtype=self.dtype)
+        kv = lambda: torch.zeros(cfg.num_hidden_layers, rows, cfg.num_key_value_heads, columns, cfg.head_dim,  # noqa: E731
+                                 device=self.device, dtype=self.dtype)
+        self.stacked = (kv(), kv())
         hidden = (torch.zeros(rows, columns, cfg.hidden_size, device=self.device, dtype=self.dtype)
                   if getattr(cfg, "shift_logits", False) else None)
-        return _CacheBuffers(keys=[kv() for _ in range(cfg.num_hidden_layers)],
-                             values=[kv() for _ in range(cfg.num_hidden_layers)],
+        return _CacheBuffers(keys=list(self.stacked[0].unbind(0)), values=list(self.stacked[1].unbind(0)),
                              key_valid=torch.zeros(rows, columns, dtype=torch.bool, device=self.device),
                              hidden=hidden, filled=0, extra=0)
 
@@ -228,10 +231,11 @@ class _CachePool:
         r, c = self.rows, self.columns
         if rows <= r and columns <= c:
             return
-        old, new = self.buffers, self._allocate(min(self.max_rows, max(rows, 2 * r)) if rows > r else r,
-                                                max(columns, 2 * c) if columns > c else c)
-        for dst, src in zip(new.keys + new.values, old.keys + old.values):
-            dst[:r, :, :c] = src
+        old, held = self.buffers, self.stacked
+        new = self._allocate(min(self.max_rows, max(rows, 2 * r)) if rows > r else r,
+                             max(columns, 2 * c) if columns > c else c)
+        for dst, src in zip(self.stacked, held):
+            dst[:, :r, :, :c] = src
         new.key_valid[:r, :c] = old.key_valid
         if new.hidden is not None:
             new.hidden[:r, :c] = old.hidden
@@ -277,25 +281,27 @@ class _CachePool:
             return
         i = self.members.index(req)
         del self.members[i]
-        b = self.buffers
-        for m in self.members[i:]:
-            cache = m.decode.denoise.cache
-            old, m.slot = m.slot, m.slot - req.rows
-            src, dst, n = slice(old, old + m.rows), slice(m.slot, m.slot + m.rows), cache.length
-            for buf in b.keys + b.values:
-                buf[dst, :, :n] = buf[src, :, :n].clone()
+        b, gap = self.buffers, req.rows
+        end = sum(m.rows for m in self.members)  # the rows in use once the ones after ``req`` moved up
+        if end > req.slot:  # every row after it moves up by its row count, in one copy per tensor
+            src, dst = slice(req.slot + gap, end + gap), slice(req.slot, end)
+            width = max(m.decode.denoise.cache.length for m in self.members[i:])
+            for buf in self.stacked:
+                buf[:, dst, :, :width] = buf[:, src, :, :width].clone()
             b.key_valid[dst] = b.key_valid[src].clone()
             if b.hidden is not None:
-                b.hidden[dst, :n] = b.hidden[src, :n].clone()
-            self._view(m, cache)
-        b.key_valid[sum(m.rows for m in self.members):] = False  # the rows freed at the end
+                b.hidden[dst, :width] = b.hidden[src, :width].clone()
+            for m in self.members[i:]:
+                m.slot -= gap
+                self._view(m, m.decode.denoise.cache)
+        b.key_valid[end:] = False  # the rows freed at the end
 
     def absorb(self, reqs: list[_Request], call: PrefixCache, leads: list[int]) -> list[PrefixCache | None] | None:
         """The held blocks a pooled call computed (each request's first ``leads`` positions of ``call``, its rows in
-        pool order) written into the pool's rows in one indexed copy per layer, instead of a copy per request and
-        layer (32 requests at one position per token: 1,920 small copies a call). Returns each request's longer cache
-        view (None where it held no block), or None where a block does not fit the buffers (the caller extends each
-        cache as usual)."""
+        pool order) written into the pool's rows in one indexed copy for the keys of every layer and one for the
+        values, instead of a copy per request and layer (32 requests at one position per token: 1,920 small copies a
+        call). Returns each request's longer cache view (None where it held no block), or None where a block does not
+        fit the buffers (the caller extends each cache as usual)."""
         rows, cols, src = [], [], []
         for req, lead in zip(reqs, leads):
             n = req.decode.denoise.cache.length
@@ -310,18 +316,20 @@ class _CachePool:
             return [None] * len(reqs)
         r, c, j = (torch.tensor(x, device=self.device) for x in (rows, cols, src))
         b = self.buffers
-        for buf, new in zip(b.keys + b.values, call.keys + call.values):
-            buf[r, :, c] = new[r, :, j]
-        b.key_valid[r, c] = call.key_valid[r, j]
+        for buf, new in zip(self.stacked, (call.keys, call.values)):
+            buf[:, r, :, c] = torch.stack(new)[:, r, :, j]
+        valid = call.key_valid[r, j]
+        b.key_valid[r, c] = valid
         if b.hidden is not None:
             b.hidden[r, c] = call.hidden[r, j]
-        out = []
+        valid, at, out = valid.tolist(), 0, []  # (read once: a host read per request cost as much as the copies)
         for req, lead in zip(reqs, leads):
             old = req.decode.denoise.cache
             if not lead:
                 out.append(None)
                 continue
-            real = bool(b.key_valid[req.slot:req.slot + req.rows, old.length:old.length + lead].all())
+            n = lead * req.rows  # its entries, in the order ``rows`` was built
+            real, at = all(valid[at:at + n]), at + n
             req.pooled.filled = old.length + lead
             out.append(_LazyView(req.pooled, old.length + lead, padded=old.padded or not real))
         return out
@@ -721,14 +729,18 @@ class DecodeEngine:
         merged call's cache, their leading positions (hidden states too, for a shift model); or, ``absorbed``, its
         cache with them already written (`_CachePool.absorb`)."""
         row, failed = 0, []
-        for i, (req, part, n, lead) in enumerate(zip(reqs, out.logits.split(counts), rows, leads)):
+        parts = out.logits.split(counts)
+        drawn = self._draws(reqs, out.logits, parts)
+        for i, (req, part, n, lead) in enumerate(zip(reqs, parts, rows, leads)):
             block = None
             if lead and absorbed is None:
                 block = out["cache"].rows(row, n).first(lead)  # the request's rows of the call's keys/values
             row += n
             try:  # its sampling and its cache's growth are this request's own: a failure ends it alone
                 if absorbed is not None and absorbed[i] is not None:
-                    req.decode.answered(part, absorbed=absorbed[i])
+                    req.decode.answered(part, absorbed=absorbed[i], drawn=drawn[i])
+                elif drawn[i] is not None:
+                    req.decode.answered(None, block, drawn=drawn[i])
                 else:
                     req.decode.answered(part, block)
                 if isinstance(req.decode, Decode):
@@ -737,6 +749,31 @@ class DecodeEngine:
                 failed.append((req, e))
         for req, e in failed:  # (after the loop: leaving moves the pool's rows)
             self._fail(req, e)
+
+    @staticmethod
+    def _draws(reqs: list[_Request], logits: torch.Tensor, parts: tuple[torch.Tensor, ...],
+               ) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        """The greedy iterative-unmasking requests' tokens drawn from the call's logits in one pass per set of banned
+        tokens (`decoding.draw_greedy`; the same draws as each request's own), None for the others (they draw as they
+        answer). A request whose draw fails ends alone, as when it draws itself: its group draws one by one."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, req in enumerate(reqs):
+            run = req.run
+            if run is not None and isinstance(run.pending, Query) and run.greedy_key is not None:
+                groups.setdefault(run.greedy_key, []).append(i)
+        drawn: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(reqs)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            whole = len(members) == len(reqs)  # (every request's rows, in order: the logits as they are)
+            rows = logits if whole else torch.cat([parts[i] for i in members])
+            try:
+                draws = draw_greedy([reqs[i].run for i in members], rows, [parts[i].shape[0] for i in members])
+            except Exception:  # noqa: BLE001 - (each then draws itself, and a failure ends that request alone)
+                continue
+            for i, d in zip(members, draws):
+                drawn[i] = d
+        return drawn
 
     def _as_tree(self, req: _Request) -> tuple[TreeCall, torch.Tensor]:
         """An iterative-unmasking request's query said as an attention rule (what its prefix split means): every

@@ -161,6 +161,8 @@ class Confidence(DecodingStrategy):
     name = "confidence"
 
     def commit(self, state: StepState, predicted: torch.Tensor, conf: torch.Tensor) -> torch.Tensor | None:
+        if state.steps - state.step == 1:
+            return None  # the block's last step keeps every prediction (one token per call: every step)
         return -(-predicted.sum(1) // (state.steps - state.step))
 
 
@@ -171,7 +173,8 @@ class Threshold(Confidence):
     name = "threshold"
 
     def commit(self, state: StepState, predicted: torch.Tensor, conf: torch.Tensor) -> torch.Tensor | None:
-        return torch.maximum(super().commit(state, predicted, conf), (conf > self.config.threshold).sum(1))
+        k = super().commit(state, predicted, conf)
+        return None if k is None else torch.maximum(k, (conf > self.config.threshold).sum(1))
 
 
 # the built-in strategies, registered in one place (this order is the order help and errors list them in)

@@ -75,6 +75,7 @@ class AttentionMask:
     _dense: torch.Tensor | None = field(default=None, repr=False)
     _compact: tuple | None = field(default=None, repr=False)
     _block: object | None = field(default=None, repr=False)
+    _bias: dict = field(default_factory=dict, repr=False)
 
     @property
     def is_full(self) -> bool:
@@ -124,6 +125,17 @@ class AttentionMask:
             k = torch.arange(self.k_len, device=device)[None, None, :]
             self._dense = self.allowed(b, q, k)[:, None]
         return self._dense
+
+    def bias(self, device: torch.device, *, compacted: bool = False) -> torch.Tensor | None:
+        """The mask as float32 scores to add, 0 where a query attends and -inf where not, (B, 1, 1, Lq, Lk) (the
+        extra axis: the query heads that share a key/value head, `grouped_attention`'s layout); built once per call,
+        where each layer negated and applied the boolean mask (32 rows x 150 keys: 51 of a layer's 370 us). Of the
+        `compacted` layout's columns with ``compacted``; None when attention is full."""
+        if compacted not in self._bias:
+            dense = self.compacted(device)[2] if compacted else self.dense(device)
+            self._bias[compacted] = (None if dense is None else torch.zeros(dense.shape, dtype=torch.float32, device=device)
+                                     .masked_fill_(~dense, float("-inf"))[:, :, None])
+        return self._bias[compacted]
 
     def compacted(self, device: torch.device) -> tuple[str, torch.Tensor | None, torch.Tensor]:
         """How `batch_invariant_attention` lays out a call's keys: each row's real keys first, in their order, the rest
@@ -206,17 +218,21 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: A
     """Attention for a few queries with grouped key/value heads as two matrix products: the query heads that share a
     key/value head become rows of one product with it (no key/value copy per head), scores and softmax in float32.
     q (B, H, Lq, D); k, v (B, Hkv, Lk, D)."""
-    return _grouped(q, k, v, mask.dense(q.device))
+    return _grouped(q, k, v, mask.bias(q.device))
 
 
-def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
-    # `grouped_attention` given the dense mask (B, 1, Lq, Lk) or None
+def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    # `grouped_attention` given the mask as scores to add (`AttentionMask.bias`, (B, 1, 1, Lq, Lk)) or None. The
+    # scaling and the mask are one op: bf16(q.k) * scale + (0 or -inf) in float32 is bitwise the scaled scores
+    # with the masked ones set to -inf (x + 0.0 == x; the -0.0 it may turn +0.0 weighs the same in the softmax)
     B, H, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     rep = H // Hkv
-    scores = (q.reshape(B, Hkv, rep * Lq, D) @ k.transpose(-1, -2)).float() * D ** -0.5  # (B, Hkv, rep*Lq, Lk)
-    if dense is not None:
-        scores = scores.view(B, Hkv, rep, Lq, Lk).masked_fill(~dense[:, :, None], float("-inf")).view(B, Hkv, rep * Lq, Lk)
+    scores = q.reshape(B, Hkv, rep * Lq, D) @ k.transpose(-1, -2)  # (B, Hkv, rep*Lq, Lk), q and k's dtype
+    if bias is None:
+        scores = scores.float() * D ** -0.5
+    else:
+        scores = torch.add(bias, scores.view(B, Hkv, rep, Lq, Lk), alpha=D ** -0.5).view(B, Hkv, rep * Lq, Lk)
     return (scores.softmax(dim=-1).to(v.dtype) @ v).view(B, H, Lq, D)
 
 
@@ -261,9 +277,10 @@ def batch_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             k.scatter_(2, idx, call[0])
             v.scatter_(2, idx, call[1])
     Lq, C = q.shape[2], INVARIANT_QUERY_CHUNK
+    bias = mask.bias(q.device, compacted=True)
     if Lq <= C:
-        return _grouped(q, k, v, dense)
-    return torch.cat([_grouped(q[:, :, s:s + C], k, v, None if dense is None else dense[:, :, s:s + C])
+        return _grouped(q, k, v, bias)
+    return torch.cat([_grouped(q[:, :, s:s + C], k, v, None if bias is None else bias[:, :, :, s:s + C])
                       for s in range(0, Lq, C)], dim=2)
 
 
