@@ -105,7 +105,7 @@ def test_mixed_batch_equals_each_request_alone(model):
 
 def test_the_pooled_cache_serves_calls_in_place_as_requests_come_and_go(model, monkeypatch):
     """The engine keeps its requests' caches as rows of one pool (`_CachePool`): a step's call reads them in place, no
-    request's cache is copied into a merged one (`PrefixCache.merge` is never called), and rows move up when a request
+    request's cache is copied into a merged one (`PrefixCache.merge` is never called), and rows move when a request
     before them finishes or is cancelled (length beams of 2 and 3 rows among them); every answer is its solo decode."""
     from biglm.model.modeling import PrefixCache
 

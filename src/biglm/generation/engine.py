@@ -194,7 +194,7 @@ class _CachePool:
     its rows (`extend` writes its committed blocks there in place). Rows are right-padded (``key_valid`` False past
     each row's length), so the batch's cache is a view of the first rows with each row's length in ``ends``. A request
     whose cache was replaced (the exact cache re-encodes its prefix per block) is copied in again by `sync`; one that
-    leaves frees its rows, and the rows after it move up, so the running rows stay contiguous from row 0. The buffers
+    leaves frees its rows, which the last member moves into (`remove`), so the running rows stay contiguous from row 0. The buffers
     grow (rows and columns) as requests need them, never past ``max_rows``."""
 
     def __init__(self, model: torch.nn.Module, *, max_rows: int) -> None:
@@ -276,23 +276,34 @@ class _CachePool:
 
     @torch.inference_mode()  # (`DecodeEngine.cancel` runs outside a step)
     def remove(self, req: _Request) -> None:
-        """A request left: the members after it move up into its rows."""
+        """A request left: the last member moves into its rows when it holds as many (one copy of its rows), else the
+        members after it move up (one copy of all their rows). Moving every member after it each time cost a wave of
+        32 finishing requests ~0.7 s in one step (SmolLM2-135M, 150 keys: 30 layers' keys and values of ~30 rows per
+        request that left; docs/LOG.md 2026-11-27, night)."""
         if req not in self.members:
             return
         i = self.members.index(req)
         del self.members[i]
-        b, gap = self.buffers, req.rows
-        end = sum(m.rows for m in self.members)  # the rows in use once the ones after ``req`` moved up
-        if end > req.slot:  # every row after it moves up by its row count, in one copy per tensor
-            src, dst = slice(req.slot + gap, end + gap), slice(req.slot, end)
-            width = max(m.decode.denoise.cache.length for m in self.members[i:])
+        b = self.buffers
+        end = sum(m.rows for m in self.members)  # the rows in use once the hole is filled
+        last = self.members[-1] if i < len(self.members) else None
+        if last is not None and last.rows == req.rows:  # the last member takes the hole (and its place in the order)
+            moved, src, dst = [last], slice(last.slot, last.slot + last.rows), slice(req.slot, req.slot + req.rows)
+            self.members.insert(i, self.members.pop())
+        elif last is not None:  # every row after it moves up by its row count
+            moved, src, dst = self.members[i:], slice(req.slot + req.rows, end + req.rows), slice(req.slot, end)
+        else:
+            moved = []
+        if moved:
+            width = max(m.decode.denoise.cache.length for m in moved)
             for buf in self.stacked:
                 buf[:, dst, :, :width] = buf[:, src, :, :width].clone()
             b.key_valid[dst] = b.key_valid[src].clone()
             if b.hidden is not None:
                 b.hidden[dst, :width] = b.hidden[src, :width].clone()
-            for m in self.members[i:]:
-                m.slot -= gap
+            slot = dst.start
+            for m in moved:
+                m.slot, slot = slot, slot + m.rows
                 self._view(m, m.decode.denoise.cache)
         b.key_valid[end:] = False  # the rows freed at the end
 
@@ -334,9 +345,16 @@ class _CachePool:
             out.append(_LazyView(req.pooled, old.length + lead, padded=old.padded or not real))
         return out
 
+    def order(self, reqs: list[_Request]) -> list[_Request]:
+        """``reqs`` in row order when they are exactly the members (a call over them reads the pool in place), else as
+        given."""
+        if len(reqs) == len(self.members) and set(map(id, reqs)) == set(map(id, self.members)):
+            return list(self.members)
+        return reqs
+
     def batch(self, reqs: list[_Request]) -> PrefixCache | None:
-        """The cache of one call over ``reqs`` (the members, in row order): a view of the first rows, each row's length
-        in ``ends``; None when they are not exactly the members (the caller merges instead)."""
+        """The cache of one call over ``reqs`` (the members, in row order: `order`): a view of the first rows, each
+        row's length in ``ends``; None when they are not exactly the members (the caller merges instead)."""
         if reqs != self.members:
             return None
         total = sum(r.rows for r in reqs)
@@ -349,11 +367,14 @@ class _CachePool:
                            hidden=None if b.hidden is None else b.hidden[:total, :width], ends=ends)
 
 
-LOAD_MEMORY_S = 1.0
-"""Seconds a step of more than ``draft_rows`` rows counts as load when a greedy request starts (`DecodeEngine._start`): requests
-of the same length started together end together, and the next wave arrives one by one into an empty engine, where
-its first few would start speculative and then need a call of their own beside every pooled call of the wave (32
-clients, SmolLM2-135M: 1.14 positions per token and 0.63x vLLM instead of 1.0 and 0.72x; docs/LOG.md)."""
+LOAD_MEMORY_S = 3.0
+"""Seconds a step of more than ``draft_rows`` rows counts as load, from its end, when a greedy request starts
+(`DecodeEngine._start`): requests of the same length started together end together, and the next wave arrives one by
+one into an empty engine, where its first few would start speculative and then need a call of their own beside every
+pooled call of the wave (32 clients, SmolLM2-135M: 1.14 positions per token and 0.63x vLLM instead of 1.0 and 0.72x).
+One second from the step's start was too short: served, the next wave's first requests came 1.09-1.29 s after it
+(the finished answers' replies and the clients' next requests in between), and 40% of the steps then carried a
+speculative request's extra call (docs/LOG.md 2026-11-27, night)."""
 
 DEFAULT_PROMPT_CACHE_MB = 256
 """`DecodeEngine`'s default ``prompt_cache_mb``: memory for the encoded caches of recent prompts (`_PromptCache`).
@@ -507,6 +528,8 @@ class DecodeEngine:
                 return events
             reqs = list(self._running.values())
             self._decode(reqs)  # (each request's committed blocks join its cache before its next query)
+            if sum(r.rows for r in reqs) > self.draft_rows:
+                self._loaded_at = time.monotonic()  # (the load is remembered from its end: `LOAD_MEMORY_S`)
             for req in reqs:
                 if req.id in self._running:
                     try:
@@ -656,6 +679,7 @@ class DecodeEngine:
             else:
                 self._decode_rules(reqs)
             return
+        reqs = self._pool.order(reqs)  # (a leaving request's rows go to the last member: row order is not arrival's)
         segments = [r.decode.segment() for r in reqs]
         held = [0 if r.decode.held is None else r.decode.held.end - r.decode.held.start for r in reqs]
         width = max(seg_ids.shape[1] for seg_ids, _, _ in segments)
