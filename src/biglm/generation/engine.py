@@ -194,8 +194,8 @@ class _CachePool:
     its rows (`extend` writes its committed blocks there in place). Rows are right-padded (``key_valid`` False past
     each row's length), so the batch's cache is a view of the first rows with each row's length in ``ends``. A request
     whose cache was replaced (the exact cache re-encodes its prefix per block) is copied in again by `sync`; one that
-    leaves frees its rows, which the last member moves into (`remove`), so the running rows stay contiguous from row 0. The buffers
-    grow (rows and columns) as requests need them, never past ``max_rows``."""
+    leaves frees its rows, which the last member moves into (`remove`), so the running rows stay contiguous from row 0.
+    The buffers grow (rows and columns) as requests need them, never past ``max_rows``."""
 
     def __init__(self, model: torch.nn.Module, *, max_rows: int) -> None:
         p = next(model.parameters())
@@ -216,8 +216,8 @@ class _CachePool:
         # are its views, so a step's new keys (`absorb`) and a leaving request's rows (`remove`) move in one copy for
         # every layer, not one per layer
         cfg = self.config
-        kv = lambda: torch.zeros(cfg.num_hidden_layers, rows, cfg.num_key_value_heads, columns, cfg.head_dim,  # noqa: E731
-                                 device=self.device, dtype=self.dtype)
+        kv = lambda: torch.zeros(cfg.num_hidden_layers, rows, cfg.num_key_value_heads,  # noqa: E731
+                                 columns, cfg.head_dim, device=self.device, dtype=self.dtype)
         self.stacked = (kv(), kv())
         hidden = (torch.zeros(rows, columns, cfg.hidden_size, device=self.device, dtype=self.dtype)
                   if getattr(cfg, "shift_logits", False) else None)

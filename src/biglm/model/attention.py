@@ -133,8 +133,11 @@ class AttentionMask:
         `compacted` layout's columns with ``compacted``; None when attention is full."""
         if compacted not in self._bias:
             dense = self.compacted(device)[2] if compacted else self.dense(device)
-            self._bias[compacted] = (None if dense is None else torch.zeros(dense.shape, dtype=torch.float32, device=device)
-                                     .masked_fill_(~dense, float("-inf"))[:, :, None])
+            bias = None
+            if dense is not None:
+                bias = torch.zeros(dense.shape, dtype=torch.float32, device=device).masked_fill_(~dense, float("-inf"))
+                bias = bias[:, :, None]
+            self._bias[compacted] = bias
         return self._bias[compacted]
 
     def compacted(self, device: torch.device) -> tuple[str, torch.Tensor | None, torch.Tensor]:
