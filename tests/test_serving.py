@@ -247,6 +247,28 @@ def test_disconnect_mid_stream_cancels(served, monkeypatch):
     _healthy(served.url)
 
 
+def test_a_client_gone_before_its_whole_answer_cancels_it(served, monkeypatch):
+    """A non-streamed request whose client leaves (a client-side timeout closes the connection) is cancelled in the
+    engine at once: the server hears the disconnect on the connection (`app._gone`), it does not poll for it."""
+    scheduler = served.app.state.scheduler
+    engine = scheduler.engine
+    cancelled, gone = scheduler.stats["cancelled"], scheduler.stats["disconnects"]
+    step = engine.step
+
+    def slow_step():  # 250 steps of at least 20 ms: the answer cannot finish before the client leaves
+        time.sleep(0.02)
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    body = {"model": NAME, "prompt": "The", "max_tokens": 250, "steps": 250}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(served.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
+    assert _wait(lambda: scheduler.in_flight == 0 and engine.num_running == 0 and engine.num_waiting == 0,
+                 timeout=3.0), (scheduler.in_flight, engine.num_running)
+    assert scheduler.stats["cancelled"] == cancelled + 1 and scheduler.stats["disconnects"] == gone + 1
+    _healthy(served.url)
+
+
 def test_text_stream_holds_back_what_may_change(served):
     tok = served.tok
     ids = tok("Hello world, dear friend", add_special_tokens=False)["input_ids"]
