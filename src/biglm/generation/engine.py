@@ -201,7 +201,7 @@ class _CachePool:
         p = next(model.parameters())
         self.config, self.max_rows, self.device, self.dtype = model.config, max_rows, p.device, p.dtype
         self.members: list[_Request] = []  # in row order
-        self.buffers = self._allocate(0, 0)
+        self.buffers, self.stacked = self._allocate(0, 0)
 
     @property
     def rows(self) -> int:
@@ -211,19 +211,19 @@ class _CachePool:
     def columns(self) -> int:
         return self.buffers.capacity
 
-    def _allocate(self, rows: int, columns: int) -> _CacheBuffers:
-        # every layer's keys are one tensor (layers, rows, Hkv, columns, D), and so are the values: the buffers' layers
-        # are its views, so a step's new keys (`absorb`) and a leaving request's rows (`remove`) move in one copy for
-        # every layer, not one per layer
+    def _allocate(self, rows: int, columns: int) -> tuple[_CacheBuffers, tuple[torch.Tensor, torch.Tensor]]:
+        """New buffers and the two tensors behind their layers: every layer's keys are one tensor (layers, rows, Hkv,
+        columns, D), and so are the values, the buffers' layers its views, so a step's new keys (`absorb`) and a
+        leaving request's rows (`remove`) move in one copy for every layer, not one per layer."""
         cfg = self.config
         kv = lambda: torch.zeros(cfg.num_hidden_layers, rows, cfg.num_key_value_heads,  # noqa: E731
                                  columns, cfg.head_dim, device=self.device, dtype=self.dtype)
-        self.stacked = (kv(), kv())
+        keys, values = kv(), kv()
         hidden = (torch.zeros(rows, columns, cfg.hidden_size, device=self.device, dtype=self.dtype)
                   if getattr(cfg, "shift_logits", False) else None)
-        return _CacheBuffers(keys=list(self.stacked[0].unbind(0)), values=list(self.stacked[1].unbind(0)),
+        return _CacheBuffers(keys=list(keys.unbind(0)), values=list(values.unbind(0)),
                              key_valid=torch.zeros(rows, columns, dtype=torch.bool, device=self.device),
-                             hidden=hidden, filled=0, extra=0)
+                             hidden=hidden, filled=0, extra=0), (keys, values)
 
     def _ensure(self, rows: int, columns: int, *, keep: _Request | None = None) -> None:
         """Room for ``rows`` rows of ``columns`` keys: grown (doubling, what is held copied over) when short; every
@@ -231,15 +231,15 @@ class _CachePool:
         r, c = self.rows, self.columns
         if rows <= r and columns <= c:
             return
-        old, held = self.buffers, self.stacked
-        new = self._allocate(min(self.max_rows, max(rows, 2 * r)) if rows > r else r,
-                             max(columns, 2 * c) if columns > c else c)
-        for dst, src in zip(self.stacked, held):
+        old = self.buffers
+        new, stacked = self._allocate(min(self.max_rows, max(rows, 2 * r)) if rows > r else r,
+                                      max(columns, 2 * c) if columns > c else c)
+        for dst, src in zip(stacked, self.stacked):
             dst[:, :r, :, :c] = src
         new.key_valid[:r, :c] = old.key_valid
         if new.hidden is not None:
             new.hidden[:r, :c] = old.hidden
-        self.buffers = new
+        self.buffers, self.stacked = new, stacked
         for req in self.members:  # their views read the old buffers: point them at the new ones
             if req is not keep:
                 self._view(req, req.decode.denoise.cache)
