@@ -307,7 +307,8 @@ def test_engine_drafts_only_while_a_step_holds_few_rows(shift):
     plain = [generate_ids(model, torch.tensor([p]), config=one) for p in prompts]
     assert [p.token_lists() for p in plain] == [a.token_lists() for a in alone]
     engine = DecodeEngine(model, max_batch_rows=8, draft_rows=1)
-    engine.submit("0", prompts[0], cfg)
+    # (someone draws "0"'s canvas: it stays speculative under load, `test_a_speculative_request_goes_on_...`)
+    engine.submit("0", prompts[0], cfg, on_step=lambda info: None)
     engine.step()  # "0" runs alone: it drafts with the model
     for i in (1, 2, 3):
         engine.submit(str(i), prompts[i], cfg)
@@ -327,6 +328,64 @@ def test_engine_drafts_only_while_a_step_holds_few_rows(shift):
         e = done[str(i)]
         assert e.steps == len(e.token_ids) + (e.finish_reason == "stop"), i  # a call per token (and the EOS)
 
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+def test_a_speculative_request_goes_on_one_token_per_call_in_the_pool_once_the_engine_is_loaded(shift, monkeypatch):
+    """A burst into an idle engine: its first greedy request starts speculative (alone, drafts pay); once the others
+    load the engine it goes on as one token per call in the pool, so every later step is one pooled call instead of
+    its own call beside it. Its answer is still what generate_ids writes alone (float32), its streamed tokens never
+    change, and its calls count the drafting ones, the one that moved its last token into its cache and one a token
+    after. A sampled request stays speculative (its draws would follow the load)."""
+    from biglm.generation import DecodeEngine
+    from biglm.generation.speculative import SpeculativeDecode
+
+    model = _blocks_model(shift_logits=shift)
+    cfg = DecodingConfig(max_new_tokens=16, strategy="confidence", draft_length=2, draft_ngram=2)
+    sampled = cfg.override(temperature=0.8, seed=3)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11], [12, 13, 12, 13], [20, 21]]
+    alone = [generate_ids(model, torch.tensor([p]), config=cfg) for p in prompts]
+    seen: list[int] = []
+    real = model.forward
+
+    def spy(input_ids, *args, **kwargs):
+        if kwargs.get("prefix_cache") is not None:  # a decoding call (a prompt's or token's encode runs the inner model)
+            seen.append(input_ids.numel())
+        return real(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy)
+    engine = DecodeEngine(model, max_batch_rows=8, draft_rows=2)
+    engine.submit("0", prompts[0], cfg)
+    events: dict[str, list] = {}
+    for _ in range(2):  # "0" alone: speculative, drafting
+        for e in engine.step():
+            events.setdefault(e.request_id, []).append(e)
+    first = engine._running["0"]
+    assert isinstance(first.decode, SpeculativeDecode)
+    drafting_calls, written = first.decode.calls, len(first.decode.written_ids())
+    assert 1 <= written < 16  # it wrote and is not done
+    for i in (1, 2, 3):
+        engine.submit(str(i), prompts[i], cfg)
+    engine.submit("s", prompts[1], sampled)
+    calls_per_step = []
+    while engine.num_running or engine.num_waiting:
+        before = len(seen)
+        for e in engine.step():
+            events.setdefault(e.request_id, []).append(e)
+        if "0" in engine._running:
+            assert isinstance(engine._running["0"].decode, Decode)  # moved at the first loaded step
+        calls_per_step.append((len(seen) - before, "s" in engine._running))
+    for i, want in enumerate(alone):
+        assert events[str(i)][-1].finished and events[str(i)][-1].token_ids == want.token_lists()[0], i
+    got = events["0"]
+    for a, b in zip(got, got[1:]):
+        assert b.stable_ids[:len(a.stable_ids)] == a.stable_ids  # what was streamed stays
+    tokens = got[-1].token_ids
+    assert got[-1].steps == drafting_calls + 1 + len(tokens) - written + (got[-1].finish_reason == "stop")
+    assert len(got[-1].logprobs) == len(tokens)
+    assert events["s"][-1].finished and len(events["s"][-1].token_ids) > 0
+    # the sampled request kept a call of its own beside the pooled one; once it is gone, one call a step
+    assert {n for n, s_running in calls_per_step if not s_running} == {1}
 
 
 def test_a_request_arriving_just_after_a_loaded_step_starts_as_one_token_per_call(monkeypatch):

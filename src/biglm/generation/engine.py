@@ -31,6 +31,8 @@ Notable features
   every row as a rule (an ordinary row: its queries see its cache; its held block's queries see the block, the
   others the whole segment), each request's cache columns at the right end of the merged cache's; a step without
   one keeps the prefix-split call. Its stable part is every token written so far (written tokens are final).
+  Drafts pay only while a call is bound by reading the weights (few rows): a greedy request that started speculative
+  in an idle engine goes on as one token per call in the pool once others load it (`DecodeEngine._one_per_call`).
 - Events: after each step, one `EngineEvent` per request that took part, with the answer so far
   and ``stable_ids``, its leading part that can no longer change (what a server may stream).
 - Early finish: with one candidate, once the stable part holds an EOS (or, given a tokenizer, a
@@ -109,6 +111,11 @@ class _Request:
         self.prefill: _Prefill | None = None  # its prompt's pass while spread over steps (a long prompt)
         self.slot = 0  # its first row in the engine's `_CachePool` (an iterative-unmasking request)
         self.pooled: _CacheBuffers | None = None  # the pool's rows its cache views
+        # what it wrote speculatively before the engine's load moved it to one token per call (`_one_per_call`): its
+        # decode then goes on after them (they are its prompt's tail), and its answer, logprobs and calls start with them
+        self.done_ids: list[int] = []
+        self.done_logprobs: list[float] = []
+        self.done_calls = 0
 
     @property
     def run(self) -> DecodeRun | None:
@@ -117,7 +124,7 @@ class _Request:
 
     @property
     def calls(self) -> int:
-        return 0 if self.decode is None else self.decode.calls
+        return self.done_calls + (0 if self.decode is None else self.decode.calls)
 
     @property
     def rows(self) -> int:
@@ -374,7 +381,8 @@ one into an empty engine, where its first few would start speculative and then n
 pooled call of the wave (32 clients, SmolLM2-135M: 1.14 positions per token and 0.63x vLLM instead of 1.0 and 0.72x).
 One second from the step's start was too short: served, the next wave's first requests came 1.09-1.29 s after it
 (the finished answers' replies and the clients' next requests in between), and 40% of the steps then carried a
-speculative request's extra call (docs/LOG.md 2026-11-27, night)."""
+speculative request's extra call (docs/LOG.md 2026-11-27, night). (A request that did start speculative now moves
+into the pool at the first loaded step, `DecodeEngine._one_per_call`, for one position more.)"""
 
 DEFAULT_PROMPT_CACHE_MB = 256
 """`DecodeEngine`'s default ``prompt_cache_mb``: memory for the encoded caches of recent prompts (`_PromptCache`).
@@ -526,6 +534,10 @@ class DecodeEngine:
             if not self._running:
                 events, self._cancelled = events + self._cancelled, []  # (requests that failed to start)
                 return events
+            if not self._drafts_pay():
+                for req in list(self._running.values()):
+                    if self._moves_to_the_pool(req):
+                        self._one_per_call(req)
             reqs = list(self._running.values())
             self._decode(reqs)  # (each request's committed blocks join its cache before its next query)
             if sum(r.rows for r in reqs) > self.draft_rows:
@@ -663,6 +675,42 @@ class DecodeEngine:
         # always cached: the merged call runs every request's suffix over its own cache, a view of the pool's rows
         req.decode = Decode(self.model, prompt, config=req.config, suppress_ids=self.suppress, use_cache=True,
                             reserve_cache=False, prompt_cache=cache, on_step=req.on_step)
+        self._pool.add(req)
+
+    @staticmethod
+    def _moves_to_the_pool(req: _Request) -> bool:
+        """Whether a running request decodes speculatively though the engine is loaded and may go on as one token per
+        call in the pool instead (`_one_per_call`): exact drafts (greedy, ``draft_accept`` 1: the same answer either
+        way; a sampled answer's draws would follow the load), and no one drawing its canvas (`on_step`)."""
+        return (isinstance(req.decode, SpeculativeDecode) and not req.decode.finished and req.on_step is None
+                and req.config.temperature == 0.0 and req.config.draft_accept == 1.0)
+
+    def _one_per_call(self, req: _Request) -> None:
+        """A greedy speculative request, started while the engine was idle, goes on as one token per call in the pool
+        once the engine is loaded. Kept apart, it cost a call of its own beside every pooled call for the rest of its
+        answer (a burst of requests into an idle engine: the first one started speculative). Its tokens so far stay
+        (they were final); the last one, written by the last call, joins its cache as one token per call's held
+        token would (seeing the cache and itself: one extra position), and a `Decode` of the rest starts from that
+        cache with the prompt and those tokens as its prompt: the state one token per call would be in, so the same
+        answer (float32; in bfloat16 a call's shape may move a near-tie, as drafting itself does)."""
+        spec = req.decode
+        written = spec.written_ids()
+        try:
+            cache = spec.cache
+            if written:
+                cache = self.model.encode_prefix(spec.answer[:, len(written) - 1:len(written)], past=cache)
+                self.positions += 1
+            config = dataclasses.replace(req.config, draft_length=0, draft_ngram=0, draft_model=True, block_length=1,
+                                         block_cache="append", max_new_tokens=spec.N - len(written))
+            decode = Decode(self.model, torch.tensor([req.prompt_ids + written], dtype=torch.long, device=self.device),
+                            config=config, suppress_ids=self.suppress, use_cache=True, reserve_cache=False,
+                            prompt_cache=cache)
+        except Exception as e:  # noqa: BLE001 - (this request's own pass): it fails alone
+            self._fail(req, e)
+            return
+        req.done_ids, req.done_logprobs = written, spec.logprobs[0, :len(written)].tolist()
+        req.done_calls = spec.calls + bool(written)
+        req.config, req.decode = config, decode
         self._pool.add(req)
 
     def _decode(self, reqs: list[_Request]) -> None:
@@ -825,17 +873,18 @@ class DecodeEngine:
     def _report(self, req: _Request) -> EngineEvent:
         if req.decode.finished:  # the answer generate_ids would return
             out = req.decode.output()
-            tokens = out.token_lists()[0]
+            own = out.token_lists()[0]
+            tokens = req.done_ids + own
             reason = "stop" if int(out.lengths[0]) < int(out.candidate_length[0]) else "length"
             if reason == "length" and self._stop_hit(req, tokens):
                 reason = "stop"
-            return self._finish(req, tokens, reason, out.token_logprobs[0, :len(tokens)].tolist())
+            return self._finish(req, tokens, reason, req.done_logprobs + out.token_logprobs[0, :len(own)].tolist())
         shown, stable = self._progress(req)
         if stable is not None:
             if len(stable) > len(req.stable):
                 probs = (req.decode.logprobs[0] if isinstance(req.decode, SpeculativeDecode) else
                          req.run.progress.probs[0].clamp_min(torch.finfo(torch.float32).tiny).log())
-                req.logprobs = probs[:len(stable)].tolist()
+                req.logprobs = req.done_logprobs + probs[:len(stable) - len(req.done_ids)].tolist()
             eos = self.model.config.eos_token_id
             if eos is not None and eos in stable:
                 return self._finish(req, stable[: stable.index(eos)], "stop", req.logprobs[:stable.index(eos)])
@@ -854,11 +903,11 @@ class DecodeEngine:
         run = req.run
         row = self._best_row(run)
         answer, final, valid = run.progress.answer[row], run.progress.final[row], run.valid[row]
-        shown = answer[valid & (answer != run.mask_id)].tolist()
+        shown = req.done_ids + answer[valid & (answer != run.mask_id)].tolist()
         if run.valid.shape[0] > 1:
             return shown, None
         lead = int((final & valid).long().cumprod(0).sum())  # leading run of final slots
-        return shown, answer[:lead].tolist()
+        return shown, req.done_ids + answer[:lead].tolist()
 
     def _stop_hit(self, req: _Request, ids: list[int]) -> bool:
         if not req.config.stop or not ids:
