@@ -14,7 +14,8 @@ per token, tokens/s in-process (batch 1, one prompt at a time, after a warm-up),
 A setting is ``blocks:B,T=N/2`` (confidence decoding, blocks of B with the model's cache, N/2 calls), ``blocks:1``
 (one token per call), ``spec:M`` (speculative decoding, M drafts; greedy, it writes what ``blocks:1`` writes),
 ``threshold:TAU[,B]`` (Fast-dLLM's threshold rule in blocks of B, default 8: every prediction above TAU is kept, at
-least one per call).
+least one per call), ``default`` (the model's own default decoding: for a drafting model n-gram drafts checked
+exactly, `generation.config.drafting_default`).
 EOS is suppressed so every answer is N tokens long. Results: benchmarks/results/<out>.json and .md with machine and
 commit.
 """
@@ -31,6 +32,7 @@ import torch
 
 from biglm.checkpoint import load_model
 from biglm.generation import generate_ids
+from biglm.generation.config import drafting_default
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_speculative import held_out_prompts  # noqa: E402
@@ -40,6 +42,8 @@ from common import hf_directory, machine, markdown_header, positive_int, write_r
 def decoding(setting: str, n: int) -> dict:
     """`DecodingConfig` fields of a setting name (module docstring)."""
     kind, _, rest = setting.partition(":")
+    if setting == "default":
+        return {}  # the model's own default decoding (`drafting_default`), read once the model is loaded
     if kind == "spec":
         return dict(strategy="confidence", draft_length=int(rest))
     if kind == "threshold":
@@ -53,8 +57,8 @@ def decoding(setting: str, n: int) -> dict:
         elif t:
             raise SystemExit(f"bench_decode_quality.py: setting {setting!r}: only T=N/2 may follow the block length")
         return fields
-    raise SystemExit(f"bench_decode_quality.py: unknown setting {setting!r} (blocks:B[,T=N/2], spec:M or "
-                     "threshold:TAU[,B])")
+    raise SystemExit(f"bench_decode_quality.py: unknown setting {setting!r} (blocks:B[,T=N/2], spec:M, "
+                     "threshold:TAU[,B] or default)")
 
 
 @torch.inference_mode()
@@ -109,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
         model, tok = load_model(args.biglm, dtype=getattr(torch, dtype))
         eos = [model.config.eos_token_id] if model.config.eos_token_id is not None else []
         for setting, fields in configs.items():
-            kw = dict(max_new_tokens=n, suppress_ids=eos, **fields)
+            kw = dict(max_new_tokens=n, suppress_ids=eos, **(drafting_default(model.config) if setting == "default"
+                                                             else fields))
             generate_ids(model, torch.tensor([prompts[0]]), None, **kw)  # warm-up
             conts, seconds, calls, positions = [], 0.0, 0, 0
             for pr in prompts:
