@@ -11,6 +11,7 @@ checks that both arms write the same answers (docs/LOG.md 2026-11-28):
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -20,8 +21,8 @@ from biglm.checkpoint.loading import load_model
 from biglm.generation import DecodeEngine
 from biglm.generation.config import model_decoding
 
-PROMPT = ("Once upon a time, in a small village by the sea, there lived an old fisherman who loved to tell stories "
-          "to the children of the village every evening")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_step import PROMPT  # noqa: E402  (the steady-state experiment's prompt)
 
 
 def wave(model, tok, *, clients: int, lead: int, tokens: int, move: bool) -> tuple[float, int, dict[str, list[int]]]:

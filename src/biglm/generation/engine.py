@@ -384,6 +384,13 @@ One second from the step's start was too short: served, the next wave's first re
 speculative request's extra call (docs/LOG.md 2026-11-27, night). (A request that did start speculative now moves
 into the pool at the first loaded step, `DecodeEngine._one_per_call`, for one position more.)"""
 
+def _one_token_per_call(config: DecodingConfig, **changes) -> DecodingConfig:
+    """A speculative request's settings as the plain decoding its drafts are checked under (confidence at blocks of 1,
+    the append cache): the same answer greedy, the same distribution sampled. ``changes``: other fields to set."""
+    return dataclasses.replace(config, draft_length=0, draft_ngram=0, draft_model=True, block_length=1,
+                               block_cache="append", **changes)
+
+
 DEFAULT_PROMPT_CACHE_MB = 256
 """`DecodeEngine`'s default ``prompt_cache_mb``: memory for the encoded caches of recent prompts (`_PromptCache`).
 SmolLM2-135M holds 23 KB a prompt token (bfloat16), so 256 MB keeps ~11,000 prompt tokens."""
@@ -666,8 +673,7 @@ class DecodeEngine:
             # exact drafts only save calls; under this load (now, or a moment ago: `LOAD_MEMORY_S`) a call is bound by
             # arithmetic, where every checked position costs: one token per call writes the same answer (greedy;
             # sampled: the same distribution)
-            req.config = dataclasses.replace(req.config, draft_length=0, draft_ngram=0, draft_model=True,
-                                             block_length=1, block_cache="append")  # (what the drafts are checked under)
+            req.config = _one_token_per_call(req.config)
         if req.config.draft_length:
             req.decode = SpeculativeDecode(self.model, prompt, config=req.config, suppress_ids=self.suppress,
                                            prompt_cache=cache, on_step=req.on_step)
@@ -700,8 +706,7 @@ class DecodeEngine:
             if written:
                 cache = self.model.encode_prefix(spec.answer[:, len(written) - 1:len(written)], past=cache)
                 self.positions += 1
-            config = dataclasses.replace(req.config, draft_length=0, draft_ngram=0, draft_model=True, block_length=1,
-                                         block_cache="append", max_new_tokens=spec.N - len(written))
+            config = _one_token_per_call(req.config, max_new_tokens=spec.N - len(written))
             decode = Decode(self.model, torch.tensor([req.prompt_ids + written], dtype=torch.long, device=self.device),
                             config=config, suppress_ids=self.suppress, use_cache=True, reserve_cache=False,
                             prompt_cache=cache)
