@@ -36,12 +36,14 @@ REAL_GGUF = REPO.parent / "shared" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf
 
 @pytest.fixture(scope="session")
 def real_smol(tmp_path_factory) -> Path:
-    """The shipped SmolLM2-135M-Instruct converted once per session (shift on, `biglm convert`'s default)."""
+    """The shipped SmolLM2-135M-Instruct converted once per session (shift on, the text read causally: `biglm
+    convert`'s defaults)."""
     from biglm.checkpoint.convert import convert_checkpoint
 
     if not REAL_GGUF.is_file():
         pytest.skip(f"the real SmolLM2 GGUF file is not at {REAL_GGUF}")
-    return convert_checkpoint(REAL_GGUF, tmp_path_factory.mktemp("real") / "smol", shift=True, log=lambda s: None)
+    return convert_checkpoint(REAL_GGUF, tmp_path_factory.mktemp("real") / "smol", shift=True, causal=True,
+                              log=lambda s: None)
 
 
 @pytest.fixture

@@ -597,3 +597,66 @@ def test_default_decoding_of_a_drafting_model_writes_one_token_per_calls_text_on
         done.update({e.request_id: e for e in engine.step() if e.finished})
     assert [done[str(i)].token_ids for i in range(3)] == ref.token_lists()
     assert done["plain"].token_ids == ref.token_lists()[0]
+
+
+# --- issue 49 item 1: a converted model writes its source's greedy text from step 0 ---------------------------------
+def _source_greedy(prompts: list[list[int]], n: int, eos: int) -> list[list[int]]:
+    """The source's own greedy answers (transformers' `generate` of the GGUF, float32, EOS suppressed), one prompt at
+    a time as a user runs it."""
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(REAL_GGUF.parent, gguf_file=REAL_GGUF.name, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            gen = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, suppress_tokens=[eos], eos_token_id=None, pad_token_id=eos)
+            out.append(gen[0, len(p):].tolist())
+    return out
+
+
+def test_a_converted_model_writes_its_sources_greedy_text_one_token_per_call_and_by_default(real_smol):
+    """`biglm convert`'s model (the text read causally, the shift) before any training: one token per call writes, token
+    for token in float32, what transformers' greedy `generate` of the source writes (EOS suppressed alike), for a
+    left-padded batch of three kinds of prompts (a continuation, a chat turn, a rewrite) through `generate_ids` with
+    cached calls, and through the server's engine; its default decoding (drafts checked exactly) writes the same in
+    fewer calls. With the bidirectional prompt of a paper-style conversion the first tokens already differ."""
+    from transformers import AutoTokenizer
+
+    from biglm.generation import DecodeEngine, generate_ids, left_pad
+    from biglm.generation.config import model_decoding
+
+    tok = AutoTokenizer.from_pretrained(real_smol)
+    model = BiGLMForMaskedLM.from_pretrained(real_smol, dtype=torch.float32).eval()
+    assert model.config.prefix_attention == "causal" and model.config.shift_logits
+    chat = lambda text: tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,  # noqa: E731
+                                                add_generation_prompt=True)
+    texts = [DECODE_TEXTS[2], chat("What is the capital of France?"),
+             chat("Rewrite in simpler words: The committee deliberated at length before reaching a consensus.")]
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    N, eos = 20, model.config.eos_token_id
+    source = _source_greedy(prompts, N, eos)
+    plain = model_decoding(model.config, {"max_new_tokens": N, "strategy": "confidence", "block_length": 1,
+                                          "steps": N, "draft_length": 0, "ignore_eos": True})
+    default = model_decoding(model.config, {"max_new_tokens": N, "ignore_eos": True})
+    assert default.draft_length >= 1 and plain.draft_length == 0
+    ids, mask = left_pad(prompts, pad_id=model.config.pad_token_id)
+    one = generate_ids(model, ids, mask, config=plain)
+    assert one.token_lists() == source
+    assert one.forward_calls == N + 1  # the prompts' one pass, then one cached call a token
+    fast = generate_ids(model, ids, mask, config=default)
+    assert fast.token_lists() == source
+    assert sum(fast.calls_per_row()) < 3 * N
+    engine = DecodeEngine(model, max_batch_rows=8)
+    for i, p in enumerate(prompts):
+        engine.submit(f"plain{i}", p, plain)
+        engine.submit(f"default{i}", p, default)
+    done = {}
+    while engine.num_running or engine.num_waiting:
+        done.update({e.request_id: e for e in engine.step() if e.finished})
+    assert [done[f"plain{i}"].token_ids for i in range(3)] == source
+    assert [done[f"default{i}"].token_ids for i in range(3)] == source
+    # the paper's reading of the same weights (a bidirectional prompt) is not the source: the check can fail
+    model.config.prefix_attention, model.config.prefix_block_lengths = "blocks", [1]
+    assert generate_ids(model, ids, mask, config=plain).token_lists() != source

@@ -12,14 +12,20 @@ into place at the end, so a failed conversion leaves none. Continue with
 --shift (the default): the BiGLM predicts a masked token at position i from position i-1, as the source predicted
 the next token (the head keeps its alignment; Dream's and DiffuLLaMA's choice, and the better one in issue 23's
 measurement, docs/LOG.md); --shift false: from its own position, as a BiGLM trained from scratch. The model records
-it, so decoding, scoring and serving follow it."""
+it, so decoding, scoring and serving follow it.
+
+--causal (the default, with --shift): the text is read as the source read it, so the converted model writes the
+source's greedy text one token per call and `biglm eval` gives the source's scores, before any training; adaptation
+(`biglm pretrain blocks-adapt --init_from OUT`) then trains the mask slots to draft several tokens a call. --causal
+false: the paper's bidirectional prefix, which the source's weights never saw (continued pre-training makes it a
+BiGLM)."""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 
-from .convert import SHIFT_DEFAULT
+from .convert import CAUSAL_DEFAULT, SHIFT_DEFAULT
 
 
 @dataclass
@@ -35,6 +41,11 @@ class ConvertArgs:
     shift: bool = SHIFT_DEFAULT
     """predict the token at position i from position i-1's hidden state, as the autoregressive source did (measured
     better than predicting from its own position: docs/LOG.md, issue 23); false: from its own position"""
+    causal: bool | None = None
+    """read the text (prompt and answer) causally, as the source read it: one token per call writes the source's
+    greedy text and `biglm eval` gives its scores from step 0, and adaptation trains the mask slots to draft for it;
+    false: the paper's bidirectional prefix (a BiGLM only after continued pre-training). Needs --shift; unset: on
+    with --shift (the default), off with --shift false"""
 
 
 def main(argv: list[str]) -> int:
@@ -42,8 +53,13 @@ def main(argv: list[str]) -> int:
     from .convert import ConvertError, convert_checkpoint
 
     args = parse_cli(ConvertArgs, argv, prog="biglm convert", doc=__doc__, positionals=("src", "out"))
+    causal = args.shift and CAUSAL_DEFAULT if args.causal is None else args.causal
+    if causal and not args.shift:
+        print("[biglm] error: --causal reads the text as the source did and needs --shift (the next token predicted "
+              "from the last text position): drop --shift false, or --causal", file=sys.stderr)
+        return 2
     try:
-        convert_checkpoint(args.src, args.out, shift=args.shift, overwrite=args.overwrite)
+        convert_checkpoint(args.src, args.out, shift=args.shift, causal=causal, overwrite=args.overwrite)
     except (ConvertError, OSError) as e:
         print(f"[biglm] error: cannot convert {args.src}: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,12 @@ from scratch does. `biglm convert` turns it on by default (`SHIFT_DEFAULT`), the
 measurement (docs/LOG.md 2026-11-25: a TinyStories AR Llama adapted 150 steps, held-out masked loss 4.89 vs 5.02,
 continuation NLL 3.45 vs 3.98); `convert_checkpoint` itself keeps ``shift=False`` unless asked, the plain weight map
 whose logits equal the source's position for position.
+
+``causal`` (`BiGLMConfig.prefix_attention` "causal", with the shift): the text, prompt and written answer, is read as
+the source read it, so the logits of the slot after the text are the source's next-token logits: one token per call
+writes the source's greedy text and the scorer gives the source's log-likelihoods before any training. The mask slots
+(the suffix) see everything and are what adaptation trains (DESIGN.md section 20). `biglm convert` turns it on by
+default (`CAUSAL_DEFAULT`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from .output import check_output_dir, staged_output
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 SHIFT_DEFAULT = True  # `biglm convert`'s default: measured better (see above)
+CAUSAL_DEFAULT = True  # `biglm convert`'s default: the source's text and scores from step 0 (DESIGN.md section 20)
 
 
 class ConvertError(ValueError):
@@ -122,13 +129,16 @@ def check_convertible(src: Any) -> None:
 
 
 def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str], *, shift: bool = False,
-                       log: Callable[[str], None] = print, overwrite: bool = False) -> Path:
+                       causal: bool = False, log: Callable[[str], None] = print, overwrite: bool = False) -> Path:
     """Convert ``src`` — a GGUF file (llama.cpp / Ollama; read through transformers' GGUF loader, quantized weights
     dequantized to float32), a transformers checkpoint directory or a hub id — of a Llama-family model (Llama,
     SmolLM, Mistral without a sliding window, Qwen2) to a BiGLM Hugging Face directory ``out`` (config, weights,
     tokenizer, ``biglm_source.json`` naming the source portably); return ``out``. ``shift``: the model predicts
     position i from position i-1, as its source did (`BiGLMConfig.shift_logits`; `biglm convert` turns it on by
-    default, `SHIFT_DEFAULT`).
+    default, `SHIFT_DEFAULT`). ``causal`` (needs ``shift``): the text is read as the source read it
+    (``BiGLMConfig.prefix_attention="causal"``), so one token per call writes the source's greedy text from step 0
+    and scoring gives the source's log-likelihoods; without it the prefix is the paper's bidirectional one, which the
+    source's weights never saw (`biglm convert` turns it on by default, `CAUSAL_DEFAULT`).
 
     A tokenizer without a mask token gets ``<mask>``, one without a pad token ``<pad>`` (as `load_tokenizer` would at
     training time, so the converted vocabulary is the one every later step uses). Raises `ConvertError` (one line
@@ -143,6 +153,9 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
     from .model_card import convert_card
     from .source import resolve_source, write_source
 
+    if causal and not shift:
+        raise ConvertError("causal=True reads the text as the source did and needs shift=True (the next token from "
+                           "the last text position); pass causal=False with shift=False")
     out = Path(out)
     check_output_dir(out, overwrite=overwrite)
     try:
@@ -184,6 +197,7 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
         initializer_range=getattr(src_cfg, "initializer_range", 0.02), tie_word_embeddings=tied,
         attention_bias=src_cfg.model_type == "qwen2", pad_token_id=pad_id, bos_token_id=src_cfg.bos_token_id,
         eos_token_id=src_cfg.eos_token_id, mask_token_id=mask_id, shift_logits=shift,
+        prefix_attention="causal" if causal else "bidirectional",
     )
     with torch.device("meta"):
         model = BiGLMForMaskedLM(cfg)
@@ -224,7 +238,9 @@ def convert_checkpoint(src: str | os.PathLike[str], out: str | os.PathLike[str],
     log(f"[biglm] {src_cfg.model_type} {where.ref.describe()} -> BiGLM {out}: {cfg.num_hidden_layers} layers, hidden "
         f"{cfg.hidden_size}, heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, rope_theta {theta:g}, "
         f"{'tied' if tied else 'untied'} head" + (", q/k/v biases" if cfg.attention_bias else "")
-        + (", predicts position i from i-1 (shift)" if shift else ", predicts each position from itself (no shift)"))
+        + (", predicts position i from i-1 (shift)" if shift else ", predicts each position from itself (no shift)")
+        + (", reads its text causally (one token per call writes the source's greedy text)" if causal
+           else ", a bidirectional prefix (adapt it before it writes well)"))
     if added:
         said = ("its embedding row" if len(added) == 1 else "their embedding rows") + ("" if tied else " and lm_head rows")
         log(f"[biglm] the tokenizer had no {' and no '.join(k.split('_')[0] for k in added)} token: added "

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+from ..model.config import append_only_prefix
 from .strategies import DEFAULT_MASK_PREDICT_STEPS, STRATEGIES, get_strategy  # noqa: F401  (re-exported)
 
 SEEDS = 2**64  # seeds are 0 .. SEEDS - 1
@@ -261,9 +262,9 @@ the model, and the model's default decoding (`drafting_default`) steps aside for
 
 def drafts_exactly(model_config: Any) -> bool:
     """Whether speculative decoding writes exactly what one token per call writes on this model: a `biglm-blocks`
-    model trained on blocks of 1, whose append cache is exact at blocks of 1 (`blocks-adapt` makes them)."""
-    return (getattr(model_config, "prefix_attention", "bidirectional") == "blocks"
-            and 1 in (getattr(model_config, "prefix_block_lengths", None) or ()))
+    model trained on blocks of 1, whose append cache is exact at blocks of 1 (`blocks-adapt` makes them), or a causal
+    one (`biglm convert`'s), whose text is read as its AR source read it."""
+    return append_only_prefix(model_config) and 1 in (getattr(model_config, "prefix_block_lengths", None) or ())
 
 
 def drafting_default(model_config: Any) -> dict[str, Any]:
@@ -335,7 +336,7 @@ def for_model(config: DecodingConfig, model_config: Any) -> DecodingConfig:
     judged their text no worse (NLL 1.86 against 2.65; docs/LOG.md 2026-11-26); one token per call on a model trained
     on blocks of 1 is blocks of 1, the AR-like exact decoding (2 positions per token). A paper model keeps one block
     and the exact (re-encoding) cache; asking it for the append cache warns that this is an approximation."""
-    blocks_model = getattr(model_config, "prefix_attention", "bidirectional") == "blocks"
+    blocks_model = append_only_prefix(model_config)
     changes: dict[str, Any] = {}
     if config.draft_length:
         if not blocks_model:

@@ -174,7 +174,9 @@ class _Prefill:
             b = min(self.P, a + n - done)
             q = attn.q_proj(self.normed[:, a:b]).view(1, b - a, attn.n_heads, attn.head_dim).transpose(1, 2)
             q = apply_rope(q, cos[:, :, a:b], sin[:, :, a:b])
-            mask = AttentionMask(batch=1, q_len=b - a, k_len=self.P)  # every prompt token sees the whole prompt
+            # every prompt token sees the whole prompt (a causal model's: itself and the tokens before it)
+            mask = AttentionMask(batch=1, q_len=b - a, k_len=self.P, q_offset=a,
+                                 causal=inner.config.prefix_attention == "causal")
             out = BACKENDS[inner.config.attn_backend](q, self.keys[-1], self.values[-1], mask, 0.0)
             y = self.x[:, a:b] + attn.o_proj(out.transpose(1, 2).reshape(1, b - a, attn.n_heads * attn.head_dim))
             # (rows a:b of the input are read by these queries alone now: the layer's output overwrites them)

@@ -49,8 +49,8 @@ class AttentionMask:
         doc_ids: (B, Lk) long document index per key position, or None for no document masking.
         prompt_len, block_len: (B,) long, the `biglm-blocks` rule (with ``prefix_len``), or None for the
             paper's bidirectional prefix.
-        causal: a test/diagnostic switch: a query also never sees a later key (k <= q, ANDed into the rule),
-            so a model converted from an autoregressive checkpoint can be compared with its source.
+        causal: a query also never sees a later key (k <= q, ANDed into the rule): how a causal model
+            (``prefix_attention="causal"``) encodes its text, and a check of any converted model against its source.
         lookahead: a query at position i also never sees a key beyond i + lookahead (ANDed into the rule): 0 is
             causal, None (or >= Lk - 1) no limit. Training's attention annealing (`TrainConfig.attention_anneal_steps`)
             grows it from 0 to the window over the first steps. An int or a 0-dim long tensor.

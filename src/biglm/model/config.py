@@ -15,7 +15,7 @@ from typing import Any
 from transformers import PreTrainedConfig
 
 ATTENTION_BACKENDS = ("eager", "sdpa", "flex")
-PREFIX_ATTENTION = ("bidirectional", "blocks")
+PREFIX_ATTENTION = ("bidirectional", "blocks", "causal")
 
 
 def _mlp_width(hidden: int) -> int:
@@ -82,9 +82,13 @@ class BiGLMConfig(PreTrainedConfig):
             BiGLM): every prefix token sees the whole prefix, so a finished answer block joins the prefix
             cache exactly only by re-encoding prompt + blocks. "blocks" (the `biglm-blocks` objective): past
             the prompt, the prefix is cut into blocks that see the prompt, earlier blocks and themselves, so
-            a finished block's keys/values never change and block decoding's append cache is exact.
+            a finished block's keys/values never change and block decoding's append cache is exact. "causal"
+            (`biglm convert`'s default, with ``shift_logits``): the text, prompt included, is read as the
+            autoregressive source read it (each prefix token sees itself and the tokens before it: the blocks rule
+            with no prompt and blocks of 1), so the logits of the slot after the text are the source's next-token
+            logits and one token per call writes the source's greedy text; masks (the suffix) still see everything.
         prefix_block_lengths: the block lengths a "blocks" model was trained with (decoding's default
-            block length is the largest); empty for "bidirectional".
+            block length is the largest); empty for "bidirectional", [1] for "causal".
         attention_bias: biases on q_proj/k_proj/v_proj (not o_proj), as Qwen2 has; off for BiGLM's own presets
             (`biglm convert` sets it for a Qwen2 checkpoint).
         shift_logits: the logits of position i come from the final hidden state of position i-1 (position 0 from
@@ -140,6 +144,8 @@ class BiGLMConfig(PreTrainedConfig):
         self.mask_token_id = mask_token_id
         self.prefix_attention = prefix_attention
         self.prefix_block_lengths = [int(b) for b in prefix_block_lengths]
+        if prefix_attention == "causal" and not self.prefix_block_lengths:
+            self.prefix_block_lengths = [1]  # the text is read in blocks of one from its first token
         self.attention_bias = bool(attention_bias)
         self.shift_logits = bool(shift_logits)
         # transformers' SDPA integration assumes causal attention when no mask is given.
@@ -181,6 +187,13 @@ class BiGLMConfig(PreTrainedConfig):
         if self.prefix_attention == "blocks" and (not self.prefix_block_lengths or min(self.prefix_block_lengths) < 1):
             raise ValueError("prefix_attention='blocks' needs prefix_block_lengths: the block lengths (>= 1) the model "
                              f"was trained with, got {self.prefix_block_lengths}.")
+        if self.prefix_attention == "causal" and self.prefix_block_lengths != [1]:
+            raise ValueError(f"prefix_attention='causal' reads the text in blocks of 1: prefix_block_lengths must be [1] "
+                             f"(or unset), got {self.prefix_block_lengths}.")
+        if self.prefix_attention == "causal" and not self.shift_logits:
+            raise ValueError("prefix_attention='causal' reads the text as an autoregressive model does and needs "
+                             "shift_logits=True (the next token predicted from the last text position), as "
+                             "`biglm convert` sets them.")
         if self.prefix_attention == "bidirectional" and self.prefix_block_lengths:
             raise ValueError(f"prefix_block_lengths={self.prefix_block_lengths} is set, but prefix_attention is "
                              "'bidirectional': block lengths belong to 'blocks' models only.")
@@ -194,6 +207,13 @@ class BiGLMConfig(PreTrainedConfig):
         if name not in PRESETS:
             raise KeyError(f"unknown preset {name!r}; available: {', '.join(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
+
+
+def append_only_prefix(config: Any) -> bool:
+    """Whether a model's written text is append-only (its finished tokens' keys/values never change): a `biglm-blocks`
+    model ("blocks") or a causal one ("causal", converted from an autoregressive checkpoint). Decoding grows such a
+    model's cache by appending (exact), and checks drafts exactly where it was trained on blocks of 1."""
+    return getattr(config, "prefix_attention", "bidirectional") in ("blocks", "causal")
 
 
 def count_parameters(config: BiGLMConfig) -> dict[str, int]:

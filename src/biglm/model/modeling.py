@@ -510,9 +510,10 @@ class BiGLMModel(BiGLMPreTrainedModel):
                 before ``prompt_len`` see the prompt only; the rest of the prefix is cut into blocks of
                 ``block_len`` that see the prompt, earlier blocks and themselves. Unset: the paper's
                 bidirectional prefix. Block decoding's append cache is this rule computed incrementally.
-            causal: a test/diagnostic switch: also forbid every query to see later keys (a causal mask ANDed into
-                the rule), so a model converted from an autoregressive checkpoint (`biglm convert`) can be checked
-                against its source. Never used in training or decoding.
+            causal: also forbid every query to see later keys (a causal mask ANDed into the rule): how a
+                ``prefix_attention="causal"`` model's `encode_prefix` reads its text, and a diagnostic switch that
+                checks any converted model against its autoregressive source. A causal model given ``prefix_len``
+                reads its prefix causally by itself (the blocks rule with no prompt and blocks of 1).
             lookahead: training's attention annealing: a query at position i also never sees keys beyond
                 i + lookahead (0: causal; None: no limit). The pre-training program grows it over the first
                 ``attention_anneal_steps``; decoding and evaluation never pass it.
@@ -526,6 +527,9 @@ class BiGLMModel(BiGLMPreTrainedModel):
         prefix_len, prompt_len, block_len = as_rows(prefix_len), as_rows(prompt_len), as_rows(block_len)
         if (prompt_len is None) != (block_len is None):
             raise ValueError("prompt_len and block_len come together (the biglm-blocks rule): pass both or neither.")
+        if self.config.prefix_attention == "causal" and prefix_len is not None:
+            # a causal model reads its text as its AR source did, whatever a caller's blocks: no prompt, blocks of 1
+            prompt_len, block_len = torch.zeros_like(prefix_len), torch.ones_like(prefix_len)
         if attention_rule is not None:
             if prefix_len is not None or prompt_len is not None or doc_ids is not None or causal or lookahead is not None:
                 raise ValueError("attention_rule gives every query's keys outright: pass it without prefix_len, "
@@ -612,9 +616,10 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
                            **kwargs) -> torch.LongTensor:
         """Answers for the prompts ``inputs`` (B, P) (or ``input_ids=``, with ``attention_mask=``) written by biglm's
         iterative unmasking with the model's decoding settings (those of `biglm generate`) under ``kwargs``
-        (`DecodingConfig` fields: ``max_new_tokens``, ``steps``, ``strategy``, ``temperature``...; transformers'
-        ``do_sample``; ``generation_config``: a `DecodingConfig` or a transformers ``GenerationConfig``): (B, P + n)
-        ids, the prompts then the answers. A BiGLM does not write left to right, so transformers' next-token
+        (`DecodingConfig` fields: ``max_new_tokens``, ``steps``, ``strategy``...; transformers' options as
+        transformers reads them: ``do_sample``, ``temperature``, ``pad_token_id``, ``eos_token_id``, ``streamer``;
+        ``generation_config``: a transformers ``GenerationConfig``, default `generation_config`, or a
+        `DecodingConfig`): (B, P + n) ids, the prompts then the answers. A BiGLM does not write left to right, so transformers' next-token
         ``generate`` loop does not apply (as Dream's ``diffusion_generate``). The decoding lives in
         `biglm.generation`, reached by name (`model/` imports no decoding)."""
         from .. import adapter
@@ -626,17 +631,26 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         loop."""
         return self.diffusion_generate(inputs, generation_config=generation_config, **kwargs)
 
+    output_modalities = ("text",)  # what a model that can generate writes (transformers' `GenerationMixin` says it)
+
+    @classmethod
+    def can_generate(cls) -> bool:
+        """True: `generate` takes transformers' prompts and options and returns the prompt then the answer, so the
+        model has a ``generation_config`` (transformers' defaults, its special ids) and pipelines call `generate`."""
+        return True
+
     def encode_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                       past: PrefixCache | None = None, position_ids: torch.Tensor | None = None) -> PrefixCache:
-        """Encode prompts once (full attention among prefix tokens, exactly as under the BiGLM mask)
-        and return their per-layer keys/values for reuse by every suffix pass.
+        """Encode prompts once (full attention among prefix tokens, exactly as under the BiGLM mask; a causal model's
+        each token sees itself and the ones before it, as its AR source read them) and return their per-layer
+        keys/values for reuse by every suffix pass.
 
         With ``past``, ``input_ids`` are later prefix tokens (a committed block of an answer): they see
         ``past`` and each other, ``past`` is not recomputed, and the result is ``past`` extended by them.
         Their positions default to ``past.length`` onwards (pass ``position_ids`` for a merged cache).
         """
         new = self.model(input_ids, attention_mask=attention_mask, prefix_cache=past, position_ids=position_ids,
-                         return_cache=True)["cache"]
+                         return_cache=True, causal=self.config.prefix_attention == "causal")["cache"]
         if past is not None:
             return past.extend(new)
         # keys/values of their own: a layer's are views of its q/k/v product, which would keep every head alive in a
