@@ -23,7 +23,7 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
 from biglm.serving.cli import BiglmServer, ServeArgs, build_app, playground_url  # noqa: E402
-from biglm.serving.playground import FILES, asset  # noqa: E402
+from biglm.serving.playground import FILES, SLOT_FIELDS, asset  # noqa: E402
 
 PROMPT = "To be, or not to be, that is"
 
@@ -37,6 +37,24 @@ def served(checkpoint):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def drafting(checkpoint, tmp_path_factory):
+    """`biglm serve` of a drafting model (a random `biglm-blocks` model trained on blocks of 1, as `blocks-adapt`
+    makes them): its default decoding is speculative (n-gram drafts), which a request naming how to decode replaces."""
+    from conftest import save_random_model
+
+    from biglm.checkpoint import load_model
+
+    out = save_random_model(tmp_path_factory.mktemp("drafting"), load_model(checkpoint)[1],
+                            prefix_attention="blocks", prefix_block_lengths=[1, 4, 8], initializer_range=0.2)
+    app = build_app(ServeArgs(checkpoint=str(out), model_name="drafting"))
+    assert app.state.settings.defaults.draft_length > 0  # (the drafting default)
+    server = BiglmServer(app, port=0).start()
+    url = f"http://127.0.0.1:{server.port}"
+    yield SimpleNamespace(app=app, url=url, client=httpx.Client(base_url=url, timeout=60))
+    server.stop()
+
+
 def steps(served, path: str, body: dict) -> list[dict]:
     """The events of a step stream, ``[DONE]`` checked and left out."""
     with served.client.stream("POST", path, json=body) as r:
@@ -44,6 +62,25 @@ def steps(served, path: str, body: dict) -> list[dict]:
         data = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert data[-1] == "[DONE]"
     return [json.loads(d) for d in data[:-1]]
+
+
+def canvases(calls: list[dict]) -> list[dict]:
+    """Each call's whole canvas (its first row), rebuilt from the ``steps.call`` events as a client does: each event's
+    slots written into the canvas of the call before (a row of a new length starts from a masked canvas)."""
+    out, canvas = [], None
+    for e in calls:
+        row = e["rows"][0]
+        assert row["slots"] == sorted(set(row["slots"])) and all(len(row[k]) == len(row["slots"]) for k in SLOT_FIELDS)
+        n = row["length"]
+        if canvas is None or len(canvas["tokens"]) != n:
+            canvas = {k: ["masked" if k == "states" else None] * n for k in SLOT_FIELDS}
+        canvas = {k: list(v) for k, v in canvas.items()}
+        for j, s in enumerate(row["slots"]):
+            for k in SLOT_FIELDS:
+                canvas[k][s] = row[k][j]
+        out.append({"prompt": row["prompt"], "length": n, **canvas, "written": row["written"],
+                    "new_tokens": row["new_tokens"]})
+    return out
 
 
 def _answer(served, path: str, body: dict) -> str:
@@ -68,8 +105,8 @@ def test_step_stream_ends_on_the_apis_text_with_a_canvas_per_call(served, settin
     assert all(e["object"] == "steps.call" for e in calls) and done["object"] == "steps.done"
     assert done["text"] == _answer(served, "/v1/completions", body)
     assert [e["call"] for e in calls] == list(range(1, done["calls"] + 1))
-    for e in calls:
-        (row,) = e["rows"]
+    assert all(len(e["rows"]) == 1 for e in calls)
+    for row in canvases(calls):
         assert len(row["tokens"]) == len(row["states"]) == len(row["confidence"]) == len(row["text"]) == row["length"]
         assert row["written"] == sum(t is not None for t in row["tokens"])
         assert all((c is None) == (t is None) for c, t in zip(row["confidence"], row["tokens"]))
@@ -77,9 +114,49 @@ def test_step_stream_ends_on_the_apis_text_with_a_canvas_per_call(served, settin
     assert done["usage"]["completion_tokens"] == done["completion_tokens"]
     assert done["tokens_per_call"] == round(done["completion_tokens"] / done["calls"], 4)
     if settings.get("steps"):
-        assert any("remasked" in e["rows"][0]["states"] for e in calls)
+        assert any("remasked" in row["states"] for row in canvases(calls))
     if settings.get("draft_length"):  # drafts checked: kept or named as rejected
-        assert any("accepted" in e["rows"][0]["states"] or any(e["rows"][0]["rejected"]) for e in calls)
+        assert any("accepted" in row["states"] or any(row["rejected"]) for row in canvases(calls))
+
+
+def _stream_bytes(served, body: dict) -> tuple[int, list[dict]]:
+    with served.client.stream("POST", "/v1/completions/steps", json=body) as r:
+        assert r.status_code == 200
+        data = r.read()
+    events = [json.loads(b[6:]) for b in data.split(b"\n\n") if b.startswith(b"data: {")]
+    return len(data), events
+
+
+def test_the_step_stream_sends_each_call_the_slots_it_changed(served, checkpoint):
+    """Each ``steps.call`` event carries the slots its call changed, not the whole canvas: rebuilt call by call, the
+    canvases are the frames a `CanvasRecorder` records on `generate_ids` for the same request, and the stream grows
+    linearly with the answer (one token per call: 200 tokens cost 4x what 50 cost, not 14x as whole canvases did;
+    each event stays a few hundred bytes)."""
+    import torch
+
+    from biglm.checkpoint import load_model
+    from biglm.generation import DecodingConfig, generate_ids
+    from biglm.generation.canvas import CanvasRecorder, token_text
+
+    model, tok = load_model(checkpoint)
+    piece = token_text(tok)
+    for settings in ({"max_tokens": 16, "steps": 6}, {"max_tokens": 12, "strategy": "confidence", "block_length": 4,
+                                                      "temperature": 0.8, "seed": 3}):
+        events = steps(served, "/v1/completions/steps", {"prompt": PROMPT, **settings})
+        recorder = CanvasRecorder(model.config.mask_token_id)
+        ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
+        generate_ids(model, torch.tensor([ids]), config=DecodingConfig(**events[0]["decoding"]), on_step=recorder,
+                     suppress_ids=range(len(tok), model.config.vocab_size))
+        rebuilt = canvases(events[1:-1])
+        assert len(rebuilt) == len(recorder.frames) == events[-1]["calls"]
+        assert rebuilt == [f.to_json(piece)["rows"][0] for f in recorder.frames]
+    sizes = {}
+    for n in (50, 200):
+        body = {"prompt": PROMPT, "max_tokens": n, "ignore_eos": True, "strategy": "confidence", "block_length": 1}
+        sizes[n], events = _stream_bytes(served, body)
+        calls = [e for e in events if e["object"] == "steps.call"]
+        assert len(calls) == n and max(len(json.dumps(e)) for e in calls) < 600
+    assert sizes[200] < 4.5 * sizes[50], sizes
 
 
 def test_chat_step_stream_ends_on_the_chat_apis_text(served):
@@ -142,7 +219,13 @@ def test_the_page_is_the_packages_files_and_fetches_nothing_elsewhere(served):
     for name, kind in FILES.items():
         r = served.client.get(f"/playground/{name}")
         assert r.status_code == 200 and r.content == asset(name) and r.headers["content-type"] == kind
-        assert not re.search(rb"(https?:)?//[a-z0-9.-]+\.[a-z]{2,}/", asset(name), re.I), name  # no CDN, no fonts
+        text = asset(name).replace(b'xmlns="http://www.w3.org/2000/svg"', b"")  # (a namespace's name, not fetched)
+        assert not re.search(rb"(https?:)?//[a-z0-9.-]+\.[a-z]{2,}/", text, re.I), name  # no CDN, no fonts
+    # the icon a browser asks for beside every page (it was a 404, an error in the console at every load)
+    icon = served.client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.content == asset("favicon.svg")
+    assert icon.headers["content-type"] == "image/svg+xml"
+    assert b'<link rel="icon" type="image/svg+xml" href="/playground/favicon.svg">' in asset("index.html")
     r = served.client.get("/playground/secrets.txt")
     assert r.status_code == 404 and "no such file" in r.json()["error"]["message"]
     assert playground_url("0.0.0.0", 8000) == "http://127.0.0.1:8000/"
@@ -178,6 +261,7 @@ def _browser():
     options.binary_location = browser
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,800"):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, read by _console_errors
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
 
@@ -186,6 +270,11 @@ def _wait(driver, state: str, timeout: float = 60.0) -> None:
     while driver.execute_script("return document.body.dataset.state") != state:
         assert time.monotonic() < deadline, driver.execute_script("return document.body.dataset.state")
         time.sleep(0.05)
+
+
+def _console_errors(driver) -> list[str]:
+    """The errors the page's console printed since the last call (a failed load of any resource is one)."""
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 
 def _submit(driver, prompt: str) -> None:
@@ -202,6 +291,8 @@ def test_the_page_draws_each_call_and_ends_on_the_apis_text_in_a_browser(served,
     try:
         driver.get(served.url + "/")
         _wait(driver, "ready")
+        time.sleep(0.5)  # (the icon is asked for after the page loaded)
+        assert _console_errors(driver) == []  # /favicon.ico was a 404, an error at every load
         assert driver.find_element("id", "set-max_tokens").get_attribute("value") == "64"  # the defaults filled in
         assert driver.execute_script("return decodingFields()") == {}  # at the defaults: none sent, as the API's call
         _submit(driver, PROMPT)
@@ -233,8 +324,8 @@ def test_the_page_draws_each_call_and_ends_on_the_apis_text_in_a_browser(served,
         steps_box.send_keys("0")
         _submit(driver, PROMPT)
         _wait(driver, "error")
-        sent = driver.execute_script("return decodingFields()")  # what the page sent: every field, steps 0
-        assert sent["steps"] == 0
+        sent = driver.execute_script("return decodingFields()")  # what the page sent: the field changed alone
+        assert sent == {"steps": 0}
         refused = served.client.post("/v1/completions", json={"prompt": PROMPT, **sent}).json()["error"]["message"]
         assert text("error") == refused and "steps=0" in refused
         # chat: the chat API's answer
@@ -244,5 +335,52 @@ def test_the_page_draws_each_call_and_ends_on_the_apis_text_in_a_browser(served,
         _wait(driver, "done")
         messages = [{"role": "user", "content": "Speak, friend."}]
         assert text("answer") == _answer(served, "/v1/chat/completions", {"messages": messages})
+        # stop strings: one a line, \\n a newline (the field split them at commas, trimmed, and held no newline)
+        driver.find_element("id", "reset").click()
+        assert len(_console_errors(driver)) == 2  # (the two refusals above, as the browser logs any 400)
+        api = lambda p, body: _answer(served, "/v1/completions", {"prompt": p, **body})  # noqa: E731
+        prompt = next(p for p in (PROMPT, "ROMEO: My lord", "Speak, friend.", "KING:\n", "a\nb\nc\n")
+                      if "\n" in api(p, {}))  # (a prompt the random model answers with a newline)
+        full = api(prompt, {})
+        stop = driver.find_element("id", "set-stop")
+        stop.send_keys("\\n")
+        assert driver.execute_script("return decodingFields()") == {"stop": ["\n"]}
+        stop.send_keys("\nzz\\\\q, ")
+        assert driver.execute_script("return decodingFields()") == {"stop": ["\n", "zz\\q, "]}
+        driver.find_element("id", "chat").click()  # (back to a plain prompt)
+        _submit(driver, prompt)
+        _wait(driver, "done")
+        assert text("answer") == api(prompt, {"stop": ["\n", "zz\\q, "]}) == full[:full.index("\n")]
+        assert _console_errors(driver) == []
+    finally:
+        driver.quit()
+
+
+def test_the_page_sends_what_was_changed_in_a_browser(drafting):
+    """On a drafting model the page sends the settings the user changed and nothing else, as curl with those fields
+    would: choosing Mask-Predict (or changing only the block length) is answered, where sending every field shown,
+    the default's drafts with it, was refused ("draft_length ... set strategy='confidence'")."""
+    driver = _browser()
+    from selenium.webdriver.support.ui import Select
+    text = lambda id_: driver.execute_script(f"return document.getElementById('{id_}').textContent")  # noqa: E731
+    api = lambda body: _answer(drafting, "/v1/completions", {"prompt": PROMPT, **body})  # noqa: E731
+    try:
+        driver.get(drafting.url + "/")
+        _wait(driver, "ready")
+        driver.find_element("css selector", "#settings-box summary").click()
+        assert driver.find_element("id", "set-draft_length").get_attribute("value") != "0"  # the default's drafts
+        Select(driver.find_element("id", "set-strategy")).select_by_visible_text("mask-predict")
+        assert driver.execute_script("return decodingFields()") == {"strategy": "mask-predict"}
+        _submit(driver, PROMPT)
+        _wait(driver, "done")
+        assert text("answer") == api({"strategy": "mask-predict"})
+        driver.find_element("id", "reset").click()
+        box = driver.find_element("id", "set-block_length")
+        box.send_keys("4")
+        assert driver.execute_script("return decodingFields()") == {"block_length": 4}
+        _submit(driver, PROMPT)
+        _wait(driver, "done")
+        assert text("answer") == api({"block_length": 4})
+        assert _console_errors(driver) == []
     finally:
         driver.quit()

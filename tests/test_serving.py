@@ -170,6 +170,16 @@ def test_models_and_health(served):
     assert body["status"] == "ok" and body["model"] == NAME
 
 
+def _errors(url: str) -> dict[tuple[str, str, str], float]:
+    """/metrics' ``biglm_errors_total``: (status, code, param) -> count."""
+    import re
+
+    text = httpx.get(url + "/metrics").text
+    assert "# TYPE biglm_errors_total counter" in text
+    return {m[:3]: float(m[3]) for m in re.findall(
+        r'^biglm_errors_total\{status="(\d+)",code="([^"]*)",param="([^"]*)"\} (\S+)$', text, re.M)}
+
+
 def _error(r) -> dict:
     body = r.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
@@ -235,6 +245,7 @@ def test_disconnect_mid_stream_cancels(served, monkeypatch):
         return step()
 
     monkeypatch.setattr(engine, "step", slow_step)
+    gone = _errors(served.url).get(("499", "client_disconnected", ""), 0)
     body = {"model": NAME, "prompt": "The", "max_tokens": 250, "steps": 250, "stream": True}
     with httpx.Client(timeout=30) as c, c.stream("POST", served.url + "/v1/completions", json=body) as r:
         assert r.status_code == 200
@@ -244,6 +255,7 @@ def test_disconnect_mid_stream_cancels(served, monkeypatch):
     assert _wait(lambda: scheduler.in_flight == 0 and engine.num_running == 0 and engine.num_waiting == 0,
                  timeout=3.0), (scheduler.in_flight, engine.num_running)
     assert scheduler.stats["cancelled"] == before + 1
+    assert _errors(served.url)[("499", "client_disconnected", "")] == gone + 1  # /metrics counts the client's leaving
     _healthy(served.url)
 
 
@@ -266,6 +278,7 @@ def test_a_client_gone_before_its_whole_answer_cancels_it(served, monkeypatch):
     assert _wait(lambda: scheduler.in_flight == 0 and engine.num_running == 0 and engine.num_waiting == 0,
                  timeout=3.0), (scheduler.in_flight, engine.num_running)
     assert scheduler.stats["cancelled"] == cancelled + 1 and scheduler.stats["disconnects"] == gone + 1
+    assert _errors(served.url)[("499", "client_disconnected", "")] == gone + 1  # (every disconnect so far)
     _healthy(served.url)
 
 
@@ -471,6 +484,8 @@ def test_an_unexpected_failure_is_a_500_in_the_openai_format(served):
                     lines = [line for line in s.iter_lines() if line.startswith("data: ")]
                 assert s.status_code == 200 and lines[-1] == "data: [DONE]"
                 assert json.loads(lines[-2][6:])["error"]["code"] == "internal_error"
+            # /metrics counts them, the one in a stream too
+            assert _errors(url) == {("500", "internal_error", ""): 2 if "on_decode" in hooks else 1}
             assert httpx.get(url + "/health").status_code == 200
         finally:
             server.stop()
@@ -892,3 +907,18 @@ def test_a_reply_that_is_not_streamed_hears_only_its_finishing_event():
         scheduler.stop()
     assert [e.steps for e in heard["whole"]] == [3] and heard["whole"][0].token_ids == [3]
     assert [e.steps for e in heard["streamed"]] == [1, 2, 3]
+
+
+def test_metrics_count_errors_by_kind(served):
+    """/metrics' ``biglm_errors_total`` counts the errors answered by status, code and the request field named (never
+    a name the client made up: an unknown field counts under ``param=""``), in Prometheus' text format."""
+    before = _errors(served.url)
+    for body in ({"prompt": "hi", "max_tokens": 0}, {"prompt": "hi", "steps": -1}, {"prompt": "hi", "steps": 10**9},
+                 {"prompt": "hi", "made_up_field": 1}, {"model": "gpt-4", "prompt": "hi"}, {"prompt": 5}):
+        assert httpx.post(served.url + "/v1/completions", json=body).status_code in (400, 404)
+    assert httpx.get(served.url + "/v1/nowhere").status_code == 404
+    after = _errors(served.url)
+    grown = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    assert grown == {("400", "invalid_value", "max_tokens"): 1, ("400", "invalid_value", "steps"): 2,
+                     ("400", "unknown_field", ""): 1, ("404", "model_not_found", "model"): 1,
+                     ("400", "invalid_value", "prompt"): 1, ("404", "", ""): 1}

@@ -136,6 +136,8 @@ def test_overload_is_refused_at_once(model_and_tokenizer):
         assert all(r["error"]["code"] == "queue_full" and r["error"]["type"] == "rate_limit_exceeded" for r in refused)
         assert all(r["finish_reason"] in ("stop", "length") for r in results if r["status"] == 200)
         assert app.state.scheduler.stats["rejected_429"] == len(refused)
+        metrics = httpx.get(url + "/metrics").text  # counted by kind
+        assert f'biglm_errors_total{{status="429",code="queue_full",param=""}} {len(refused)}\n' in metrics
         _assert_healthy_and_empty(url, app)
     finally:
         server.stop()
@@ -152,6 +154,8 @@ def test_request_timeout(model_and_tokenizer):
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["error"]["code"] == "request_timeout"
         _assert_healthy_and_empty(url, app)
+        metrics = httpx.get(url + "/metrics").text  # both counted, the one in a stream too
+        assert 'biglm_errors_total{status="408",code="request_timeout",param=""} 2\n' in metrics
         quick = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "steps": 1}, timeout=10)
         assert quick.status_code == 200
     finally:
@@ -194,6 +198,7 @@ def test_shutdown_finishes_then_cancels(model_and_tokenizer):
     assert time.monotonic() - t0 < 3.0
     assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["error"]["code"] == "shutting_down"
     assert app.state.scheduler.engine.num_running == 0 and not app.state.scheduler.alive
+    assert app.state.errors == {(503, "shutting_down", ""): 1}  # what /metrics says as biglm_errors_total
 
 
 def _waited(cond, timeout: float = 20.0) -> bool:

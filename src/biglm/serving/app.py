@@ -11,11 +11,16 @@ Notable features
   value (`DecodingConfig`'s own check, once), ``max_tokens`` or prompt + ``max_tokens`` beyond the
   model's window, an empty prompt, bad chat messages, a prompt longer than ``max_prompt_chars`` characters
   (checked before it is tokenized), text that is not valid Unicode, an OpenAI field biglm cannot honour (a non-zero
-  penalty, logprobs' alternatives): a 4xx with OpenAI's error JSON. Any other failure is a 500 in the same format
-  (an error event in a stream already started), never plain text; an engine error in one request is its 500 alone.
+  penalty, logprobs' alternatives, a JSON ``response_format``, ``store: true``, ``stream_options`` without
+  ``stream: true``): a 4xx with OpenAI's error JSON naming the request's own field (``prompt``, not pydantic's
+  ``prompt.str``). Any other failure is a 500 in the same format (an error event in a stream already started), never
+  plain text; an engine error in one request is its 500 alone. /metrics counts each by kind (``biglm_errors_total``).
 - OpenAI's fields that biglm can honour are honoured, not refused: ``max_completion_tokens``, ``echo``, token-id
-  prompts, text content parts, the penalties at 0, and ``logprobs`` of the written tokens (`TextStream.take_logprobs`
-  hands each token out with the chunk whose text holds it).
+  prompts, text content parts, the ``developer`` role (``system``), ``response_format: {"type": "text"}``,
+  ``store: false``, ``stream: null``, the penalties at 0, and ``logprobs`` of the written tokens
+  (`TextStream.take_logprobs` hands each token out with the chunk whose text holds it). A body is JSON whatever its
+  Content-Type (curl's ``-d`` default included); without ``max_tokens`` an answer gets the rest of the window where
+  its prompt leaves less than the default, as vLLM's does.
 - Prompts are rendered and tokenized in a worker thread, bounded in characters first: a huge prompt costs its
   own request time, never the event loop's, so other requests and ``/health`` keep answering meanwhile.
 - Streaming (server-sent events, ``data: {...}`` then ``data: [DONE]``): a chunk whenever the
@@ -27,14 +32,16 @@ Notable features
 - Answers are cut as `biglm.generation.api.generate` cuts them (first EOS, then the first stop
   string), so the server answers what `biglm generate` prints for the same settings and seed. An
   answer is finished early, and its engine request cancelled, once its stable part holds an EOS or
-  a stop string: nothing after that can change it.
+  a stop string: nothing after that can change it. Its ``usage`` counts the tokens up to the one completing the
+  stop string (`TextStream._through_stop`), what one token per call writes, however many a call wrote past it.
 - Limits: the scheduler's bounded queue (429 at once), a per-request timeout (408, or an error event
   in a stream; the engine request is cancelled), a client that goes away mid-request or mid-stream
   cancels its engine requests, and shutdown refuses new requests with 503 (see `cli`).
 - The step stream (``POST /v1/completions/steps``, ``/v1/chat/completions/steps``: the same bodies, one answer): the
   request runs in the engine like any other, with a `canvas.CanvasRecorder` as its decode's ``on_step``; each call's
-  `canvas.Frame` reaches the request's queue before that step's engine event, so the stream sends every canvas, then
-  the text the non-streamed API answers, and the calls that wrote it.
+  `canvas.Frame` reaches the request's queue before that step's engine event, so the stream sends every canvas (as
+  the slots each call changed, `playground.FrameDeltas`: the stream grows with the answer), then the text the
+  non-streamed API answers, and the calls that wrote it.
 - ``GET /health``: 200 while this server answers requests ("ok", or "degraded" when a deployment's `HealthHook`
   says part of it is down), 503 when it does not (draining, engine down, or a deployment with nothing serving).
   Its counts: ``running`` (admitted requests), ``prefilling`` (those among them whose long prompt is still being
@@ -45,6 +52,7 @@ Notable features
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -78,14 +86,18 @@ from .protocol import (
     CompletionResponse,
     ModelCard,
     ModelList,
+    StreamOptions,
     TokenLogprob,
     Usage,
+    check_response_fields,
+    check_stream,
     decoding_config,
     new_id,
     now,
+    openai_messages,
     wants_logprobs,
 )
-from .playground import FILES, asset, decoding_fields
+from .playground import FILES, FrameDeltas, asset, decoding_fields
 from .scheduler import Aborted, Job, Scheduler
 
 log = logging.getLogger(__name__)
@@ -163,6 +175,8 @@ class TextStream:
             return ""
         text, has_eos = self._decode(stable_ids, logprobs)
         cut = cut_at_stop(text, self.stop) if self.stop else text
+        if len(cut) < len(text):
+            self._through_stop(cut)
         if has_eos or len(cut) < len(text):
             return self._finish(cut, "stop")
         text = text.rstrip("\ufffd").rstrip()  # may still change when the next tokens arrive
@@ -179,7 +193,24 @@ class TextStream:
             return ""
         text, has_eos = self._decode(token_ids, logprobs)
         cut = cut_at_stop(text, self.stop) if self.stop else text
+        if len(cut) < len(text):
+            self._through_stop(cut)
         return self._finish(cut, "stop" if has_eos or len(cut) < len(text) or reason == "stop" else "length")
+
+    def _through_stop(self, cut: str) -> None:
+        """Keep the answer's tokens only up to the one that completes the stop string ending it (``cut``: the text
+        before the stop): the tokens one token per call writes before it stops, whatever the decoding wrote past it
+        (a speculative call keeps up to ``draft_length`` tokens at once, Mask-Predict fills every slot), so ``usage``
+        and the log-probabilities count what the answer holds."""
+        def holds(k: int) -> bool:  # the first k tokens already end the answer where it ends
+            text = self.tokenizer.decode(self.ids[:k], skip_special_tokens=True)
+            return len(text) > len(cut) and cut_at_stop(text, self.stop) == cut
+
+        lo, hi = 0, len(self.ids)  # holds(hi); the shortest such prefix (holds grows with k), in log2(n) decodes
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if holds(mid) else (mid, hi)
+        self.ids, self.logprobs, self.completion_tokens = self.ids[:hi], self.logprobs[:hi], hi
 
     def _finish(self, text: str, reason: str) -> str:
         self.text, self.finish_reason = text, reason
@@ -257,12 +288,31 @@ def _error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status)
 
 
+# every field name a request body may hold, at any depth (what an error's ``param`` may name)
+_FIELDS = frozenset(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields) | set(
+    StreamOptions.model_fields)
+_JSON_TYPES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array",
+               dict: "an object", type(None): "null"}
+
+
+def _where(loc: Sequence[Any]) -> tuple[str | None, str | None]:
+    """(param, union member) of a validation error's location: the field (and the list indices and field names
+    below it), without pydantic's tag of the member of a union that was tried (``prompt.str`` is ``prompt``)."""
+    parts = [p for p in loc if p != "body"]
+    kept: list[str] = []
+    for i, p in enumerate(parts):
+        if i > 0 and not isinstance(p, int) and p not in _FIELDS:
+            return ".".join(kept), str(p)
+        kept.append(str(p))
+    return ".".join(kept) or None, None
+
+
 def _validation_error(exc: RequestValidationError) -> APIError:
     """A pydantic/FastAPI validation failure as one OpenAI error naming the field."""
     errors = exc.errors()
     first = errors[0] if errors else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
+    param, member = _where(first.get("loc", ()))
     kind = first.get("type", "")
     if kind == "json_invalid":
         return APIError(400, f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')}).",
@@ -281,7 +331,30 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     if not loc:
         return APIError(400, f"the request body must be a JSON object ({first.get('msg', 'invalid body')}).",
                         code="invalid_body")
-    return APIError(400, f"{param}: {first.get('msg', 'invalid value')}.", param=param, code="invalid_value")
+    value = first.get("input")
+    if member is not None:  # a union (prompt: text or token ids): every member refused it
+        named = [_where(e.get("loc", ())) for e in errors]
+        members = list(dict.fromkeys(m for p, m in named if p == param and m))  # (pydantic's names: list[int], ...)
+        kinds = " or ".join(filter(None, [", ".join(members[:-1]), members[-1]]))
+        got = "an array of neither" if isinstance(value, list) else _JSON_TYPES.get(type(value), "another value")
+        return APIError(400, f"{param} must be {kinds}, got {got}.", param=param, code="invalid_value")
+    got = f" (got {json.dumps(value)})" if isinstance(value, (str, int, float)) and len(str(value)) <= 40 else ""
+    return APIError(400, f"{param}: {first.get('msg', 'invalid value')}{got}.", param=param, code="invalid_value")
+
+
+class _JSONBodies:
+    """ASGI middleware: a POST body is read as JSON whatever its ``Content-Type`` says (this API takes JSON bodies
+    only). curl's ``-d`` sends ``application/x-www-form-urlencoded``, on which FastAPI would not parse the JSON it
+    holds and the request was refused as not being a JSON object; a body that is not JSON is still refused as such."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
 
 
 HealthHook = Callable[[], Awaitable[dict[str, Any]]]
@@ -325,28 +398,41 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
             await asyncio.to_thread(scheduler.stop)
 
     app = FastAPI(title="biglm serve", lifespan=lifespan)
+    app.add_middleware(_JSONBodies)
     app.state.scheduler = scheduler
     app.state.settings = settings
     created = now()
+    # the errors answered since start, by (status, code, field): /metrics' biglm_errors_total
+    errors: collections.Counter[tuple[int, str, str]] = collections.Counter()
+    app.state.errors = errors
+
+    def counted(error: APIError) -> APIError:
+        field = (error.param or "").split(".")[0]
+        errors[error.status, error.code or "", field if field in _FIELDS else ""] += 1  # (never a client's own name)
+        return error
+
+    def disconnected() -> None:
+        scheduler.stats["disconnects"] += 1
+        errors[499, "client_disconnected", ""] += 1
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return _error_response(exc)
+        return _error_response(counted(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error_response(_validation_error(exc))
+        return _error_response(counted(_validation_error(exc)))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # (Starlette logs the traceback after this answer is sent)
-        return _error_response(_internal_error(exc))
+        return _error_response(counted(_internal_error(exc)))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                                        type=kind))
+        return _error_response(counted(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                                type=kind)))
 
     def check_model(name: str | None) -> None:
         if name is not None and name != settings.model_name:
@@ -361,12 +447,16 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
                                 f"`biglm serve --max_prompt_chars`, {default}): shorten the prompt.", param=param,
                            code="context_length_exceeded")
 
-    async def encode(prompts: list[str] | list[list[int]], config: DecodingConfig, *, param: str,
-                     limit: str = "max_tokens") -> list[list[int]]:
-        """Token ids of ``prompts`` (texts, or token ids checked against the vocabulary): their sizes checked first,
-        then tokenized in a worker thread (a long prompt takes milliseconds to seconds, which the event loop must not
-        wait for). ``limit`` is the request's name of the answer length (chat's ``max_completion_tokens``)."""
-        if config.max_new_tokens >= window:
+    async def encode(prompts: list[str] | list[list[int]], config: DecodingConfig, body: Any, *,
+                     param: str) -> tuple[list[list[int]], list[DecodingConfig]]:
+        """Token ids of ``prompts`` (texts, or token ids checked against the vocabulary) and each one's decoding
+        settings: their sizes checked first, then tokenized in a worker thread (a long prompt takes milliseconds to
+        seconds, which the event loop must not wait for). An answer length the request (``body``) names must fit
+        beside its prompt in the model's window (a 400); the server's default answer length shrinks to the rest of
+        the window where a prompt leaves less, as vLLM answers a request without ``max_tokens``."""
+        limit = "max_tokens" if getattr(body, "max_completion_tokens", None) is None else "max_completion_tokens"
+        given = getattr(body, limit) is not None
+        if given and config.max_new_tokens >= window:
             raise APIError(400, f"{limit}={config.max_new_tokens} leaves no room for a prompt in the model's "
                                 f"window of {window} tokens: ask for fewer.", param=limit, code="invalid_value")
         where = [param if len(prompts) == 1 else f"{param}[{i}]" for i in range(len(prompts))]
@@ -384,13 +474,25 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
         encoded = await asyncio.to_thread(
             lambda: [list(tokenizer(p, add_special_tokens=False)["input_ids"]) if isinstance(p, str) else list(p)
                      for p in prompts])
+        configs = []
         for ids, where in zip(encoded, where):
-            if len(ids) + config.max_new_tokens > window:
+            room = window - len(ids)
+            if given and config.max_new_tokens > room:
                 raise APIError(400, f"{where} has {len(ids)} tokens and {limit}={config.max_new_tokens}: together "
                                     f"{len(ids) + config.max_new_tokens}, more than the model's window of {window}; "
                                     f"shorten the prompt or lower {limit}.", param=param,
                                code="context_length_exceeded")
-        return encoded
+            if room < 1:
+                raise APIError(400, f"{where} has {len(ids)} tokens: it fills the model's window of {window}, leaving "
+                                    "no room for an answer; shorten the prompt.", param=param,
+                               code="context_length_exceeded")
+            try:
+                configs.append(config if config.max_new_tokens <= room else
+                               dataclasses.replace(config, max_new_tokens=room))
+            except (ValueError, TypeError) as e:  # a setting that does not fit the shorter answer
+                raise APIError(400, f"{where} leaves {room} tokens of the model's window for the answer, where {e}",
+                               param=param, code="invalid_value") from None
+        return encoded, configs
 
     def check_rows(prompts: int, n: int) -> None:
         """Refuse a request with more answers than the server holds at once (before any of it is tokenized)."""
@@ -399,11 +501,11 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
                                 f"at once ({scheduler.max_in_flight}): split the request.", param="n",
                            code="invalid_value")
 
-    def start(prompt_ids: list[list[int]], config: DecodingConfig, n: int, prefix: str, *,
+    def start(prompt_ids: list[list[int]], configs: list[DecodingConfig], n: int, prefix: str, *,
               streamed: bool) -> tuple[str, _Run]:
         rid = new_id(prefix)
         jobs, streams = [], []
-        for p, ids in enumerate(prompt_ids):
+        for p, (ids, config) in enumerate(zip(prompt_ids, configs)):
             for j in range(n):
                 # choice j of a prompt samples with seed + j: n distinct samples, each one reproducible
                 cfg = config if j == 0 else dataclasses.replace(config, seed=(config.seed + j) % SEEDS)
@@ -440,7 +542,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
                     continue
                 item.cancel()
                 if gone.done():
-                    scheduler.stats["disconnects"] += 1
+                    disconnected()
                     return False
             return True
         finally:
@@ -454,13 +556,13 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
             async for chunk in chunks:  # a pydantic model, or a JSON object (the step stream's events)
                 yield f"data: {chunk.model_dump_json() if hasattr(chunk, 'model_dump_json') else json.dumps(chunk)}\n\n"
         except APIError as e:
-            yield f"data: {json.dumps(e.body())}\n\n"
+            yield f"data: {json.dumps(counted(e).body())}\n\n"
         except asyncio.CancelledError:
-            scheduler.stats["disconnects"] += 1
+            disconnected()
             raise
         except Exception as e:  # noqa: BLE001 - the 200 is sent: the error goes in the stream, as OpenAI's
             log.exception("a streamed answer failed")
-            yield f"data: {json.dumps(_internal_error(e).body())}\n\n"
+            yield f"data: {json.dumps(counted(_internal_error(e)).body())}\n\n"
         finally:
             run.cancel_unfinished()
         yield "data: [DONE]\n\n"
@@ -514,6 +616,9 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
             lines += [f"# TYPE biglm_{name} gauge", f"biglm_{name} {value}"]
         for name, value in sorted(scheduler.stats.items()):  # counters since start
             lines += [f"# TYPE biglm_{name}_total counter", f"biglm_{name}_total {value}"]
+        lines.append("# TYPE biglm_errors_total counter")  # the errors answered, by kind (a 499: the client left)
+        lines += [f'biglm_errors_total{{status="{status}",code="{code}",param="{param}"}} {value}'
+                  for (status, code, param), value in sorted(errors.items())]
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     @app.get("/health")
@@ -543,6 +648,8 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
         check_model(body.model)
+        check_stream(body)
+        check_response_fields(body)
         config = decoding_config(body, base=settings.defaults, max_steps=max_steps,
                                  model_default=settings.model_default)
         with_logprobs = wants_logprobs(body)
@@ -552,9 +659,9 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
             raise APIError(400, "prompt is an empty list: give at least one prompt.", param="prompt",
                            code="empty_prompt")
         check_rows(len(prompts), body.n)
-        prompt_ids = await encode(prompts, config, param="prompt")
+        prompt_ids, configs = await encode(prompts, config, body, param="prompt")
         echoed = [(p if isinstance(p, str) else tokenizer.decode(p)) if body.echo else "" for p in prompts]
-        rid, run = start(prompt_ids, config, body.n, "cmpl", streamed=body.stream)
+        rid, run = start(prompt_ids, configs, body.n, "cmpl", streamed=bool(body.stream))
         created_at = now()
 
         def logprobs(i: int) -> CompletionLogprobs | None:
@@ -582,11 +689,13 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         check_model(body.model)
+        check_stream(body)
+        check_response_fields(body)
         config = decoding_config(body, base=settings.defaults, max_steps=max_steps,
                                  model_default=settings.model_default)
         with_logprobs = wants_logprobs(body)
         check_rows(1, body.n)
-        messages = body.messages
+        messages = openai_messages(body.messages)
         if isinstance(messages, list):  # the contents alone too long: refused before the template renders them
             check_length(sum(_content_chars(m.get("content")) for m in messages if isinstance(m, dict)),
                          "messages", "messages")
@@ -594,9 +703,8 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
             prompt = await asyncio.to_thread(render_chat, tokenizer, messages, add_generation_prompt=True)
         except ValueError as e:
             raise APIError(400, str(e), param="messages", code="invalid_messages") from None
-        limit = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
-        prompt_ids = await encode([prompt], config, param="messages", limit=limit)
-        rid, run = start(prompt_ids, config, body.n, "chatcmpl", streamed=body.stream)
+        prompt_ids, configs = await encode([prompt], config, body, param="messages")
+        rid, run = start(prompt_ids, configs, body.n, "chatcmpl", streamed=bool(body.stream))
         created_at = now()
 
         def logprobs(i: int) -> ChatLogprobs | None:
@@ -631,7 +739,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
         if body.n != 1:
             raise APIError(400, f"n={body.n}: {endpoint} draws one answer's canvas; send n=1 or leave it out.",
                            param="n", code="invalid_value")
-        if "stream" in sent and not body.stream:
+        if body.stream is False:
             raise APIError(400, f"stream=false: {endpoint} always streams (server-sent events); leave stream out.",
                            param="stream", code="invalid_value")
         for name in ("stream_options", "echo", "logprobs", "top_logprobs"):
@@ -640,14 +748,16 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
                                     "confidence): leave it out.", param=name, code="unsupported_field")
 
     async def stepped(prompt_ids: list[int], config: DecodingConfig, prefix: str) -> StreamingResponse:
-        """The step stream of one answer: a ``steps.start`` event, one ``steps.call`` event per model call (its
-        canvas, `canvas.Frame`), then ``steps.done`` with the text the non-streamed API answers for it."""
+        """The step stream of one answer: a ``steps.start`` event, one ``steps.call`` event per model call (the slots
+        of its canvas, `canvas.Frame`, that it changed: `FrameDeltas`), then ``steps.done`` with the text the
+        non-streamed API answers for it."""
         rid, created_at = new_id(prefix), now()
         stream = TextStream(tokenizer, eos_id=eos_id, stop=config.stop)
         run = _StepRun(scheduler, Job(f"{rid}-0-0", prompt_ids, config), stream, mask_id)
 
         async def chunks() -> AsyncIterator[dict[str, Any]]:
             head = {"id": rid, "created": created_at, "model": settings.model_name}
+            deltas = FrameDeltas(piece)
             yield {**head, "object": "steps.start", "prompt_tokens": len(prompt_ids),
                    "slots": config.max_new_tokens, "decoding": dataclasses.asdict(config)}
             deadline = asyncio.get_running_loop().time() + settings.request_timeout
@@ -665,7 +775,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
                                    code="request_timeout") from None
                 if isinstance(item, Frame):
                     calls += 1
-                    yield {**head, "object": "steps.call", **item.to_json(piece)}
+                    yield {**head, "object": "steps.call", **deltas.event(item)}
                     continue
                 run.take(item)
                 if stream.finish_reason is not None:
@@ -683,6 +793,7 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
     async def completion_steps(body: CompletionRequest) -> StreamingResponse:
         check_model(body.model)
         one_answer(body, "/v1/completions/steps")
+        check_response_fields(body)
         config = decoding_config(body, base=settings.defaults, max_steps=max_steps,
                                  model_default=settings.model_default)
         prompt = body.prompt
@@ -691,24 +802,25 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
                 raise APIError(400, f"prompt holds {len(prompt)} prompts: /v1/completions/steps draws one answer's "
                                     "canvas; send one prompt.", param="prompt", code="invalid_value")
             prompt = prompt[0]
-        (prompt_ids,) = await encode([prompt], config, param="prompt")
+        (prompt_ids,), (config,) = await encode([prompt], config, body, param="prompt")
         return await stepped(prompt_ids, config, "cmpl")
 
     @app.post("/v1/chat/completions/steps")
     async def chat_completion_steps(body: ChatCompletionRequest) -> StreamingResponse:
         check_model(body.model)
         one_answer(body, "/v1/chat/completions/steps")
+        check_response_fields(body)
         config = decoding_config(body, base=settings.defaults, max_steps=max_steps,
                                  model_default=settings.model_default)
-        if isinstance(body.messages, list):
-            check_length(sum(_content_chars(m.get("content")) for m in body.messages if isinstance(m, dict)),
+        messages = openai_messages(body.messages)
+        if isinstance(messages, list):
+            check_length(sum(_content_chars(m.get("content")) for m in messages if isinstance(m, dict)),
                          "messages", "messages")
         try:
-            prompt = await asyncio.to_thread(render_chat, tokenizer, body.messages, add_generation_prompt=True)
+            prompt = await asyncio.to_thread(render_chat, tokenizer, messages, add_generation_prompt=True)
         except ValueError as e:
             raise APIError(400, str(e), param="messages", code="invalid_messages") from None
-        limit = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
-        (prompt_ids,) = await encode([prompt], config, param="messages", limit=limit)
+        (prompt_ids,), (config,) = await encode([prompt], config, body, param="messages")
         return await stepped(prompt_ids, config, "chatcmpl")
 
     @app.get("/v1/decoding")
@@ -723,6 +835,10 @@ def create_app(*, model: Any, tokenizer: Any, settings: ServeSettings, engine: A
     @app.get("/playground", include_in_schema=False)
     async def playground() -> Response:
         return page("index.html")
+
+    @app.get("/favicon.ico", include_in_schema=False)  # what a browser asks for beside any page it shows
+    async def favicon() -> Response:
+        return page("favicon.svg")
 
     @app.get("/playground/{name}", include_in_schema=False)
     async def playground_file(name: str) -> Response:

@@ -10,8 +10,9 @@ spell) is refused here, anywhere in the body, before any of it reaches a tokeniz
 
 Decoding fields keep OpenAI's names where OpenAI has one (``max_tokens`` -> ``max_new_tokens``, chat's
 ``max_completion_tokens`` too, ``temperature``, ``top_p``, ``stop``, ``seed``); OpenAI fields biglm honours only at
-their no-op value (``frequency_penalty``/``presence_penalty`` 0) are accepted at that value and refused otherwise,
-naming the field; biglm's own options (``steps``, ``strategy``,
+their no-op value (``frequency_penalty``/``presence_penalty`` 0, ``response_format`` text, ``store`` false) are
+accepted at that value and refused otherwise, naming the field; booleans are strict (``"stream": "yes"`` is a 400,
+``null`` the default); biglm's own options (``steps``, ``strategy``,
 ``block_length``, ``top_k``, ``threshold``, ``early_stop``, ...) are extra top-level fields, sent by
 the `openai` client through ``extra_body``. Their values are checked by `DecodingConfig` itself, so
 the server and `biglm generate` accept and refuse exactly the same settings.
@@ -20,13 +21,14 @@ the server and `biglm generate` accept and refuse exactly the same settings.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import time
 import uuid
 from collections.abc import Collection
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..generation.config import FIELDS, SHAPE_FIELDS, DecodingConfig
@@ -76,7 +78,7 @@ def lone_surrogate(value: Any, path: str = "") -> tuple[str, int] | None:
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
+    include_usage: StrictBool = False
     """send a last chunk with the usage (empty choices), as OpenAI does"""
 
 
@@ -95,8 +97,13 @@ class _RequestBase(BaseModel):
     stop: Any = None
     seed: Any = None
     n: int = Field(default=1, ge=1, le=MAX_N)
-    stream: bool = False
+    stream: StrictBool | None = None
+    """true: server-sent events; false or null (OpenAI's default): one answer. Strict: "yes" or 1 is a 400, not a
+    stream"""
     stream_options: StreamOptions | None = None
+    response_format: Any = None
+    """``{"type": "text"}`` only (OpenAI's default, as vLLM takes it on both endpoints): a JSON answer is refused
+    (`check_response_fields`)"""
     user: str | None = None  # an end-user id for the caller's own logs; it changes nothing
 
     @model_validator(mode="before")
@@ -121,7 +128,7 @@ class CompletionRequest(_Request):
     """``POST /v1/completions``. A prompt is text or token ids; several prompts are a list of either."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
+    echo: StrictBool = False
     """the answer's text starts with the prompt's"""
     logprobs: int | None = None
     """0: each written token's log-probability (OpenAI's ``logprobs``; more alternatives are not kept)"""
@@ -132,7 +139,9 @@ class ChatCompletionRequest(_Request):
 
     messages: Any  # checked by `generation.chat.check_messages`, the chat format's own rules
     max_completion_tokens: Any = None  # OpenAI's newer name of max_tokens
-    logprobs: bool = False
+    store: StrictBool | None = None
+    """false or null only: biglm keeps no completions for OpenAI's evals or distillation"""
+    logprobs: StrictBool = False
     """each written token's log-probability"""
     top_logprobs: int | None = None
     """0 only: the alternatives are not kept"""
@@ -205,6 +214,40 @@ def wants_logprobs(request: CompletionRequest | ChatCompletionRequest) -> bool:
                             "(it writes the answer, it does not score the prompt): drop one of them.", param="logprobs",
                        code="unsupported_value")
     return bool(wanted is not None if not chat else wanted)
+
+
+def check_response_fields(request: CompletionRequest | ChatCompletionRequest) -> None:
+    """A 400 for OpenAI's answer options biglm cannot honour: a ``response_format`` other than text (the decoders do
+    not constrain an answer to JSON) and ``store: true`` (nothing is kept); their defaults are accepted."""
+    fmt = request.response_format
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind in (None, "text") and fmt != {"type": "text"}:  # not OpenAI's shape at all
+            raise APIError(400, f"response_format={json.dumps(fmt)[:200]}: send {{\"type\": \"text\"}} or leave it "
+                                "out.", param="response_format", code="invalid_value")
+        if kind != "text":  # json_object, json_schema: a constrained answer
+            raise APIError(400, f"response_format type {kind!r}: biglm writes text only (its decoders do not "
+                                "constrain an answer to JSON); send {\"type\": \"text\"} or leave it out.",
+                           param="response_format", code="unsupported_value")
+    if getattr(request, "store", None):
+        raise APIError(400, "store=true: biglm serve keeps no completions (there are no stored completions to list "
+                            "or distill); send false or leave it out.", param="store", code="unsupported_value")
+
+
+def check_stream(request: CompletionRequest | ChatCompletionRequest) -> None:
+    """``stream_options`` goes with ``stream: true``, as OpenAI answers (a 400, not ignored)."""
+    if request.stream_options is not None and not request.stream:
+        raise APIError(400, "stream_options is only allowed with stream=true: send stream=true or leave "
+                            "stream_options out.", param="stream_options", code="invalid_value")
+
+
+def openai_messages(messages: Any) -> Any:
+    """Chat ``messages`` as the chat format reads them: OpenAI's ``developer`` role (what current SDKs send for the
+    instructions of reasoning models) is the ``system`` role, as vLLM reads it. Anything else is left for
+    `generation.chat.check_messages` to judge."""
+    if not isinstance(messages, list):
+        return messages
+    return [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m for m in messages]
 
 
 # ----- responses -----------------------------------------------------------------------------------

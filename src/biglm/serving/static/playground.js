@@ -4,8 +4,9 @@
 
 const $ = (id) => document.getElementById(id);
 let fields = [];    // GET /v1/decoding's fields: name, kind, choices, optional, default, help
-let frames = [];    // the steps.call events of the last answer
-let shown = 0;      // index of the frame on the canvas
+let frames = [];    // the steps.call events of the last answer: each holds the slots its call changed
+let shown = -1;     // index of the frame on the canvas
+let slots = [];     // the canvas of frames[shown]: per slot its token, text, state, confidence, rejected draft
 let running = null; // the AbortController of the answer decoding
 
 function setState(state, text) {
@@ -21,9 +22,16 @@ function showError(message) {
 
 // ----- settings: one input per decoding field, the server's defaults filled in
 
+// A list (the stop strings) is written one item a line, with \n, \t, \r and \\ for a newline, a tab, a carriage
+// return and a backslash, so that an item can hold any of them ("\n" stops at the first newline).
+const escapes = { n: "\n", t: "\t", r: "\r", "\\": "\\" };
+const escapeItem = (text) => text.replace(/[\\\n\t\r]/g, (c) =>
+  "\\" + Object.keys(escapes).find((k) => escapes[k] === c));
+const unescapeItem = (line) => line.replace(/\\([ntr\\])/g, (_, c) => escapes[c]);
+
 function asText(value) {
   if (value === null || value === undefined) return "";
-  if (Array.isArray(value)) return value.join(", ");
+  if (Array.isArray(value)) return value.map(escapeItem).join("\n");
   return String(value);
 }
 
@@ -48,6 +56,10 @@ function buildSettings() {
         option.textContent = value === null ? "(unset)" : String(value);
         input.appendChild(option);
       }
+    } else if (f.kind === "list") {
+      input = document.createElement("textarea");
+      input.rows = 2;
+      input.placeholder = "one per line; \\n for a newline";
     } else {
       input = document.createElement("input");
       input.type = "text";
@@ -70,27 +82,30 @@ function resetSettings() {
 }
 
 // The value of a field's input as the request sends it; a value the server will judge is sent as typed (a number
-// when it reads as one), so a bad one is refused by the server with its own message.
+// when it reads as one), so a bad one is refused by the server with its own message. A list's items are kept as
+// written (spaces included); empty lines are none.
 function readField(f) {
   const input = $("set-" + f.name);
   if (input.tagName === "SELECT") return JSON.parse(input.value);
+  if (f.kind === "list") {
+    return input.value.split("\n").map((l) => l.replace(/\r$/, "")).filter((l) => l !== "").map(unescapeItem);
+  }
   const text = input.value.trim();
-  if (text === "") return f.optional ? null : (f.kind === "list" ? [] : "");
-  if (f.kind === "list") return text.split(",").map((s) => s.trim()).filter((s) => s);
-  if ((f.kind === "int" || f.kind === "float") && text !== "" && !isNaN(Number(text))) return Number(text);
+  if (text === "") return f.optional ? null : "";
+  if ((f.kind === "int" || f.kind === "float") && !isNaN(Number(text))) return Number(text);
   return text;
 }
 
-// The request's decoding fields: none while every input holds the server's default (the request the API answers
-// with the model's defaults); else every field as shown, so the server decodes exactly what the page says.
+// The request's decoding fields: those whose input differs from the server's default, each as typed; a field left
+// at its default is not sent, so the page asks what curl with the same changes asks (on a drafting model, changing
+// the strategy alone gets that strategy, without the default's drafts), and a prompt alone is the API's default.
 function decodingFields() {
   const values = {};
-  let changed = false;
   for (const f of fields) {
-    values[f.name] = readField(f);
-    if (JSON.stringify(values[f.name]) !== JSON.stringify(f.default)) changed = true;
+    const value = readField(f);
+    if (JSON.stringify(value) !== JSON.stringify(f.default)) values[f.name] = value;
   }
-  return changed ? values : {};
+  return values;
 }
 
 // ----- the canvas
@@ -99,37 +114,62 @@ function decodingFields() {
 const visible = (text) => text.replace(/[\u0000-\u001f\u007f]/g, (c) =>
   c === "\n" ? "\u21b5" : String.fromCharCode(c === "\u007f" ? 0x2421 : 0x2400 + c.charCodeAt(0)));
 
-function describe(row, i) {
-  const state = row.states[i];
-  const conf = row.confidence[i];
-  let text = `slot ${i + 1}: ` + (row.tokens[i] === null ? "masked" : JSON.stringify(row.text[i]));
-  if (conf !== null) text += ` \u00b7 confidence ${conf.toFixed(3)}`;
-  text += ` \u00b7 ${state}`;
-  if (row.rejected[i] !== null) text += ` \u00b7 draft ${JSON.stringify(row.rejected_text[i])} rejected`;
+function describe(slot, i) {
+  let text = `slot ${i + 1}: ` + (slot.token === null ? "masked" : JSON.stringify(slot.text));
+  if (slot.confidence !== null) text += ` \u00b7 confidence ${slot.confidence.toFixed(3)}`;
+  text += ` \u00b7 ${slot.state}`;
+  if (slot.rejected !== null) text += ` \u00b7 draft ${JSON.stringify(slot.rejected_text)} rejected`;
   return text;
 }
 
+const blank = () => ({ token: null, text: null, state: "masked", confidence: null, rejected: null,
+                       rejected_text: null });
+
+// The slots `into` with an event's row written in (the slots its call changed); a row of another length starts
+// from a blank canvas.
+function apply(into, row) {
+  if (into.length !== row.length) into = Array.from({ length: row.length }, blank);
+  row.slots.forEach((s, j) => {
+    into[s] = { token: row.tokens[j], text: row.text[j], state: row.states[j], confidence: row.confidence[j],
+                rejected: row.rejected[j], rejected_text: row.rejected_text[j] };
+  });
+  return into;
+}
+
+function paint(el, slot, i) {
+  el.className = "slot " + slot.state;
+  el.textContent = slot.token === null ? "\u00a0" : visible(slot.text);
+  if (slot.rejected !== null) {
+    const s = document.createElement("s");
+    s.className = "rejected";
+    s.textContent = visible(slot.rejected_text);
+    el.appendChild(s);
+  }
+  if (slot.confidence !== null) el.style.setProperty("--confidence", slot.confidence);
+  else el.style.removeProperty("--confidence");
+  el.title = describe(slot, i);
+  el.dataset.confidence = slot.confidence === null ? "" : String(slot.confidence);
+}
+
+// Draw frame `index`: the next frame repaints the slots its call changed; any other is rebuilt from the first.
 function draw(index) {
-  shown = index;
   const frame = frames[index];
   const row = frame.rows[0];
   const canvas = $("canvas");
-  canvas.textContent = "";
-  for (let i = 0; i < row.length; i++) {
-    const slot = document.createElement("span");
-    slot.className = "slot " + row.states[i];
-    slot.textContent = row.tokens[i] === null ? "\u00a0" : visible(row.text[i]);
-    if (row.rejected[i] !== null) {
-      const s = document.createElement("s");
-      s.className = "rejected";
-      s.textContent = visible(row.rejected_text[i]);
-      slot.appendChild(s);
-    }
-    if (row.confidence[i] !== null) slot.style.setProperty("--confidence", row.confidence[i]);
-    slot.title = describe(row, i);
-    slot.dataset.confidence = row.confidence[i] === null ? "" : String(row.confidence[i]);
-    canvas.appendChild(slot);
+  if (index === shown + 1 && slots.length === row.length && canvas.childElementCount === row.length) {
+    slots = apply(slots, row);
+    for (const s of row.slots) paint(canvas.children[s], slots[s], s);
+  } else {
+    slots = [];
+    for (let k = 0; k <= index; k++) slots = apply(slots, frames[k].rows[0]);
+    canvas.textContent = "";
+    slots.forEach((slot, i) => {
+      const el = document.createElement("span");
+      paint(el, slot, i);
+      canvas.appendChild(el);
+    });
   }
+  shown = index;
   canvas.dataset.call = String(frame.call);
   $("call").textContent = frame.call;
   $("calls").textContent = Math.max(frame.total_calls, frames.length);
@@ -175,6 +215,8 @@ async function generate(event) {
   if (chat) body.messages = text ? [{ role: "user", content: text }] : [];
   else body.prompt = text;
   frames = [];
+  shown = -1;
+  slots = [];
   $("error").hidden = true;
   $("answer").textContent = "";
   $("canvas").textContent = "";
