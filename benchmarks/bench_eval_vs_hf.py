@@ -38,6 +38,31 @@ SUITE_NAMES = {"piqa": "PIQA", "arc_easy": "ARC-E", "sciq": "SciQ", "winogrande"
                "boolq": "BoolQ", "copa": "COPA", "lambada_openai": "LAMBADA", "commonsense_qa": "CSQA"}
 
 
+def loglikelihoods(results_dir: Path) -> dict[str, dict[int, list[float]]]:
+    """task -> doc_id -> each choice's log-likelihood, from the newest ``--log_samples`` files under ``results_dir``."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for path in sorted(results_dir.rglob("samples_*.jsonl"), key=lambda p: p.stat().st_mtime):
+        task = path.name.removeprefix("samples_").rsplit("_", 1)[0].removesuffix("_local")
+        docs = out.setdefault(task, {})
+        for line in path.read_text().splitlines():
+            sample = json.loads(line)
+            docs[int(sample["doc_id"])] = [float(r[0][0]) for r in sample["resps"]]
+    return out
+
+
+def agreement(ours: dict, ref: dict) -> dict[str, dict[str, float]]:
+    """Per task: documents whose choice (argmax log-likelihood) is the same, and the largest log-likelihood gap."""
+    out = {}
+    for task, docs in ref.items():
+        mine = ours.get(task, {})
+        both = [d for d in docs if d in mine and len(mine[d]) == len(docs[d])]
+        same = sum(max(range(len(docs[d])), key=docs[d].__getitem__) == max(range(len(mine[d])), key=mine[d].__getitem__)
+                   for d in both)
+        gap = max((abs(a - b) for d in both for a, b in zip(mine[d], docs[d])), default=float("nan"))
+        out[task] = {"same_choice": f"{same}/{len(docs)}", "max_abs_loglik_diff": round(gap, 6)}
+    return out
+
+
 def accuracies(results_dir: Path) -> dict[str, dict[str, float]]:
     """task -> {acc, acc_norm} from the newest lm-eval results JSON under ``results_dir``."""
     files = sorted(results_dir.rglob("results_*.json"), key=lambda p: p.stat().st_mtime)
@@ -100,9 +125,9 @@ def main() -> None:
         out = work / f"hf-{r}"
         sec = run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
                    f"pretrained={hf_dir},dtype=float32", "--device", "cpu", "--tasks", local, "--include_path", str(yamls),
-                   "--limit", str(args.limit), "--batch_size", str(args.batch_size), "--output_path", str(out)],
-                  threads=args.threads, log=work / f"hf-{r}.log")
-        hf_sec = sec
+                   "--limit", str(args.limit), "--batch_size", str(args.batch_size), "--output_path", str(out),
+                   "--log_samples"], threads=args.threads, log=work / f"hf-{r}.log")
+        hf_sec, hf_ll = sec, loglikelihoods(out)
         rows.append({"round": r, "model": "lm-eval hf (source)", "seconds": round(sec, 1), "ratio": 1.0,
                      "scores": accuracies(out)})
         print(f"round {r} hf: {sec:.1f} s {rows[-1]['scores']}", flush=True)
@@ -113,10 +138,13 @@ def main() -> None:
                 f",{args.model_args}" if args.model_args else "")
             sec = run([sys.executable, "-m", "biglm", "eval", "--model_args", margs, "--device", "cpu", "--tasks", local,
                        "--include_path", str(yamls), "--limit", str(args.limit), "--batch_size", str(args.batch_size),
-                       "--output_path", str(out)], threads=args.threads, log=work / f"biglm-{scorer.replace(':', '')}-{r}.log")
+                       "--output_path", str(out), "--log_samples"], threads=args.threads,
+                      log=work / f"biglm-{scorer.replace(':', '')}-{r}.log")
             rows.append({"round": r, "model": f"biglm eval scorer={scorer}", "seconds": round(sec, 1),
-                         "ratio": round(sec / hf_sec, 2), "scores": accuracies(out)})
-            print(f"round {r} biglm {scorer}: {sec:.1f} s ({sec / hf_sec:.2f}x hf) {rows[-1]['scores']}", flush=True)
+                         "ratio": round(sec / hf_sec, 2), "scores": accuracies(out),
+                         "vs_hf": agreement(loglikelihoods(out), hf_ll)})
+            print(f"round {r} biglm {scorer}: {sec:.1f} s ({sec / hf_sec:.2f}x hf) {rows[-1]['scores']} "
+                  f"per document vs hf: {rows[-1]['vs_hf']}", flush=True)
     result = {"date": dt.datetime.now().isoformat(timespec="seconds"), "machine": at_start,
               "command": " ".join(sys.argv), "source": source.name, "biglm": biglm_dir.name, "tasks": tasks,
               "limit": args.limit, "threads": args.threads, "runs": rows}
@@ -129,7 +157,14 @@ def main() -> None:
     for row in rows:
         cells = [" / ".join(f"{100 * v:.0f}" for v in row["scores"].get(t, {}).values()) for t in tasks]
         lines.append(f"| {row['round']} | {row['model']} | {row['seconds']} | {row['ratio']} | " + " | ".join(cells) + " |")
-    lines += ["", "Cells: acc / acc_norm (%) on the first --limit documents."]
+    lines += ["", "Cells: acc / acc_norm (%) on the first --limit documents.", "",
+              "| round | model | " + " | ".join(f"{t}: same choice as hf, max |d loglik|" for t in tasks) + " |",
+              "|---|---|" + "---|" * len(tasks)]
+    for row in rows:
+        if "vs_hf" in row:
+            cells = [f"{row['vs_hf'].get(t, {}).get('same_choice', '-')}, {row['vs_hf'].get(t, {}).get('max_abs_loglik_diff', '-')}"
+                     for t in tasks]
+            lines.append(f"| {row['round']} | {row['model']} | " + " | ".join(cells) + " |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {stem}.json and .md")
 

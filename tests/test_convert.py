@@ -660,3 +660,56 @@ def test_a_converted_model_writes_its_sources_greedy_text_one_token_per_call_and
     # the paper's reading of the same weights (a bidirectional prompt) is not the source: the check can fail
     model.config.prefix_attention, model.config.prefix_block_lengths = "blocks", [1]
     assert generate_ids(model, ids, mask, config=plain).token_lists() != source
+
+
+# --- issue 49 item 2: adaptation adds (mask adapters) and never takes away (the text path) ----------------------------
+def test_blocks_adapt_of_a_converted_model_trains_its_mask_adapters_alone_and_keeps_the_sources_text(tmp_path,
+                                                                                                      tok_with_mask):
+    """`biglm pretrain blocks-adapt --init_from` a causal conversion: the run gains mask adapters and trains them
+    alone (every other tensor bitwise the converted one's), so the logits of text positions read causally are
+    unchanged, float32 bitwise, and one token per call still writes the source's greedy text; the masks' predictions
+    did move (the adapters learned), and text positions stay unchanged whatever the adapters hold (the gate)."""
+    from transformers import AutoModelForCausalLM
+
+    from biglm.checkpoint import load_model
+    from biglm.cli import main
+    from biglm.generation import generate_ids, left_pad
+
+    src = _save_source(tmp_path, "llama", tok_with_mask)
+    conv, run = tmp_path / "conv", tmp_path / "run"
+    assert main(["convert", str(src), str(conv)]) == 0
+    assert main(["pretrain", "blocks-adapt", "--init_from", str(conv), "--out_dir", str(run), "--steps", "4",
+                 "--seq_len", "32", "--micro_batch", "2", "--global_batch", "2", "--warmup_steps", "1", "--lr", "1e-2",
+                 "--save_every", "4", "--eval_every", "0", "--log_every", "1", "--objective.draft_tree_every", "2",
+                 "--objective.draft_groups", "2", "--model.max_position_embeddings", "64"]) == 0
+    before, _ = load_model(conv)
+    after, _ = load_model(run)
+    assert after.config.prefix_attention == "causal" and after.config.mask_adapter_rank > 0
+    new = after.state_dict()
+    for name, w in before.state_dict().items():
+        assert torch.equal(new[name], w), name  # every converted tensor as it was
+    adapters = {k: v for k, v in new.items() if "_adapter." in k}
+    assert adapters and any(v.abs().sum() > 0 for k, v in adapters.items() if k.endswith("up.weight"))
+    mask = after.config.mask_token_id
+    ids = torch.randint(5, len(tok_with_mask) - 5, (2, 16), generator=torch.Generator().manual_seed(3))
+    with_masks = torch.cat((ids, torch.full((2, 6), mask)), dim=1)
+    with torch.no_grad():
+        b, a = before(with_masks, prefix_len=16).logits, after(with_masks, prefix_len=16).logits
+    assert torch.equal(a[:, :17], b[:, :17])  # text positions and the slot after them: bitwise unchanged
+    assert not torch.allclose(a[:, 17:], b[:, 17:])  # the masks' drafts moved
+    source = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    prompts = [ids[0, :9].tolist(), ids[1].tolist()]
+    with torch.no_grad():
+        ref = [source.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None,
+                               suppress_tokens=[after.config.eos_token_id])[0, len(p):].tolist() for p in prompts]
+    got = generate_ids(after, *left_pad(prompts, pad_id=after.config.pad_token_id), max_new_tokens=10,
+                       strategy="confidence", block_length=1, steps=10, suppress_ids=[after.config.eos_token_id])
+    assert got.token_lists() == ref
+    # the gate is what keeps the text: a call without mask tokens runs no adapter, and larger adapters leave text alone
+    with torch.no_grad():
+        everywhere = after(with_masks[:, :16], prefix_len=16)  # no mask token in the call: no gate, no adapters
+        assert torch.equal(everywhere.logits, b[:, :16])
+        for layer in after.model.layers:
+            layer.self_attn.qkv_adapter.up.weight.add_(0.5)
+        moved = after(with_masks, prefix_len=16).logits
+    assert torch.equal(moved[:, :17], b[:, :17])  # still gated: text unchanged whatever the adapters hold

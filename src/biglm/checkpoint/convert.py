@@ -25,7 +25,7 @@ whose logits equal the source's position for position.
 ``causal`` (`BiGLMConfig.prefix_attention` "causal", with the shift): the text, prompt and written answer, is read as
 the source read it, so the logits of the slot after the text are the source's next-token logits: one token per call
 writes the source's greedy text and the scorer gives the source's log-likelihoods before any training. The mask slots
-(the suffix) see everything and are what adaptation trains (DESIGN.md section 20). `biglm convert` turns it on by
+(the suffix) see everything and are what adaptation trains. `biglm convert` turns it on by
 default (`CAUSAL_DEFAULT`).
 """
 
@@ -42,7 +42,7 @@ from .output import check_output_dir, staged_output
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 SHIFT_DEFAULT = True  # `biglm convert`'s default: measured better (see above)
-CAUSAL_DEFAULT = True  # `biglm convert`'s default: the source's text and scores from step 0 (DESIGN.md section 20)
+CAUSAL_DEFAULT = True  # `biglm convert`'s default: the source's text and scores from step 0
 
 
 class ConvertError(ValueError):

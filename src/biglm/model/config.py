@@ -15,6 +15,8 @@ from typing import Any
 from transformers import PreTrainedConfig
 
 ATTENTION_BACKENDS = ("eager", "sdpa", "flex")
+DEFAULT_MASK_ADAPTER_RANK = 32
+"""The rank of the mask adapters a causal model gains at its first adaptation (`BiGLMConfig.mask_adapter_rank`)."""
 PREFIX_ATTENTION = ("bidirectional", "blocks", "causal")
 
 
@@ -91,6 +93,10 @@ class BiGLMConfig(PreTrainedConfig):
             block length is the largest); empty for "bidirectional", [1] for "causal".
         attention_bias: biases on q_proj/k_proj/v_proj (not o_proj), as Qwen2 has; off for BiGLM's own presets
             (`biglm convert` sets it for a Qwen2 checkpoint).
+        mask_adapter_rank: r > 0 adds a low-rank adapter (rank r) beside each linear layer of every block that acts
+            only at mask-token positions (gated LoRA, as "Your LLM Knows the Future", 2025): text positions compute
+            exactly what the model without them computes, so a causal model's next-token path stays its source's
+            while the masks learn to draft and fill in. `blocks-adapt` on a causal model trains them alone. 0: none.
         shift_logits: the logits of position i come from the final hidden state of position i-1 (position 0 from
             itself), as an autoregressive model's head is aligned: the "shift" Dream and DiffuLLaMA keep when they
             adapt an AR checkpoint. A property of the model, so decoding, scoring and serving use it without
@@ -125,6 +131,7 @@ class BiGLMConfig(PreTrainedConfig):
         prefix_block_lengths: list[int] | tuple[int, ...] = (),
         attention_bias: bool = False,
         shift_logits: bool = False,
+        mask_adapter_rank: int = 0,
         **kwargs: Any,
     ) -> None:
         self.vocab_size = vocab_size
@@ -148,6 +155,7 @@ class BiGLMConfig(PreTrainedConfig):
             self.prefix_block_lengths = [1]  # the text is read in blocks of one from its first token
         self.attention_bias = bool(attention_bias)
         self.shift_logits = bool(shift_logits)
+        self.mask_adapter_rank = int(mask_adapter_rank)
         # transformers' SDPA integration assumes causal attention when no mask is given.
         self.is_decoder = False
         super().__init__(
@@ -197,6 +205,10 @@ class BiGLMConfig(PreTrainedConfig):
         if self.prefix_attention == "bidirectional" and self.prefix_block_lengths:
             raise ValueError(f"prefix_block_lengths={self.prefix_block_lengths} is set, but prefix_attention is "
                              "'bidirectional': block lengths belong to 'blocks' models only.")
+        if self.mask_adapter_rank < 0:
+            raise ValueError(f"mask_adapter_rank={self.mask_adapter_rank} must be >= 0 (0: no mask adapters).")
+        if self.mask_adapter_rank and self.mask_token_id is None:
+            raise ValueError("mask_adapter_rank > 0 gates the adapters on the mask token: set mask_token_id.")
         if self.vocab_size <= 0 or self.max_position_embeddings <= 0:
             raise ValueError("vocab_size and max_position_embeddings must be positive.")
 

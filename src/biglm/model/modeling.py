@@ -84,6 +84,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
+class BiGLMMaskAdapter(nn.Module):
+    """A low-rank update ``up(down(x))`` added to a linear layer's output at mask positions only (``gate`` (B, L, 1):
+    1 at a mask token, 0 elsewhere): the gated LoRA of `BiGLMConfig.mask_adapter_rank`. ``up`` starts at zero, so a
+    fresh adapter changes nothing."""
+
+    def __init__(self, d_in: int, d_out: int, rank: int) -> None:
+        super().__init__()
+        self.down = nn.Linear(d_in, rank, bias=False)
+        self.up = nn.Linear(rank, d_out, bias=False)
+        self.up.zero_init = True  # `_init_weights`: a fresh adapter is no change
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return self.up(self.down(x)) * gate
+
+
 class BiGLMMLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
@@ -93,8 +108,17 @@ class BiGLMMLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.gate_up_proj: nn.Module | None = None  # gate and up as one product (`packed.pack_linears`, inference)
+        r = config.mask_adapter_rank
+        self.gate_up_adapter = BiGLMMaskAdapter(config.hidden_size, 2 * config.intermediate_size, r) if r else None
+        self.down_adapter = BiGLMMaskAdapter(config.intermediate_size, config.hidden_size, r) if r else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        if gate is not None and self.gate_up_adapter is not None:  # mask positions: the adapters' updates added
+            both = (self.gate_up_proj(x) if self.gate_up_proj is not None
+                    else torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1))
+            g, up = (both + self.gate_up_adapter(x, gate)).chunk(2, dim=-1)
+            h = F.silu(g) * up
+            return self.down_proj(h) + self.down_adapter(h, gate)
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
@@ -340,15 +364,25 @@ class BiGLMAttention(nn.Module):
         self.v_proj = nn.Linear(h, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
         self.qkv_proj: nn.Module | None = None  # q, k and v as one product (`packed.pack_linears`, inference)
+        r = config.mask_adapter_rank
+        self.qkv_adapter = BiGLMMaskAdapter(h, (self.n_heads + 2 * self.n_kv) * self.head_dim, r) if r else None
+        self.o_adapter = BiGLMMaskAdapter(self.n_heads * self.head_dim, h, r) if r else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: AttentionMask,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None, gate: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         B, L, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         cos, sin = rope
-        if self.qkv_proj is not None:  # q and k side by side in one product: one rotation for both (a decoding call's
-            qkv = self.qkv_proj(x)     # per-op overhead; each element rotated as alone, bitwise)
+        adapted = gate is not None and self.qkv_adapter is not None  # mask positions: the adapters' updates added
+        if adapted:
+            qkv = (self.qkv_proj(x) if self.qkv_proj is not None
+                   else torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)) + self.qkv_adapter(x, gate)
+            qk = apply_rope(qkv[..., :(H + Hkv) * D].view(B, L, H + Hkv, D).transpose(1, 2), cos, sin)
+            q, k = qk[:, :H], qk[:, H:]
+            v = qkv[..., (H + Hkv) * D:].view(B, L, Hkv, D).transpose(1, 2)
+        elif self.qkv_proj is not None:  # q and k side by side in one product: one rotation for both (a decoding
+            qkv = self.qkv_proj(x)       # call's per-op overhead; each element rotated as alone, bitwise)
             qk = apply_rope(qkv[..., :(H + Hkv) * D].view(B, L, H + Hkv, D).transpose(1, 2), cos, sin)
             q, k = qk[:, :H], qk[:, H:]  # (B, H, L, D), (B, Hkv, L, D)
             v = qkv[..., (H + Hkv) * D:].view(B, L, Hkv, D).transpose(1, 2)
@@ -364,6 +398,8 @@ class BiGLMAttention(nn.Module):
         attend = batch_invariant_attention if mask.batch_invariant else BACKENDS[self.config.attn_backend]
         out = attend(q, k, v, mask, dropout)  # (B, H, L, D)
         out = out.transpose(1, 2).reshape(B, L, self.n_heads * self.head_dim)
+        if adapted:
+            return self.o_proj(out) + self.o_adapter(out, gate), new_kv
         return self.o_proj(out), new_kv
 
 
@@ -377,12 +413,12 @@ class BiGLMBlock(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: AttentionMask,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None, gate: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        attn, kv = self.self_attn(self.input_layernorm(x), rope, mask, past)
+        attn, kv = self.self_attn(self.input_layernorm(x), rope, mask, past, gate)
         # dropout is the identity in eval: its calls are skipped (a batch-1 decoding step is mostly per-call overhead)
         x = x + (self.dropout(attn) if self.training else attn)
-        out = self.mlp(self.post_attention_layernorm(x))
+        out = self.mlp(self.post_attention_layernorm(x), gate)
         return x + (self.dropout(out) if self.training else out), kv
 
 
@@ -399,12 +435,15 @@ class BiGLMPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        if isinstance(module, nn.Linear) and getattr(module, "zero_init", False):
+            init.zeros_(module.weight)
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
             init.normal_(module.weight, mean=0.0, std=std)
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, BiGLMRMSNorm):
             init.ones_(module.weight)
+
         elif isinstance(module, BiGLMRotaryEmbedding):
             d = self.config.head_dim
             init.copy_(module.inv_freq,
@@ -573,10 +612,14 @@ class BiGLMModel(BiGLMPreTrainedModel):
         if self.training:
             x = self.dropout(x)
         rope = self.rotary_emb(position_ids, x.dtype)
+        gate = None
+        if self.config.mask_adapter_rank:  # the mask adapters act at mask tokens only (none in a text-only call)
+            is_mask = input_ids == self.config.mask_token_id
+            gate = is_mask[..., None].to(x.dtype) if bool(is_mask.any()) else None
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             past = None if prefix_cache is None else (prefix_cache.keys[i], prefix_cache.values[i])
-            x, (k, v) = layer(x, rope, mask, past)
+            x, (k, v) = layer(x, rope, mask, past, gate)
             if return_cache:
                 keys.append(k)
                 values.append(v)

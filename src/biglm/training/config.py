@@ -55,6 +55,10 @@ class ModelArgs:
     """dropout on the residual branches and embeddings"""
     tie_word_embeddings: bool | None = None
     """share the input embedding with the MLM output projection"""
+    mask_adapter_rank: int | None = None
+    """rank of the adapters that act at mask positions only (gated LoRA); a causal model (`biglm convert`'s) adapts
+    through them alone, its other weights frozen, so its next-token predictions stay its source's (default there:
+    32; 0 on a causal model trains every weight instead and its text moves away from the source's)"""
 
     def overrides(self) -> dict[str, Any]:
         """The fields that are set, as `BiGLMConfig` keyword arguments."""

@@ -30,9 +30,10 @@ import torch
 from ..checkpoint import CheckpointError, checkpoint_dirs, latest_checkpoint, model_source
 from ..config import ConfigError
 from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters, resolve_attn_backend
+from ..model.config import DEFAULT_MASK_ADAPTER_RANK
 from ..objective import ObjectiveConfig, apply_masks, draw_masks, make_generator, masked_lm_loss
 from ..objective.loss import masked_targets
-from ..objective.masking import annealed_lookahead, draft_tree_layout, draw_draft_tree
+from ..objective.masking import DraftTree, annealed_lookahead, draft_tree_layout, draw_draft_tree
 from .config import TrainConfig
 from .distributed import DistInfo, all_reduce_sum, full_model_on_rank0
 from .loop import Evaluation, TrainLoop
@@ -41,6 +42,18 @@ from .parts import (FiniteWatch, MetricsWriter, NonFiniteLossError, StepPrefetch
 from .schedule import lr_at
 
 # dense bf16 peak per device, for MFU
+def freeze_all_but_mask_adapters(model: torch.nn.Module) -> int:
+    """Train a model's mask adapters alone (`BiGLMConfig.mask_adapter_rank`): every other weight frozen, so what text
+    positions compute, a causal model's next-token path, never changes. Returns the number of trained parameters."""
+    trained = 0
+    for name, param in model.named_parameters():
+        param.requires_grad_("_adapter." in name)
+        trained += param.numel() if param.requires_grad else 0
+    if not trained:
+        raise ValueError("the model has no mask adapters to train (mask_adapter_rank 0)")
+    return trained
+
+
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "4090": 165.0}
 
 
@@ -159,7 +172,13 @@ class Trainer(TrainLoop):
         model_args.update(cfg.model.overrides())
         # the model records what its prefix was trained to see (decoding reads it): the objective decides, so a
         # paper model adapted with biglm-blocks becomes "blocks", and a blocks model trained on with biglm goes back
-        if cfg.objective.prefix_blocks:
+        if base_config is not None and base_config.prefix_attention == "causal":
+            # a causal model (`biglm convert`'s) keeps its source's reading of the text whatever the objective, and
+            # adapts through mask adapters trained alone: the next-token path stays the source's
+            model_args.update(prefix_attention="causal", prefix_block_lengths=[1])
+            if "mask_adapter_rank" not in cfg.model.overrides() and not base_config.mask_adapter_rank:
+                model_args["mask_adapter_rank"] = DEFAULT_MASK_ADAPTER_RANK
+        elif cfg.objective.prefix_blocks:
             model_args.update(prefix_attention="blocks", prefix_block_lengths=sorted(cfg.objective.prefix_blocks))
         else:
             model_args.update(prefix_attention="bidirectional", prefix_block_lengths=[])
@@ -193,6 +212,10 @@ class Trainer(TrainLoop):
         model = BiGLMForMaskedLM(self.model_config)
         if self.init_source is not None:
             self._load_init_weights(model)
+        if self.model_config.mask_adapter_rank and self.model_config.prefix_attention == "causal":
+            trained = freeze_all_but_mask_adapters(model)
+            self.echo(f"[biglm] training the mask adapters only (rank {self.model_config.mask_adapter_rank}, "
+                      f"{trained:,} parameters): the text's next-token predictions stay the source's")
         self.setup(model.to(dev), activation_checkpointing=cfg.activation_checkpointing)
         self.n_params = count_parameters(self.model_config)
         # the loaded tokenizer's own fingerprint: shards built with any other tokenizer are refused, even one of equal size
@@ -239,13 +262,17 @@ class Trainer(TrainLoop):
         return BiGLMConfig.from_pretrained(self.init_source.config_dir), self.init_source.tokenizer_dir
 
     def _load_init_weights(self, model: BiGLMForMaskedLM) -> None:
-        """Copy the --init_from model's weights into ``model`` (same shape; strict: every tensor, nothing else)."""
+        """Copy the --init_from model's weights into ``model`` (same shape; strict: every tensor, nothing else, but
+        the mask adapters a causal model gains at its first adaptation, which start as no change)."""
         from ..checkpoint import load_model
 
         source = self.init_source
         loaded, _ = load_model(source.weights)
         try:
-            model.load_state_dict(loaded.state_dict())
+            state = loaded.state_dict()
+            if self.model_config.mask_adapter_rank and not loaded.config.mask_adapter_rank:
+                state.update({k: v for k, v in model.state_dict().items() if "_adapter." in k})
+            model.load_state_dict(state)
         except RuntimeError as e:
             first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
             raise ValueError(f"--init_from {source.path}: its weights do not fit a BiGLMForMaskedLM of its config "
@@ -364,6 +391,8 @@ class Trainer(TrainLoop):
         masks are, each rank laying out its own windows; the count is the whole batch's labels."""
         cfg, W, r, mb = self.cfg, self.info.world_size, self.info.rank, self.cfg.micro_batch
         tree = draw_draft_tree(cfg.global_batch, cfg.seq_len, self.objective, generator=gen, device=dev)
+        if self.model_config.prefix_attention == "causal":  # no prompt read both ways: the text as decoding reads it
+            tree = DraftTree(prompt_len=torch.zeros_like(tree.prompt_len), anchors=tree.anchors)
         shift = bool(getattr(self.model_config, "shift_logits", False))
         width = self.objective.draft_width
         normalizer = tree.count(cfg.seq_len, width, shift=shift).float().clamp(min=1)
