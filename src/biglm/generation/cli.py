@@ -5,7 +5,8 @@ Prints one block per prompt: a ``### prompt i: ...`` header line, then the answe
 can watch the answer unmask (Mask-Predict prints the re-masked input and the new prediction); ``--show`` instead
 redraws the answer's canvas in place on the terminal (stderr) after every call (`canvas.LiveCanvas`), coloured by
 what the call did, stdout unchanged.
-Exit codes: 0 ok, 2 bad arguments or missing checkpoint.
+Exit codes: 0 ok, 2 bad arguments or missing checkpoint, 130 Ctrl-C (each answer printed as far as it was written,
+unwritten slots as ``_``, then one ``[biglm] interrupted ...`` line on stderr).
 
 The options are the fields of `GenerateArgs`: the checkpoint, ``--prompt`` (repeatable),
 ``--device``/``--dtype``/``--show_steps`` and every `DecodingConfig` field (help = the field's
@@ -198,6 +199,43 @@ def _step_printer(tokenizer, mask_id: int):
     return show
 
 
+class _LastStep:
+    """An ``on_step`` that keeps the last `StepInfo` a decode reported (what Ctrl-C prints) and passes each one on
+    to ``then`` (the printer of --show_steps, the canvas of --show)."""
+
+    def __init__(self, then: Any = None) -> None:
+        self.then, self.info = then, None
+
+    def __call__(self, info: StepInfo) -> None:
+        self.info = info
+        if self.then is not None:
+            self.then(info)
+
+
+def _interrupted(prompts: list[str], info: StepInfo | None, tokenizer, model_config) -> int:
+    """After Ctrl-C: each prompt's answer as the last model call left it (unwritten slots as ``_``, cut at its end
+    token and before its trailing unwritten slots; a length beam's first candidate), then one line on stderr; 130."""
+    mask_id, eos = model_config.mask_token_id, model_config.eos_token_id
+    if info is not None and sys.stdout.isatty():
+        print()  # past the ^C the terminal echoed
+    for i, prompt in enumerate(prompts if info is not None else []):
+        rows = (info.prompt_index == i).nonzero()
+        if not rows.numel():
+            continue
+        r = int(rows[0])
+        ids = info.output_ids[r, :int(info.candidate_length[r])].tolist()
+        if eos in ids:
+            ids = ids[:ids.index(eos)]
+        while ids and ids[-1] == mask_id:
+            ids.pop()
+        print(f"### prompt {i + 1}: {prompt}")
+        print(_render(tokenizer, ids, mask_id), flush=True)
+    where = "before the first model call" if info is None else \
+        f"after model call {info.step} of {info.total_steps}: the answers above are partial (_ = not written yet)"
+    print(f"[biglm] interrupted {where}", file=sys.stderr, flush=True)
+    return 130
+
+
 def load_for_cli(path: Path, *, prog: str, device: str | None, dtype: str | None, compile: bool = False,
                  batch_invariant: bool = False):
     """``(model, tokenizer)`` from a command's checkpoint argument, or None after one line on stderr naming the
@@ -239,13 +277,18 @@ def main(argv: list[str]) -> int:
 
         live = LiveCanvas(tokenizer, mask_id)
         on_step = live.recorder
+    last = _LastStep(on_step)
     try:
         config = cli_decoding(args, argv, model)  # the model's saved settings under the flags given
         with live if live is not None else contextlib.nullcontext():
-            answers = generate(model, tokenizer, args.prompt, config=config, on_step=on_step)
+            answers = generate(model, tokenizer, args.prompt, config=config, on_step=last)
     except (ValueError, TypeError) as e:
         print(f"biglm generate: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what each answer holds so far, one line, 130 (no traceback)
+        if live is not None and not live.console.is_terminal:
+            print(file=sys.stderr)  # the canvas's last frame ends its line on a terminal only
+        return _interrupted(args.prompt, last.info, tokenizer, model.config)
     for i, (prompt, answer) in enumerate(zip(args.prompt, answers), start=1):
         print(f"### prompt {i}: {prompt}")
         print(answer)
