@@ -3,7 +3,7 @@
     python benchmarks/tables.py           # write docs/generated/*.md and README.md's headline table
     python benchmarks/tables.py --check   # exit 1, naming them, if any of those is not what the files give now
 
-Each table reads one kind of result file that a benchmark script wrote (`common.write_report` and the like: the
+Each table reads one kind of result file (those git tracks: a table shows committed results, the same in every clone) that a benchmark script wrote (`common.write_report` and the like: the
 machine and the commit it ran at are in every file) and gives every row its machine, commit, date, command and the
 quality of what was timed beside the speed:
 
@@ -35,13 +35,27 @@ RESULTS = REPO / "benchmarks" / "results"
 OUT = REPO / "docs" / "generated"
 README = REPO / "README.md"
 MARK_START, MARK_END = "<!-- tables.py: headline -->", "<!-- /tables.py: headline -->"
-REMAKE = "Made by `python benchmarks/tables.py` from benchmarks/results/ (every run, its command and its files: docs/benchmarks)."
+REMAKE = ("Made by `python benchmarks/tables.py` from the files in benchmarks/results/; every run, with its command: "
+          "docs/benchmarks.md. A commit with `+` ran with uncommitted changes.")
 
 
 # ------------------------------------------------------------------------------------------------ reading
+@functools.cache
+def _tracked() -> frozenset[str] | None:
+    """The result files git tracks (a table shows committed results, the same in every clone); None without git."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--", str(RESULTS.relative_to(REPO))], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return frozenset(Path(p).name for p in out.split("\0") if p)
+
+
 def load(pattern: str) -> list[tuple[Path, dict]]:
-    """The result files matching ``pattern``, oldest first (by date, then name)."""
-    found = [(p, json.loads(p.read_text())) for p in sorted(RESULTS.glob(pattern))]
+    """The committed result files matching ``pattern``, oldest first (by date, then name)."""
+    tracked = _tracked()
+    found = [(p, json.loads(p.read_text())) for p in sorted(RESULTS.glob(pattern))
+             if tracked is None or p.name in tracked]
     return sorted(found, key=lambda pr: (when(pr[1]), pr[0].name))
 
 
@@ -237,7 +251,7 @@ def headline(identity: list[dict], drafts: list[dict], evals: list[dict], serves
     if drafts:
         f = drafts[-1]
         r = f["report"]
-        rows.append([f"`{Path(r['model']).name}`: converted, then 40 steps of `blocks-adapt` on CPU",
+        rows.append([f"`{Path(r['model']).name}`: a converted model after `blocks-adapt`, default decoding",
                      "itself, one token per call",
                      f"{f['tpc']:.2f} tokens per call", f"the same text: {f['same']} ({r['dtype']})",
                      *run_cells(f["path"], r)])
@@ -255,14 +269,17 @@ def headline(identity: list[dict], drafts: list[dict], evals: list[dict], serves
                                                                      else "") + ")",
                      *run_cells(f["path"], r)])
     if evals:
-        adapted = [f for f in evals if "append" in f["run"]["model"]] or evals
-        f = adapted[-1]
+        newest = [f for f in evals if f["path"] == evals[-1]["path"]]  # the newest run, its default scorer first
+        f = next((f for f in newest if f["run"]["model"].endswith(("=auto", "=append"))), newest[-1])
         r, run, hf = f["report"], f["run"], f["hf"]
         acc = lambda s: sum(s[t]["acc"] for t in f["tasks"] if t in s) / len(f["tasks"])  # noqa: E731
+        agree = run.get("vs_hf")
+        quality = (f"mean acc {100 * acc(run['scores']):.0f}% vs {100 * acc(hf['scores']):.0f}% "
+                   f"({', '.join(f['tasks'])}; {r['limit']} documents each)")
+        if agree:
+            quality += "; the same choice as `hf` on " + ", ".join(f"{t} {v['same_choice']}" for t, v in agree.items())
         rows.append([f"`biglm eval` of `{r['biglm']}` ({run['model'].removeprefix('biglm eval ')})",
-                     "lm-eval `hf` on the source", f"{run['ratio']:.2f}x the time",
-                     f"mean acc {100 * acc(run['scores']):.0f}% vs {100 * acc(hf['scores']):.0f}% "
-                     f"({', '.join(f['tasks'])}; {r['limit']} documents each)", *run_cells(f["path"], r)])
+                     "lm-eval `hf` on the source", f"{run['ratio']:.2f}x the time", quality, *run_cells(f["path"], r)])
     return table(["what", "against", "result", "quality of what was timed", *RUN_HEADER], rows) + ["", REMAKE]
 
 
