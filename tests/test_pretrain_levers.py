@@ -131,9 +131,12 @@ def test_resume_under_prefetch_equals_uninterrupted(data, tmp_path):
         if step == 2:
             import signal
 
-            loop._stop_signal = signal.SIGTERM
+            loop.request_stop(signal.SIGTERM)
 
-    Trainer(_cfg(data, tmp_path / "cut", steps=6), info=SINGLE, echo=lambda s: None, after_step=stop_at_2).train()
+    from biglm.training.loop import TrainingInterrupted
+
+    with pytest.raises(TrainingInterrupted):
+        Trainer(_cfg(data, tmp_path / "cut", steps=6), info=SINGLE, echo=lambda s: None, after_step=stop_at_2).train()
     Trainer(_cfg(data, tmp_path / "cut", steps=6), info=SINGLE, echo=lambda s: None).train()
     assert train_losses(tmp_path / "cut") == train_losses(tmp_path / "full")
 

@@ -25,6 +25,7 @@ if "trackio" not in sys.modules:
 
 from biglm.training import Trainer  # noqa: E402
 from biglm.training.distributed import DistInfo  # noqa: E402
+from biglm.training.loop import TrainingInterrupted  # noqa: E402
 
 SINGLE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
@@ -101,7 +102,7 @@ def trackio_logs(project: str, run: str) -> list[dict]:
 def _stop_at(step: int):
     def hook(loop, now: int) -> None:
         if now == step:
-            loop._stop_signal = signal.SIGINT  # what SIGINT does: a checkpoint after this step, then stop
+            loop.request_stop(signal.SIGINT)  # what SIGINT does: a checkpoint after this step, then stop
     return hook
 
 
@@ -110,7 +111,9 @@ def test_pretrain_reports_to_wandb_and_trackio_and_a_resume_continues_their_runs
     out = tmp_path / "tiny-run"
     said: list[str] = []
     cfg = _cfg(synthetic_data, out, report_to=["wandb", "trackio"], project=project)
-    first = Trainer(cfg, info=SINGLE, echo=said.append, after_step=_stop_at(2)).train()
+    with pytest.raises(TrainingInterrupted) as stop:
+        Trainer(cfg, info=SINGLE, echo=said.append, after_step=_stop_at(2)).train()
+    first = stop.value.result
     assert first.interrupted and first.step == 2
     state = json.loads((out / "trackers.json").read_text())
     second = Trainer(_cfg(synthetic_data, out, report_to=["wandb", "trackio"], project=project), info=SINGLE,
@@ -146,6 +149,43 @@ def test_pretrain_reports_to_wandb_and_trackio_and_a_resume_continues_their_runs
     assert {r["step"]: r["train/loss"] for r in logs if "train/loss" in r} == losses
     assert {r["step"]: r["val/val_loss"] for r in logs if "val/val_loss" in r} == val
     assert SQLiteStorage.get_run_config(project, "tiny-run")["steps"] == 4
+
+
+def test_a_resume_never_sends_a_tracker_a_step_twice(synthetic_data, tmp_path, offline):
+    """Issue 50: trackio showed steps 5-6 twice after a resume from step 4. A run that crashed after logging step 3
+    (its checkpoint: step 2) resumes at step 2 and takes step 3 again: TensorBoard purges it, and W&B and trackio,
+    which cannot, are not sent it again (their runs hold it already, with the same value: an exact resume)."""
+    project = f"biglm-test-{tmp_path.name}"
+    out = tmp_path / "crashed-run"
+
+    def crash(loop, step: int) -> None:
+        if step == 4:
+            raise RuntimeError("killed")
+
+    cfg = dict(report_to=["wandb", "trackio", "tensorboard"], project=project, steps=6)
+    with pytest.raises(RuntimeError, match="killed"):
+        Trainer(_cfg(synthetic_data, out, **cfg), info=SINGLE, echo=lambda s: None, after_step=crash).train()
+    assert sorted(train_losses(out)) == [1, 2, 3]
+    Trainer(_cfg(synthetic_data, out, **cfg), info=SINGLE, echo=lambda s: None).train()
+    losses = train_losses(out)
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+
+    logs = trackio_logs(project, "crashed-run")
+    for key in ("train/loss", "log/loss", "log/lr"):
+        steps = [r["step"] for r in logs if key in r]
+        assert sorted(steps) == [1, 2, 3, 4, 5, 6], (key, steps)  # each step once
+    assert {r["step"]: r["train/loss"] for r in logs if "train/loss" in r} == losses
+
+    first, second = wandb_runs(out)
+    for key in ("train/loss", "log/loss"):
+        assert not set(first["history"][key]) & set(second["history"][key]), key
+        assert sorted({**first["history"][key], **second["history"][key]}) == [1, 2, 3, 4, 5, 6]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(out / "tensorboard"))
+    board.Reload()
+    assert [e.step for e in board.Scalars("train/loss")] == [1, 2, 3, 4, 5, 6]
 
 
 def test_a_missing_tracker_package_is_one_line_and_the_run_finishes(synthetic_data, tmp_path, offline, monkeypatch):

@@ -29,6 +29,7 @@ from biglm.training import (
 )
 from biglm.checkpoint import CheckpointError, checkpoint_dirs, export_checkpoint
 from biglm.training.distributed import DistInfo
+from biglm.training.loop import TrainingInterrupted
 
 SINGLE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 REPO = Path(__file__).resolve().parents[1]
@@ -243,17 +244,20 @@ def test_sigterm_saves_and_stops(prepared, tmp_path):
         if step == 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    result = Trainer(_cfg(prepared, tmp_path, save_every=100), info=SINGLE, after_step=hook, echo=lambda s: None).train()
-    assert result.interrupted and result.step == 2
+    with pytest.raises(TrainingInterrupted) as stop:
+        Trainer(_cfg(prepared, tmp_path, save_every=100), info=SINGLE, after_step=hook, echo=lambda s: None).train()
+    result = stop.value.result
+    assert result.interrupted and result.step == 2 and stop.value.exit_code == 143
     assert [d.name for d in checkpoint_dirs(tmp_path)] == ["step_0000002"]
 
 
 def test_non_finite_loss_stops_without_touching_checkpoints(prepared, tmp_path):
     def stop_at_3(loop, step):  # an 8-step run stopped after step 3 (as SIGTERM does): a resume keeps its schedule
         if step == 3:
-            loop._stop_signal = signal.SIGTERM
+            loop.request_stop(signal.SIGTERM)
 
-    Trainer(_cfg(prepared, tmp_path, steps=8), info=SINGLE, echo=lambda s: None, after_step=stop_at_3).train()
+    with pytest.raises(TrainingInterrupted):
+        Trainer(_cfg(prepared, tmp_path, steps=8), info=SINGLE, echo=lambda s: None, after_step=stop_at_3).train()
     ckpt = checkpoint_dirs(tmp_path)[0]
     assert ckpt.name == "step_0000003"
     stamp = {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()}

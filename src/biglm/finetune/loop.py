@@ -210,7 +210,7 @@ class FineTuner(TrainLoop):
 
     def record_step(self, result: FinetuneResult, metrics: MetricsWriter, loss: torch.Tensor,
                     grad_norm: torch.Tensor, *, last: bool) -> None:
-        if not (self.step % self.cfg.log_every == 0 or self._epoch_end(self.step) or self._stop_signal):
+        if not (self.step % self.cfg.log_every == 0 or self._epoch_end(self.step) or last):
             return
         value = float(loss)
         result.losses.append((self.step, value))
@@ -239,6 +239,9 @@ def run_finetune(task: FinetuneTask, cfg: FinetuneConfig, *, echo: Callable[[str
         task = Seq2SeqTask(Seq2SeqSettings(train="pairs.jsonl", validation="val.jsonl"), name="squad-qg")
         result = run_finetune(task, FinetuneConfig(model="runs/default", out_dir="runs/qg", epochs=4, lr=5e-4))
         result.best_epoch, result.best          # the best epoch's metric; its model is in runs/qg/best
+
+    SIGINT/SIGTERM stop it after the step in progress with that step's checkpoint, then raise
+    `biglm.training.TrainingInterrupted` (``biglm finetune`` exits 130 / 143); the same call resumes there.
     """
     from ..training.distributed import destroy_distributed, init_distributed
 

@@ -2,9 +2,10 @@
 
 from .checkpoint import Checkpointer
 from .config import TrainConfig
+from .loop import TrainingInterrupted
 from .recipes import RECIPES, get_recipe
 from .schedule import lr_at
 from .trainer import NonFiniteLossError, Trainer, TrainResult
 
 __all__ = ["Checkpointer", "TrainConfig",
-           "RECIPES", "get_recipe", "lr_at", "NonFiniteLossError", "Trainer", "TrainResult"]
+           "RECIPES", "get_recipe", "lr_at", "NonFiniteLossError", "Trainer", "TrainingInterrupted", "TrainResult"]

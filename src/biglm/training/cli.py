@@ -26,14 +26,19 @@ dropouts and max_position_embeddings may change); the objective decides the mode
 (`blocks-adapt` turns a paper model into a biglm-blocks one). A run with checkpoints resumes from them instead.
 
 The same command runs on many processes: ``torchrun --nproc_per_node N -m biglm pretrain RECIPE``.
-A run resumes from its newest checkpoint when started again with the same output directory.
+A run resumes from its newest checkpoint when started again with the same output directory. Ctrl-C (SIGINT) or
+SIGTERM stops it after the step in progress, with that step's checkpoint (or a line saying why it could not be
+written), and the command exits 130 (SIGINT) or 143 (SIGTERM), so ``biglm pretrain ... && biglm export ...`` stops
+there too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 from ..config import ConfigError, apply_overrides, fail, format_help, given_options
 from .config import BUILTIN, INIT_MODEL_FIELDS, ModelArgs, TrainConfig, load_recipe_file
@@ -56,8 +61,9 @@ def prepare_builtin_data(out: Path, *, tokenizer: str | Path | None = None) -> t
     return data_dir, tok_dir
 
 
-def resolve_config(argv: list[str]) -> TrainConfig:
-    """The run's config from ``[RECIPE | file.yaml] [--local] [--field value ...]``; `ConfigError` if wrong."""
+def resolve_config(argv: list[str], *, note: Callable[[str], None] | None = None) -> TrainConfig:
+    """The run's config from ``[RECIPE | file.yaml] [--local] [--field value ...]``; `ConfigError` if wrong.
+    ``note`` gets a line for each recipe setting fitted to the run (`fit_to_steps`)."""
     local = "--local" in argv
     argv = [a for a in argv if a != "--local"]
     if argv and not argv[0].startswith("--"):
@@ -69,11 +75,30 @@ def resolve_config(argv: list[str]) -> TrainConfig:
         base, rest = get_recipe("default"), argv
     cfg = apply_overrides(base, rest)
     given = given_options(TrainConfig, rest)
+    cfg = fit_to_steps(cfg, given, note=note)
     if cfg.init_from:
         cfg = _init_from_recipe(cfg, given)
     elif "preset" in given:  # the shape the user asked for, not the recipe's fields laid over it
         cfg = dataclasses.replace(cfg, model=_recipe_model(cfg, given, keep=INIT_MODEL_FIELDS))
     return cfg
+
+
+STEP_SPANS = ("warmup_steps", "attention_anneal_steps")
+"""settings counted in steps that must fit in --steps"""
+
+
+def fit_to_steps(cfg: TrainConfig, given: dict, *, note: Callable[[str], None] | None = None) -> TrainConfig:
+    """A recipe's warm-up (or attention anneal) longer than the run's --steps, and not named on the command line,
+    is clamped to the run, with a one-line note: ``biglm pretrain --steps 3`` trains (warm-up 3 instead of the
+    default recipe's 30). Clamped, not rescaled: every run the recipe's value fits keeps it (29 and 30 steps warm up
+    over 29 and 30), so no existing run (or its resume) changes schedule; a run this short is a smoke test. A value
+    given on the command line that does not fit is still refused (`TrainConfig.validate`): that is the user's own."""
+    changes = {name: cfg.steps for name in STEP_SPANS if name not in given and getattr(cfg, name) > cfg.steps > 0}
+    for name in changes:
+        if note is not None:
+            note(f"[biglm] note: --{name} {cfg.steps}, clamped to --steps: the recipe's {getattr(cfg, name)} does not "
+                 "fit the run")
+    return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
 def _recipe_model(cfg: TrainConfig, given: dict, *, keep: tuple[str, ...]) -> ModelArgs:
@@ -135,8 +160,13 @@ def main(argv: list[str]) -> int:
         print(format_help(TrainConfig, prog=PROG + " [RECIPE | recipe.yaml] [--local]", doc=__doc__, base=base))
         return 0
     show = any(a in {"--print_config", "--print-config"} for a in argv)
+
+    def note(text: str) -> None:  # rank 0 only; beside --print_config's YAML, on stderr
+        if os.environ.get("RANK", "0") == "0":
+            print(text, file=sys.stderr if show else sys.stdout)
+
     try:
-        cfg = resolve_config([a for a in argv if a not in {"--print_config", "--print-config"}])
+        cfg = resolve_config([a for a in argv if a not in {"--print_config", "--print-config"}], note=note)
         cfg.validate()
     except ConfigError as e:
         fail(PROG, str(e))
@@ -171,7 +201,7 @@ def main(argv: list[str]) -> int:
 
         trainer = Trainer(cfg, info=info, task_evaluator=zero_shot_evaluator(cfg, info=info))
         result = trainer.train()
-        if builtin and info.is_main and not result.interrupted:
+        if builtin and info.is_main:  # a stop signal raised TrainingInterrupted: `biglm` exits 130 / 143
             _demo_report(trainer, result)
         return 0
     except NonFiniteLossError as e:

@@ -68,6 +68,27 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def host_group() -> "dist.ProcessGroup | None":
+    """A process group for small host-side agreements (a stop signal, say) that touch no device and so add no GPU
+    sync: the default group when it is gloo, else a new gloo group (collective: every rank calls it, at the same
+    point). None in a single process."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if dist.get_backend() == "gloo":
+        return dist.group.WORLD
+    return dist.new_group(backend="gloo")
+
+
+def agree_max(value: int, *, group: "dist.ProcessGroup | None") -> int:
+    """The largest of every rank's ``value`` (a CPU collective over `host_group`'s group); ``value`` itself in one
+    process."""
+    if group is None:
+        return value
+    t = torch.tensor([value], dtype=torch.long)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return int(t.item())
+
+
 def parallelize(model: nn.Module, *, info: DistInfo, mode: str = "auto", compile: bool = False,
                 activation_checkpointing: bool = False, param_dtype: torch.dtype | None = None) -> nn.Module:
     """Prepare a single-device BiGLM for training on ``info``'s device(s).

@@ -9,10 +9,18 @@
 
 Everything else exists once, here: the run directory's lock, the model's wrapping (torch.compile, DDP or FSDP2),
 AdamW with the settings of `LoopConfig`, the learning-rate schedule, the clipped and checked optimiser step,
-checkpoints with an exact resume (model, optimiser, step, RNG state and the program's own state), SIGINT/SIGTERM
-(a checkpoint after the current step), metrics.jsonl and the experiment trackers of --report_to (`trackers`), the
-``after_step`` test hook and the ``BIGLM_FAULT_AFTER_STEP`` crash injection. A new training mode is a program, never
-a flag in this file.
+checkpoints with an exact resume (model, optimiser, step, RNG state and the program's own state), SIGINT/SIGTERM,
+metrics.jsonl and the experiment trackers of --report_to (`trackers`), the ``after_step`` test hook and the
+``BIGLM_FAULT_AFTER_STEP`` crash injection. A new training mode is a program, never a flag in this file.
+
+A stop signal (SIGINT, SIGTERM) never interrupts a step: the handler only records it, with the step it stops after
+(the one whose stop decision comes next), and says so on the console. That decision is read once per step, right
+after the optimiser step and before anything else of the step (log line, trackers, evaluations, checkpoint): a
+signal that lands in any of those phases belongs to the next step. The stopping step is logged, its checkpoint is
+written (or the console says why it could not be), and `train` raises `TrainingInterrupted` (exit status 130 for
+SIGINT, 143 for SIGTERM in `biglm`), so ``biglm pretrain ... && biglm export ...`` does not go on. Under torchrun the
+ranks agree on the step (a host-side collective, no device sync), so the collective save never waits on a rank that
+did not see the signal.
 """
 
 from __future__ import annotations
@@ -31,9 +39,27 @@ from ..checkpoint import CheckpointError, checkpoint_dirs
 from ..config import to_dict
 from .checkpoint import Checkpointer, hold_run_dir
 from .config import LoopConfig
-from .distributed import DistInfo, all_reduce_sum, parallelize, set_gradient_sync, shape_template, unsharded_copy
+from .distributed import (DistInfo, agree_max, all_reduce_sum, host_group, parallelize, set_gradient_sync,
+                          shape_template, unsharded_copy)
 from .parts import (FiniteWatch, MetricsWriter, autocast, autocast_dtype, build_optimizer, clip_and_step,
                     install_stop_signals, restore_rng, restore_signals, rng_state, set_lr)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """A stop signal ended training: raised by `TrainLoop.train` after the stopping step's checkpoint was written
+    (``checkpoint``; None when it could not be, which the console said). A KeyboardInterrupt, as Ctrl-C is in
+    Python: no ``except Exception`` swallows it, and a script does not go on as if the run had finished.
+    ``exit_code`` is the shell's 128 + signal number (130 SIGINT, 143 SIGTERM), what the `biglm` command exits
+    with; ``result`` is what `train` would have returned (its ``interrupted`` set)."""
+
+    def __init__(self, signum: int, *, step: int, checkpoint: Path | None, result: Any) -> None:
+        self.signal, self.step, self.checkpoint, self.result = signum, step, checkpoint, result
+        where = f"checkpoint {checkpoint}" if checkpoint is not None else "its checkpoint could not be written"
+        super().__init__(f"{_signal_name(signum)}: training stopped at step {step} ({where})")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signal
 
 
 @dataclass
@@ -63,7 +89,11 @@ class TrainLoop:
         self.after_step = after_step
         self.evaluations: list[Evaluation] = []
         self.step = 0
-        self._stop_signal: int | None = None
+        self._stop_signal: int | None = None  # the first stop signal received
+        self._stop_at: int | None = None  # the step it stops after
+        self._deciding = 1  # the step whose stop decision comes next
+        self._saved_step: int | None = None
+        self._stop_group = None  # under torchrun: the host-side group the ranks agree on a stop over
         self._checking_inputs = True
         self.finite_watch: FiniteWatch | None = None  # a program sets one for the sync-free non-finite check
 
@@ -85,6 +115,7 @@ class TrainLoop:
                                  activation_checkpointing=activation_checkpointing, param_dtype=self.autocast_dtype)
         self.optimizer = build_optimizer(model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.checkpointer = Checkpointer(self.out, keep_last=cfg.keep_last)
+        self._stop_group = host_group()
 
     def evaluation_model(self) -> torch.nn.Module:
         """The model an evaluator sees: the training model itself, or under FSDP2 (with ``gather_for_evaluation``)
@@ -120,7 +151,8 @@ class TrainLoop:
 
     def record_step(self, result: Any, metrics: MetricsWriter, loss: torch.Tensor, grad_norm: torch.Tensor, *,
                     last: bool) -> None:
-        """Log the step (the program decides what a log line holds and when)."""
+        """Log the step (the program decides what a log line holds and when). ``last``: the run ends after this
+        step (its last step, the time budget or a stop signal): whatever the program holds back is logged now."""
 
     def save_due(self, last: bool) -> bool:
         """Whether a checkpoint is due after this step (besides --save_every and a stop signal)."""
@@ -169,8 +201,49 @@ class TrainLoop:
     def save(self) -> Path:
         extra = {"step": self.step, **self.state_dict(), **rng_state(self.info.device)}
         path = self.checkpointer.save(self.step, model=self.model, optimizer=self.optimizer, extra=extra)
+        self._saved_step = self.step
         self.echo(f"[biglm] saved checkpoint {path}")
         return path
+
+    # ------------------------------------------------------------------ stop signals
+    def request_stop(self, signum: int) -> None:
+        """What SIGINT/SIGTERM do (a test may call it too): stop after the step whose stop decision comes next, with
+        its checkpoint. Only records and announces: the step in progress, its log line and its save go on."""
+        name = _signal_name(signum)
+        if self._stop_signal is not None:
+            self._announce(f"\n[biglm] received {name} again: already stopping after step "
+                           f"{min(self._stop_at or self.step, self.total_steps)}")
+            return
+        self._stop_signal, self._stop_at = signum, self._deciding
+        self._announce(f"\n[biglm] received {name}: stopping after step {min(self._stop_at, self.total_steps)} with "
+                       "a checkpoint")
+
+    def _announce(self, text: str) -> None:
+        """A line from the signal handler, which may run in the middle of another print (Python's buffered streams
+        refuse that reentrant call): then straight to stderr's file descriptor."""
+        try:
+            self.echo(text)
+        except RuntimeError:
+            if self.info.is_main:
+                os.write(2, (text + "\n").encode())
+
+    def _stop_decision(self) -> int:
+        """Whether to stop after this step (the signal number, or 0): read once per step, before anything else of
+        the step; a signal later in the step stops after the next one. The ranks agree under torchrun."""
+        self._deciding = self.step + 1  # first: a signal from here on announces (and gets) the next step
+        local = self._stop_signal if self._stop_at is not None and self._stop_at <= self.step else 0
+        return agree_max(local or 0, group=self._stop_group)
+
+    def _save_announced(self, signum: int) -> Path | None:
+        """The checkpoint a stop signal announced; when it cannot be written, the console says so and why."""
+        try:
+            return self.save()
+        except (CheckpointError, OSError) as e:
+            previous = checkpoint_dirs(self.out)
+            resume = f"a resume starts from {previous[-1].name}" if previous else "no checkpoint to resume from"
+            self.echo(f"[biglm] {_signal_name(signum)}: could not write the checkpoint of step {self.step} "
+                      f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); {resume}")
+            return None
 
     def check_resume(self) -> None:
         """Refuse (`CheckpointError`, one line naming each field with its saved and new value) a resume whose
@@ -201,7 +274,7 @@ class TrainLoop:
         if resumed is None:
             return False
         ckpt, extra = resumed
-        self.step = extra["step"]
+        self.step = self._saved_step = extra["step"]
         self.load_state_dict(extra)
         restore_rng(extra, self.info.device)
         if self.step >= self.total_steps:
@@ -225,9 +298,14 @@ class TrainLoop:
 
     def train(self) -> Any:
         """Resume if there is a checkpoint, then train to the last step, holding the output directory's lock (a
-        second run there is refused, naming this one)."""
+        second run there is refused, naming this one). A stop signal raises `TrainingInterrupted` once its step's
+        checkpoint is written (the lock released first)."""
         with hold_run_dir(self.out, echo=self.echo):
-            return self._train()
+            result = self._train()
+        if result.interrupted:
+            raise TrainingInterrupted(self._stop_signal or signal.SIGINT, step=self.step, checkpoint=self._stopped_with,
+                                      result=result)
+        return result
 
     def _train(self) -> Any:
         cfg = self.cfg
@@ -237,17 +315,16 @@ class TrainLoop:
         metrics = MetricsWriter(self.out, enabled=self.info.is_main, trackers=cfg.trackers(), config=to_dict(cfg),
                                 project=cfg.project, start_step=self.step, echo=self.echo)
 
-        def stop(signum: int) -> None:
-            self._stop_signal = signum
-            self.echo(f"\n[biglm] received {signal.Signals(signum).name}: saving a checkpoint after this step")
-
-        old_handlers = install_stop_signals(stop)
+        self._deciding = self.step + 1
+        self._stopped_with: Path | None = None
+        old_handlers = install_stop_signals(self.request_stop)
         self.model.train()
         fault_step = int(os.environ.get("BIGLM_FAULT_AFTER_STEP", "0"))  # tests: simulate a crash (os._exit)
         self.echo(self.describe())
         self.t_start, self.step_start = time.perf_counter(), self.step
         budget = None if getattr(cfg, "max_minutes", None) is None else cfg.max_minutes * 60.0
         self._over_budget = False
+        stopped = 0
         try:
             while self.step < self.total_steps:
                 loss, grad_norm = self.train_step()
@@ -255,27 +332,41 @@ class TrainLoop:
                     self.after_step(self, self.step)
                 if fault_step and self.step == fault_step:
                     os._exit(17)
+                stopped = self._stop_decision()  # before this step's log line, evaluations and checkpoint
                 over = budget is not None and time.perf_counter() - self.t_start >= budget
                 last = self.step == self.total_steps or over
-                if over and self.step < self.total_steps:
+                if over and self.step < self.total_steps and not stopped:
                     self.echo(f"[biglm] time budget of {cfg.max_minutes:g} min reached after step {self.step} of "
                               f"{self.total_steps}: stopping here")
                     self._over_budget = True
-                save = bool(cfg.save_every and self.step % cfg.save_every == 0) or self.save_due(last) or self._stop_signal
+                save = bool(cfg.save_every and self.step % cfg.save_every == 0) or self.save_due(last)
                 due = [e for e in self.evaluations if e.due(self.step, last)]
-                if last or save or due or self.step % cfg.log_every == 0:
+                if last or stopped or save or due or self.step % cfg.log_every == 0:
                     self.check_finite()  # a skipped (non-finite) step is never logged, evaluated or saved
-                self.record_step(result, metrics, loss, grad_norm, last=last)
+                self.record_step(result, metrics, loss, grad_norm, last=last or bool(stopped))
                 for evaluation in due:
                     evaluation.run(result, metrics)
-                if save:
+                if save and not stopped:
                     self.save()
-                if self._stop_signal:
-                    result.interrupted = True
-                    self.echo(f"[biglm] stopped at step {self.step}; run the same command to resume.")
+                if stopped or last:
                     break
-                if over:
-                    break
+            # a signal after the last step's decision: the run's end is where it stops
+            stopped = stopped or agree_max(self._stop_signal or 0, group=self._stop_group)
+            if stopped:
+                self._stop_signal = stopped  # under torchrun: the signal another rank received
+                self._stopped_with = (self.checkpointer.root / f"step_{self.step:07d}"
+                                      if self._saved_step == self.step else self._save_announced(stopped))
+                result.interrupted = True
+                where = (f"checkpoint {self._stopped_with}" if self._stopped_with is not None
+                         else "without its checkpoint")
+                then = ("run the same command to resume." if self.step < self.total_steps
+                        else "that was the run's last step.")
+                self.echo(f"[biglm] {_signal_name(stopped)}: stopped at step {self.step} ({where}); {then}")
+        except BaseException:
+            if self._stop_signal is not None and self._saved_step != self.step:
+                self.echo(f"[biglm] the checkpoint {_signal_name(self._stop_signal)} announced was not written: the "
+                          f"run ended on an error at step {self.step}")
+            raise
         finally:
             restore_signals(old_handlers)
             metrics.close()
@@ -288,8 +379,15 @@ class TrainLoop:
         return (time.perf_counter() - self.t_start) / done * (self.total_steps - self.step)
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def _said(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
-__all__ = ["Evaluation", "TrainLoop"]
+__all__ = ["Evaluation", "TrainLoop", "TrainingInterrupted"]

@@ -152,8 +152,9 @@ def restore_rng(state: dict[str, Any], device: torch.device) -> None:
 
 
 def install_stop_signals(on_stop: Callable[[int], None]) -> dict:
-    """Route SIGINT/SIGTERM to ``on_stop(signum)`` (the loop then saves a checkpoint after the current step);
-    returns the previous handlers for `restore_signals`."""
+    """Route SIGINT/SIGTERM to ``on_stop(signum)`` (the loop's `TrainLoop.request_stop`: it records the signal and
+    the step it stops after; the loop writes that step's checkpoint); returns the previous handlers for
+    `restore_signals`."""
     old = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(ValueError):  # not the main thread
@@ -172,7 +173,9 @@ class MetricsWriter:
 
     ``start_step`` is the step the run (re)starts from: what an earlier attempt logged past it (steps a crash or a
     damaged checkpoint rolled back, which the run is about to log again) is dropped before the first new line, so
-    the log reads as one run. metrics.jsonl is rewritten atomically; TensorBoard purges the same steps."""
+    the log reads as one run. metrics.jsonl is rewritten atomically; TensorBoard purges the same steps; a resumed
+    W&B or trackio run, which cannot take a step back, is not sent those scalars again (`trackers.Trackers`: the
+    dropped records say what it was sent)."""
 
     def __init__(self, out: Path, *, enabled: bool, trackers: Sequence[str] = (), config: dict[str, Any] | None = None,
                  project: str = "biglm", start_step: int = 0, echo: Callable[[str], None] = print) -> None:
@@ -181,13 +184,15 @@ class MetricsWriter:
         if not enabled:
             return
         out.mkdir(parents=True, exist_ok=True)
-        _drop_logged_after(out / "metrics.jsonl", start_step)
+        dropped = _drop_logged_after(out / "metrics.jsonl", start_step)
         self.file = open(out / "metrics.jsonl", "a")
         if trackers:
             from .trackers import Trackers
 
+            sent = {(key, record["step"]) for record in dropped if isinstance(record.get("step"), int)
+                    for key in tracker_scalars(record)}
             self.trackers = Trackers(out, trackers, config=config or {}, project=project, start_step=start_step,
-                                     echo=echo)
+                                     echo=echo, already_sent=sent)
 
     def write(self, record: dict[str, Any], kind: str = "train") -> None:
         if not self.enabled:
@@ -195,9 +200,7 @@ class MetricsWriter:
         self.file.write(json.dumps({"kind": kind, **record}) + "\n")
         self.file.flush()
         if self.trackers is not None and isinstance(record.get("step"), int):
-            self.trackers.log({f"{kind}/{k}": v for k, v in record.items()
-                               if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)},
-                              record["step"])
+            self.trackers.log(tracker_scalars({"kind": kind, **record}), record["step"])
 
     def close(self) -> None:
         if self.enabled:
@@ -206,13 +209,20 @@ class MetricsWriter:
                 self.trackers.close()
 
 
-def _drop_logged_after(path: Path, step: int) -> None:
+def tracker_scalars(record: dict[str, Any]) -> dict[str, float]:
+    """What the trackers get of a metrics.jsonl record: its numbers as ``KIND/FIELD`` scalars (at its step)."""
+    kind = record.get("kind", "train")
+    return {f"{kind}/{k}": v for k, v in record.items()
+            if k not in ("step", "kind") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _drop_logged_after(path: Path, step: int) -> list[dict[str, Any]]:
     """Rewrite metrics file ``path`` (atomically: a kill leaves the old file or the new) without the records of
     steps after ``step`` and without a line a kill cut short; records without a step stay. Untouched when there
-    is nothing to drop."""
+    is nothing to drop. Returns the dropped records (what an earlier attempt logged past ``step``)."""
     if not path.is_file():
-        return
-    kept, dropped = [], 0
+        return []
+    kept, dropped = [], []
     with open(path) as f:
         for line in f:
             try:
@@ -220,17 +230,18 @@ def _drop_logged_after(path: Path, step: int) -> None:
             except ValueError:
                 record = None
             if not isinstance(record, dict) or isinstance(record.get("step"), (int, float)) and record["step"] > step:
-                dropped += 1
+                dropped.append(record if isinstance(record, dict) else {})
             else:
                 kept.append(line)
     if not dropped:
-        return
+        return []
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         f.writelines(kept)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    return dropped
 
 
 def progress_bar(total: int, *, desc: str, unit: str, enabled: bool) -> Any:

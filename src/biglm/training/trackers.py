@@ -8,6 +8,11 @@ the same run directory always reports to the same tracker run and a new director
 offline when no account is configured (``OUT/wandb``; ``wandb sync`` uploads it later); trackio logs to its local
 database (``$TRACKIO_DIR``, default ``~/.cache/huggingface/trackio``) unless its own variables name a Space.
 
+A resumed run never sends a tracker a step twice: TensorBoard drops the steps past the resumed one (``purge_step``);
+W&B and trackio cannot take a step back (W&B refuses a smaller step, trackio shows both), so the scalars an earlier
+attempt sent past the resumed step (the records the resume drops from metrics.jsonl) are not sent to their resumed
+runs again: they already hold them, with the same values (an exact resume).
+
 A tracker never stops training: a missing package, or any error of a tracker (at start, at a log, at the end), is
 one line on the console, and the run goes on without that tracker.
 """
@@ -52,6 +57,8 @@ class Tracker:
     """One tracker's run: ``log`` scalars at a step, ``close`` at the end."""
 
     name: str
+    purges_on_resume = False
+    """whether a resumed run drops what was logged past the resumed step itself (else `Trackers` skips it)"""
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         raise NotImplementedError
@@ -62,6 +69,7 @@ class Tracker:
 
 class TensorBoardTracker(Tracker):
     name = "tensorboard"
+    purges_on_resume = True
 
     def __init__(self, out: Path, *, start_step: int, **_: Any) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -106,8 +114,8 @@ class WandbTracker(Tracker):
         state["id"] = self.run.id
 
     def log(self, scalars: dict[str, float], step: int) -> None:
-        # W&B's history is append-only: steps an earlier attempt logged past the resumed one are not rewritten (an
-        # exact resume logs the same values there again)
+        # W&B's history is append-only: what an earlier attempt logged past the resumed step is never sent again
+        # (`Trackers.log`)
         self.run.log(scalars, step=step)
 
     def close(self) -> None:
@@ -140,12 +148,17 @@ KINDS: dict[str, type[Tracker]] = {"tensorboard": TensorBoardTracker, "wandb": W
 
 class Trackers:
     """The trackers of one run (main rank only). ``names`` are resolved `--report_to` values; ``config`` is the
-    run's configuration as plain data; ``start_step`` the step the run (re)starts from."""
+    run's configuration as plain data; ``start_step`` the step the run (re)starts from; ``already_sent`` the
+    (scalar, step) pairs an earlier attempt logged past it, which a resumed tracker run that cannot purge them is
+    not sent again."""
 
     def __init__(self, out: Path, names: Sequence[str], *, config: dict[str, Any], start_step: int = 0,
-                 project: str = DEFAULT_PROJECT, echo: Callable[[str], None] = print) -> None:
+                 project: str = DEFAULT_PROJECT, echo: Callable[[str], None] = print,
+                 already_sent: set[tuple[str, int]] | None = None) -> None:
         self.out, self.echo = Path(out), echo
         self.active: list[Tracker] = []
+        self.already_sent = already_sent or set()
+        self._resumed: set[str] = set()  # trackers continuing a run an earlier attempt logged to
         if not names:
             return
         state_path = self.out / STATE_FILE
@@ -159,6 +172,8 @@ class Trackers:
                      f"'biglm[trackers]'); training goes on without it")
                 continue
             state = dict(saved.get(name, {}))
+            if state:
+                self._resumed.add(name)
             try:
                 tracker = KINDS[name](self.out, run_name=self.out.resolve().name, config=config, project=project,
                                       start_step=start_step, state=state, echo=echo)
@@ -182,8 +197,12 @@ class Trackers:
         if not scalars:
             return
         for tracker in list(self.active):
+            sent = self.already_sent if tracker.name in self._resumed and not tracker.purges_on_resume else ()
+            new = {k: v for k, v in scalars.items() if (k, step) not in sent} if sent else scalars
+            if not new:
+                continue
             try:
-                tracker.log(scalars, step)
+                tracker.log(new, step)
             except Exception as e:  # noqa: BLE001
                 self.active.remove(tracker)
                 self._failed(tracker.name, f"logging failed at step {step}", e)

@@ -524,12 +524,13 @@ class Trainer(TrainLoop):
     def record_step(self, result: TrainResult, metrics: MetricsWriter, loss: torch.Tensor, grad_norm: torch.Tensor, *,
                     last: bool) -> None:
         """Every step's loss (read from the device only at log lines), and at log lines tokens/s, MFU and ETA. A
-        line every --log_every steps, at the last step, at the run's first step and `LOG_INTERVAL_S` after the last
-        line: the first line comes after one step and no line waits for log_every slow steps."""
+        line every --log_every steps, at the run's last step (also the one a stop signal or the time budget ends it
+        at: no loss of a checkpointed step is left unlogged), at the run's first step and `LOG_INTERVAL_S` after the
+        last line: the first line comes after one step and no line waits for log_every slow steps."""
         cfg = self.cfg
         self._pending.append((self.step, loss))
         now = time.perf_counter()
-        if not (self.step % cfg.log_every == 0 or last or self._stop_signal or self.step == self.step_start + 1
+        if not (self.step % cfg.log_every == 0 or last or self.step == self.step_start + 1
                 or now - self._t_last >= self.LOG_INTERVAL_S):
             return
         self.check_finite()
