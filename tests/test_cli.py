@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from biglm.cli import COMMANDS, main
 
 
@@ -54,3 +56,55 @@ def test_generate_refuses_an_output_that_is_a_folder_before_loading(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"--output {run} is a folder" in err, err
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]
+
+
+# ------------------------------------------------------------------ issue 50 item 7: first steps
+def test_a_misspelt_command_gets_the_nearest_one(capsys):
+    assert main(["pretrian"]) == 2
+    assert "unknown command 'pretrian'; did you mean 'pretrain'?" in capsys.readouterr().err
+
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    import biglm
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"biglm {version('biglm')}" == f"biglm {biglm.__version__}"
+
+
+def test_a_warning_is_one_line_without_its_source(monkeypatch, capsys):
+    """A library's UserWarning reached the console as Python prints it: file, line number and the line of code."""
+    import warnings
+
+    import biglm.cli_presets
+
+    def warns(argv):
+        warnings.warn("the first thing\n   went  wrong", UserWarning)
+        warnings.warn_explicit("a future change", FutureWarning, "/x/site-packages/torch/nn/modules/module.py", 7)
+        return 0
+
+    monkeypatch.setattr(biglm.cli_presets, "main", warns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(["presets"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "[biglm] warning: the first thing went wrong",
+        "[biglm] warning: FutureWarning: a future change (torch)"]
+    assert warnings.showwarning.__module__ == "warnings"  # the command's formatter is gone after it
+
+
+def test_a_plain_ctrl_c_in_a_command_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C outside a training loop (whose `TrainingInterrupted` carries its own status): exit 130, one line."""
+    import biglm.cli_presets
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(biglm.cli_presets, "main", interrupted)
+    try:
+        code = main(["presets"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C left `biglm` as a KeyboardInterrupt (a traceback, exit 1)")
+    assert code == 130
+    assert capsys.readouterr().err.strip() == "[biglm] interrupted"

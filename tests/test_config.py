@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from biglm.cli import main
-from biglm.config import ConfigError, apply_overrides, from_dict, parse_cli, to_dict
+from biglm.config import ConfigError, apply_overrides, format_help, from_dict, parse_cli, to_dict
 from biglm.objective import OBJECTIVES, ObjectiveConfig
 from biglm.training import Trainer, TrainConfig, get_recipe
 from biglm.training.config import ModelArgs, load_recipe_file
@@ -113,7 +114,8 @@ def test_generic_parser_positionals_bools_and_hyphens(capsys):
 
 
 def test_list_positional_takes_the_rest_comma_separated_as_its_help_says():
-    """`biglm data prepare a.txt,b.txt c.txt`: SOURCES is "comma-separated strs" in --help, as the flag form splits."""
+    """`biglm data prepare a.txt,b.txt c.txt`: SOURCES takes "the arguments left, each also split at commas" in --help,
+    as the flag form splits."""
     @dataclass
     class Args:
         out: str
@@ -239,3 +241,46 @@ def test_abstract_sequence_and_mapping_fields_are_typed():
     assert convert({"a": "b"}, Mapping[str, str], name="m") == {"a": "b"}
     with pytest.raises(ConfigError, match="--x expects comma-separated ints, got 3"):
         convert(3, Sequence[int], name="x")
+
+
+# ------------------------------------------------------------------ issue 50 item 7: first steps
+def test_pretrain_with_fewer_steps_than_the_recipes_warmup_clamps_it_with_a_note(capsys):
+    """`biglm pretrain --steps 3` failed: "--warmup_steps 30 is more than --steps 3" (30: the default recipe's)."""
+    from biglm.training.cli import resolve_config
+
+    notes: list[str] = []
+    cfg = resolve_config(["--steps", "3"], note=notes.append)
+    assert (cfg.steps, cfg.warmup_steps) == (3, 3)
+    assert notes == ["[biglm] note: --warmup_steps 3, clamped to --steps: the recipe's 30 does not fit the run"]
+    cfg.validate()
+    assert resolve_config(["--steps", "40"], note=notes.append).warmup_steps == 30 and len(notes) == 1  # it fits
+    with pytest.raises(ConfigError, match="--warmup_steps 30 is more than --steps 3"):  # the user's own is refused
+        resolve_config(["--steps", "3", "--warmup_steps", "30"]).validate()
+
+    assert main(["pretrain", "--steps", "3", "--print_config"]) == 0
+    out, err = capsys.readouterr()
+    assert yaml.safe_load(out)["warmup_steps"] == 3 and "clamped to --steps" in err
+
+
+def test_help_says_how_a_list_is_given():
+    """`generate --help` said `--prompt` takes "comma-separated strs", where each --prompt is one prompt, commas kept."""
+    @dataclass
+    class Args:
+        prompt: list[str] = field(default_factory=list, metadata={"repeatable": True})
+        """text to continue"""
+        tasks: list[str] = field(default_factory=list)
+        """tasks"""
+
+    text = format_help(Args, prog="t", doc=None)
+    assert "--prompt (a str per --prompt: --prompt A --prompt B; commas kept, default [])" in text
+    assert "--tasks (strs: a,b or [a, b] or --tasks A --tasks B, default [])" in text
+    # what the help says is what the parser does
+    assert parse_cli(Args, ["--prompt", "a, b", "--prompt", "c"], prog="t").prompt == ["a, b", "c"]
+    for argv in (["--tasks", "a,b"], ["--tasks", "[a, b]"], ["--tasks", "a", "--tasks", "b"]):
+        assert parse_cli(Args, argv, prog="t").tasks == ["a", "b"], argv
+
+
+def test_generate_help_does_not_call_prompt_comma_separated(capsys):
+    assert main(["generate", "--help"]) == 0
+    (line,) = [l for l in capsys.readouterr().out.splitlines() if l.startswith("  --prompt ")]
+    assert "comma" not in line.replace("commas kept", "") and "--prompt A --prompt B" in line

@@ -18,7 +18,18 @@ from transformers import (AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModel
 from .model import (BiGLMConfig, BiGLMForConditionalGeneration, BiGLMForMaskedLM, BiGLMForQuestionAnswering, BiGLMModel,
                     PrefixCache)
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's, one source), or 0+unknown for a bare source tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("biglm")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _version()
 
 AutoConfig.register("biglm", BiGLMConfig, exist_ok=True)
 AutoModel.register(BiGLMConfig, BiGLMModel, exist_ok=True)

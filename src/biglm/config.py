@@ -23,7 +23,8 @@ Notable features
 - ``--help`` lists every field (nested ones flattened) with type, default and docstring;
   ``--print_config`` prints the resolved configuration as YAML, which a later run reads back.
 - A list field marked ``metadata={"repeatable": True}`` takes one item per flag (``--prompt A --prompt B``),
-  never split at commas; other list fields also accept ``a,b``.
+  never split at commas; other list fields take ``a,b``, a YAML list ``[a, b]`` or the flag repeated (each value
+  then kept whole). ``--help`` says which (`help_type`).
 - Hyphens and underscores in flag names are the same (``--max-new-tokens`` = ``--max_new_tokens``);
   help shows the field names, so there is one spelling across commands.
 - A device is checked where it enters (`check_device`): every parsed config with a ``device`` field, and the
@@ -406,16 +407,32 @@ def given_options(cls: type, argv: list[str]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------- the command line
-def _flat_fields(cls: type, prefix: str = "") -> list[tuple[str, Any, Any, str, dict | None]]:
+def _flat_fields(cls: type, prefix: str = "") -> list[tuple[str, Any, Any, str, dict | None, bool]]:
     rows = []
     docs, hints = field_docs(cls), _hints(cls)
     for name, f in _fields(cls).items():
         tp, default = hints[name], _default(f)
         choices = f.metadata.get("choices")
-        rows.append((prefix + name, tp, default, docs.get(name, ""), choices))
+        rows.append((prefix + name, tp, default, docs.get(name, ""), choices, bool(f.metadata.get("repeatable"))))
         if dataclasses.is_dataclass(tp):
             rows += _flat_fields(tp, prefix + name + ".")
     return rows
+
+
+def help_type(tp: Any, *, flag: str, repeatable: bool = False, positional: bool = False) -> str:
+    """How ``--help`` says a field's value is given: its type (`type_name`), and for a list how a list really is
+    written on the command line: one item per flag for a ``repeatable`` field (commas kept), else ``a,b``, a YAML
+    list or the flag repeated; a list positional takes the arguments that are left."""
+    origin, args = get_origin(tp), get_args(tp)
+    is_list = origin in (list, collections.abc.Sequence) or (origin is tuple and len(args) == 2 and args[1] is Ellipsis)
+    if not is_list:
+        return type_name(tp)
+    item = type_name(args[0]) if args else "value"
+    if positional:
+        return f"{item}s: the arguments left, each also split at commas"
+    if repeatable:
+        return f"a {item} per {flag}: {flag} A {flag} B; commas kept"
+    return f"{item}s: a,b or [a, b] or {flag} A {flag} B"
 
 
 def format_help(cls: type, *, prog: str, doc: str | None, positionals: tuple[str, ...] = (),
@@ -426,7 +443,7 @@ def format_help(cls: type, *, prog: str, doc: str | None, positionals: tuple[str
     if doc:
         lines += [inspect.cleandoc(doc), ""]
     lines.append("options (fields of " + cls.__name__ + "; --a.b sets field b of a):")
-    for name, tp, default, text, choices in _flat_fields(cls):
+    for name, tp, default, text, choices, repeatable in _flat_fields(cls):
         if base is not None:
             try:
                 value: Any = base
@@ -437,7 +454,9 @@ def format_help(cls: type, *, prog: str, doc: str | None, positionals: tuple[str
                 pass
         if dataclasses.is_dataclass(tp) and not choices:
             continue  # a plain nested group: its fields are listed as --name.field
-        kind = type_name(tp) if not choices else "{" + "|".join(choices) + "}"
+        positional = name.split(".")[0] in positionals
+        kind = (help_type(tp, flag=f"--{name}", repeatable=repeatable, positional=positional) if not choices
+                else "{" + "|".join(choices) + "}")
         if dataclasses.is_dataclass(default) and not isinstance(default, type):
             shown = getattr(default, "name", type(default).__name__)
         else:
