@@ -351,14 +351,17 @@ def _prompt_ids(tok, row) -> list[int]:
                add_special_tokens=False)["input_ids"]
 
 
-def _chain_by_hand(model, prompt: list[int], word: list[int], mask_id: int) -> torch.Tensor:
+def _chain_by_hand(model, prompt: list[int], word: list[int], mask_id: int, *, text_only: bool = False) -> torch.Tensor:
     """log p(word | prompt) by the chain rule, one forward per token: token t scored with word[:t] revealed and
-    word[t:] masked, the prompt the prefix."""
+    word[t:] masked, the prompt the prefix; ``text_only``: over the tokens a model writes (no mask token), as the
+    scorer reads a distribution."""
     total = torch.zeros((), dtype=torch.float64)
     for t in range(len(word)):
         ids = prompt + word[:t] + [mask_id] * (len(word) - t)
-        logits = model(torch.tensor([ids]), prefix_len=len(prompt)).logits[0, len(prompt) + t]
-        total = total + torch.log_softmax(logits.float(), dim=-1)[word[t]].double()
+        logits = model(torch.tensor([ids]), prefix_len=len(prompt)).logits[0, len(prompt) + t].float()
+        if text_only:
+            logits[mask_id] = float("-inf")
+        total = total + torch.log_softmax(logits, dim=-1)[word[t]].double()
     return total
 
 
@@ -397,8 +400,8 @@ def test_prediction_is_the_highest_chain_logprob_or_per_token_with_length_normal
     words = [tok(" " + w, add_special_tokens=False)["input_ids"] for w in ("True", "Neither", "False")]
     rows = _rows(48, 3)[:24]
     with torch.no_grad():
-        hand = torch.stack([torch.stack([_chain_by_hand(model, _prompt_ids(tok, r), w, tok.mask_token_id) for w in words])
-                            for r in rows]).numpy()
+        hand = torch.stack([torch.stack([_chain_by_hand(model, _prompt_ids(tok, r), w, tok.mask_token_id, text_only=True)
+                                         for w in words]) for r in rows]).numpy()
     per_token = hand / np.array([len(w) for w in words])
     picks = {}
     for norm, expected in ((False, hand), (True, per_token)):

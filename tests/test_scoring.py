@@ -34,11 +34,13 @@ def model() -> BiGLMForMaskedLM:
 
 
 def _direct(model: BiGLMForMaskedLM, ctx: list[int], suffix: list[int]) -> torch.Tensor:
-    """log-softmax at the suffix positions of one unpadded full-sequence call under the BiGLM mask."""
+    """log-softmax at the suffix positions of one unpadded full-sequence call under the BiGLM mask, over the tokens a
+    model writes (the mask token is never text)."""
     ids = torch.tensor([ctx + suffix])
     with torch.no_grad():
-        logits = model(ids, prefix_len=len(ctx)).logits[0, len(ctx):]
-    return torch.log_softmax(logits.float(), dim=-1)
+        logits = model(ids, prefix_len=len(ctx)).logits[0, len(ctx):].float()
+    logits[:, model.config.mask_token_id] = float("-inf")
+    return torch.log_softmax(logits, dim=-1)
 
 
 @pytest.mark.parametrize("length", [2, 3])

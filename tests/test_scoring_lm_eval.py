@@ -255,7 +255,7 @@ def test_generate_until_conditions_like_loglikelihood(checkpoint, monkeypatch, c
 def test_prefix_token_auto_follows_how_the_model_was_made(checkpoint, tmp_path, caplog):
     """``prefix_token=auto``: a BiGLM trained by biglm gets ``</s>`` before every context (its documents follow one);
     a model converted from an AR checkpoint (shift_logits) gets nothing, as lm-eval's hf model scores its source, and
-    an empty context alone gets ``</s>``; a tokenizer with a chat template is said once."""
+    an empty context alone gets BOS (EOS without one, as HFLM); a tokenizer with a chat template is said once."""
     from transformers import AutoTokenizer
 
     from biglm.integrations.lm_eval.adapter import BiGLMLM
@@ -276,7 +276,8 @@ def test_prefix_token_auto_follows_how_the_model_was_made(checkpoint, tmp_path, 
     assert conv.prefix_token == "none"
     ctx, _ = conv._encode_pair("the cat", " sat")
     assert ctx == conv._encode("the cat")  # nothing before the context
-    assert conv._encode_pair("", "the cat")[0] == [eos]
+    bos = lm.tokenizer.bos_token_id
+    assert conv._encode_pair("", "the cat")[0] == [eos if bos is None else bos]  # HFLM's: BOS, else EOS
     assert sum("chat template" in r.message for r in caplog.records) == 1
     assert BiGLMLM(pretrained=str(shifted), device="cpu", prefix_token="eos").prefix_ids == [eos]
 
@@ -321,3 +322,53 @@ def test_bad_model_args_are_one_line(checkpoint, capsys, bad, said):
     assert cli.main(["--model_args", f"pretrained={checkpoint},{bad}", "--tasks", "arc_easy"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("biglm eval:")]
     assert len(err) == 1 and said in err[0]
+
+
+def test_a_causal_conversion_scores_what_lm_evals_hf_model_scores_on_its_source(tmp_path):
+    """`biglm convert`'s model (the text read causally, the shift) through lm-eval's interface: every request's
+    log-likelihood and greedy flag are those lm-eval's own `hf` model gives its source (float32, 1e-4), with
+    ``scorer=auto``; and the cost is one pass per request: each distinct context encoded once, each request one
+    suffix row of its continuation's length (counted, not timed)."""
+    import torch
+    from lm_eval.models.huggingface import HFLM
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from biglm.checkpoint.convert import convert_checkpoint
+    from biglm.integrations.lm_eval.adapter import BiGLMLM
+
+    texts = ["the quick brown fox jumps over the lazy dog", "where is the king? in the castle, at sea", "pack my box"] * 20
+    backend = Tokenizer(models.BPE())  # a Llama-style byte-level BPE without a mask or pad token (convert adds them)
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=290, special_tokens=["<s>", "</s>"],
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    # pad = EOS as SmolLM2's: conversion adds the mask token alone, which scoring never counts as text
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="</s>")
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rope_theta=5000.0,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    src, out = tmp_path / "src", tmp_path / "biglm"
+    LlamaForCausalLM(cfg).float().save_pretrained(src)
+    tok.save_pretrained(src)
+    convert_checkpoint(src, out, shift=True, causal=True, log=lambda s: None)
+    pairs = [("Question: where is the king?\nAnswer:", c) for c in (" in the castle", " at sea", " dead")]
+    pairs += [("The queen said", c) for c in (" no.", " yes, the quick brown fox")] + [("", "the lazy dog")]
+    hf = HFLM(pretrained=str(src), device="cpu", dtype="float32", batch_size=4)
+    ref = hf.loglikelihood(_instances(pairs))
+    lm = BiGLMLM(pretrained=str(out), device="cpu", dtype="float32")
+    assert lm.scorer == "append" and lm.get_model_info()["biglm_score_cache"] == "append"
+    calls = []
+    hook = lm.model.model.register_forward_pre_hook(
+        lambda _m, args, kw: calls.append((kw.get("prefix_cache") is not None, tuple(args[0].shape))), with_kwargs=True)
+    try:
+        got = lm.loglikelihood(_instances(pairs))
+    finally:
+        hook.remove()
+    for (ll, greedy), (ref_ll, ref_greedy) in zip(got, ref):
+        assert ll == pytest.approx(ref_ll, abs=1e-4) and greedy == ref_greedy
+    encodes = [shape for cached, shape in calls if not cached]
+    suffix_rows = sum(shape[0] for cached, shape in calls if cached)
+    assert sum(rows for rows, _ in encodes) == 3  # three distinct contexts, each encoded once
+    assert suffix_rows == len(pairs)  # one row per request

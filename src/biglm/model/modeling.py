@@ -662,9 +662,9 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         (`DecodingConfig` fields: ``max_new_tokens``, ``steps``, ``strategy``...; transformers' options as
         transformers reads them: ``do_sample``, ``temperature``, ``pad_token_id``, ``eos_token_id``, ``streamer``;
         ``generation_config``: a transformers ``GenerationConfig``, default `generation_config`, or a
-        `DecodingConfig`): (B, P + n) ids, the prompts then the answers. A BiGLM does not write left to right, so transformers' next-token
-        ``generate`` loop does not apply (as Dream's ``diffusion_generate``). The decoding lives in
-        `biglm.generation`, reached by name (`model/` imports no decoding)."""
+        `DecodingConfig`): (B, P + n) ids, the prompts then the answers. A BiGLM does not write left to right, so
+        transformers' next-token ``generate`` loop does not apply (as Dream's ``diffusion_generate``). The decoding
+        lives in `biglm.generation`, reached by name (`model/` imports no decoding)."""
         from .. import adapter
 
         return adapter("diffusion-generate")(self, inputs, generation_config=generation_config, **kwargs)

@@ -361,12 +361,21 @@ def _run_rows(model: BiGLMForMaskedLM, chunk: list[tuple[int, _Variant]], *, cac
         elif rule is None:
             logits = model(full, prefix_len=P, attention_mask=full_mask, logits_positions=full_score).logits
         else:
-            top = torch.cat((rule.new_ones(R, P, P), rule.new_zeros(R, P, S)), dim=2)
+            context = rule.new_ones(R, P, P)
+            if model.config.prefix_attention == "causal":  # a causal model reads its context as its source did
+                context = torch.tril(context)
+            top = torch.cat((context, rule.new_zeros(R, P, S)), dim=2)
             full_rule = torch.cat((top, torch.cat((rule.new_ones(R, S, P), rule), dim=2)), dim=1)
             full_positions = torch.cat((torch.arange(P, device=device).expand(R, P), positions), dim=1)
             logits = model(full, attention_rule=full_rule, position_ids=full_positions, attention_mask=full_mask,
                            logits_positions=full_score).logits
-    logp = torch.log_softmax(logits.float(), dim=-1)  # (M, V)
+    logits = logits.float()
+    mask_id = model.config.mask_token_id
+    if mask_id is not None and 0 <= mask_id < logits.shape[-1]:
+        # the mask token is never text (decoding never writes it): a log-likelihood is over the tokens a model writes,
+        # so a model converted from an AR checkpoint, whose added mask row the source never had, scores as its source
+        logits[:, mask_id] = float("-inf")
+    logp = torch.log_softmax(logits, dim=-1)  # (M, V)
     tgt = torch.tensor(targets, dtype=torch.long, device=logp.device)
     lp = logp.gather(1, tgt[:, None]).squeeze(1).double().cpu().numpy()
     hit = (logp.argmax(dim=-1) == tgt).cpu().numpy()

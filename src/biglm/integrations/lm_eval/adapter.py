@@ -11,8 +11,8 @@ Notable features
 - ``prefix_token=auto`` (the default): a BiGLM trained by biglm gets a document-boundary token before every
   context (the pre-training shards end each document with ``</s>``, so a new document follows ``</s>``); a
   model converted from an autoregressive checkpoint (``shift_logits``) gets nothing, as lm-eval's ``hf`` model
-  scores its source, and an empty context alone gets ``</s>`` (HFLM's rule). A tokenizer with a chat template
-  is said once: contexts are scored as plain text, as lm-eval's ``hf`` model does without
+  scores its source, and an empty context alone gets BOS (EOS without one: HFLM's rule). A tokenizer with a
+  chat template is said once: contexts are scored as plain text, as lm-eval's ``hf`` model does without
   ``--apply_chat_template``.
 - ``generate_until`` conditions on exactly the ids ``loglikelihood`` scores against
   (`BiGLMLM._encode_context`: the prefix token, trailing whitespace moved out of the context,
@@ -315,9 +315,15 @@ class BiGLMLM(LM):
         """
         text = context.rstrip()
         ids = self._encode(text)
-        if not ids and not self.prefix_ids and self.tokenizer.eos_token_id is not None:
-            return [int(self.tokenizer.eos_token_id)], context[len(text):]  # something to attend to (HFLM's rule)
+        if not ids and not self.prefix_ids and self._hf_prefix_token() is not None:
+            return [self._hf_prefix_token()], context[len(text):]  # something to attend to (HFLM's rule)
         return self.prefix_ids + ids, context[len(text):]
+
+    def _hf_prefix_token(self) -> int | None:
+        """What lm-eval's hf model puts before an empty context or a rolling text: BOS when the tokenizer has one,
+        else EOS (`HFLM.prefix_token_id`)."""
+        bos, eos = self.tokenizer.bos_token_id, self.tokenizer.eos_token_id
+        return int(bos) if bos is not None else None if eos is None else int(eos)
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         ids, moved = self._encode_context(context)
@@ -378,7 +384,7 @@ class BiGLMLM(LM):
         return results  # type: ignore[return-value]
 
     def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
-        prefix = self.prefix_ids[0] if self.prefix_ids else self.tokenizer.eos_token_id
+        prefix = self.prefix_ids[0] if self.prefix_ids else self._hf_prefix_token()
         out = []
         for req in tqdm(requests, disable=disable_tqdm or self.rank != 0, desc=f"biglm rolling {self.scorer_name}"):
             (text,) = req.args
