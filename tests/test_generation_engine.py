@@ -307,15 +307,22 @@ def test_a_shift_models_empty_prompt_gets_its_solo_answer_beside_others(shift_mo
         assert out[0] == _alone(shift_model, [], greedy), use_cache
 
 
-@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("kind", ["plain", "shift", "causal"])
 @pytest.mark.parametrize("chunk", [1, 7, 40, 63, 500])
-def test_a_prompt_encoded_over_steps_gives_the_one_pass_cache(model, shift_model, shift, chunk):
+def test_a_prompt_encoded_over_steps_gives_the_one_pass_cache(model, shift_model, kind, chunk):
     """A BiGLM prompt is one bidirectional prefix (its first tokens' keys depend on its last ones), so `_Prefill` cuts
     its pass by layers and query rows, never causally: in float32 the cache (keys, values, a shift model's hidden
-    states) equals `encode_prefix`'s, whatever the share each `advance` does."""
+    states) equals `encode_prefix`'s, whatever the share each `advance` does. A causal model's (`biglm convert`'s)
+    prompt is read causally by both, and its cache is not the bidirectional one."""
+    import copy
+
     from biglm.generation.engine import _Prefill
 
-    m = shift_model if shift else model
+    shift = kind != "plain"
+    m = model if kind == "plain" else shift_model
+    if kind == "causal":
+        m = copy.deepcopy(shift_model)
+        m.config.prefix_attention, m.config.prefix_block_lengths = "causal", [1]
     ids = torch.randint(3, 500, (1, 61), generator=torch.Generator().manual_seed(chunk))
     with torch.inference_mode():
         whole = m.encode_prefix(ids)
@@ -332,6 +339,11 @@ def test_a_prompt_encoded_over_steps_gives_the_one_pass_cache(model, shift_model
     if shift:
         torch.testing.assert_close(got.hidden, whole.hidden, rtol=1e-5, atol=1e-5)
     assert got.key_valid.all() and not got.padded
+    if kind == "causal":
+        with torch.inference_mode():
+            both_ways = shift_model.encode_prefix(ids)
+        assert not torch.allclose(both_ways.keys[-1][..., :-1, :], got.keys[-1][..., :-1, :], atol=1e-3)
+        torch.testing.assert_close(both_ways.keys[0][..., -1, :], got.keys[0][..., -1, :])  # layer 0's keys: no mixing
 
 
 SPECULATIVE = DecodingConfig(max_new_tokens=8, strategy="confidence", draft_length=2, temperature=1.0, seed=5)

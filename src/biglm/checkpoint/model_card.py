@@ -251,9 +251,16 @@ def convert_card(*, config, source: SourceRef, name: str) -> str:
                              "tags": ["biglm", "masked-lm", "converted"]}
     if source.hub_id:
         front["base_model"] = source.hub_id
-    body = [f"# {name}", "", f"{source.describe()} converted to a BiGLM by `biglm convert`: the source's weights, "
-            "mapped by name, with bidirectional attention. It has not been trained as a BiGLM yet: adapt it with "
-            f"`biglm pretrain blocks-adapt --init_from {name}` (or a `*-from-*` recipe) before relying on it.", ""]
+    if getattr(config, "prefix_attention", "bidirectional") == "causal":
+        said = ("the source's weights, mapped by name, reading its text as the source did: one token per call writes "
+                "the source's greedy text and `biglm eval` gives its scores. Its mask slots have not learned to draft "
+                f"yet: `biglm pretrain blocks-adapt --init_from {name}` trains them (mask adapters; the next-token "
+                "predictions stay the source's), so it writes the same text in fewer calls.")
+    else:
+        said = ("the source's weights, mapped by name, with bidirectional attention. It has not been trained as a "
+                f"BiGLM yet: adapt it with `biglm pretrain blocks-adapt --init_from {name}` (or a `*-from-*` recipe) "
+                "before relying on it.")
+    body = [f"# {name}", "", f"{source.describe()} converted to a BiGLM by `biglm convert`: {said}", ""]
     body += _architecture(config)
     body += _usage(name)
     return _render(front, body)
