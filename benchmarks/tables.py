@@ -104,11 +104,13 @@ def command(report: dict) -> str:
 
 
 def run_cells(path: Path, report: dict) -> list[str]:
-    """The columns every row ends with: machine, commit, date, command, result file."""
-    return [machine(report), commit(report), date(report), command(report), f"`{path.name}`"]
+    """The two columns every row ends with: the run (machine, commit, date) and how to remake it (the command, the
+    result file)."""
+    return [f"{machine(report)}<br>commit `{commit(report)}`, {date(report)}",
+            f"{command(report)}<br>→ `{path.name}`"]
 
 
-RUN_HEADER = ["machine", "commit", "date", "command", "file"]
+RUN_HEADER = ["run: machine, commit, date", "command → result file"]
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
