@@ -1,4 +1,8 @@
-"""The data layer of BiGLM pre-training: tokenizers, text sources, token shards, mixtures.
+"""The data room: tokenizers, text sources, token shards and the mixtures pre-training reads, plus task tables.
+
+It sits below training (the trainer samples windows from its mixtures), fine-tuning and scoring (which read task
+and evaluation tables through `biglm.data.tables`) and checkpoint loading (`biglm.data.tokenizer`); of biglm it
+imports only `biglm.config`. `biglm tokenizer` and `biglm data` are its commands.
 
 Pipeline: ``train_tokenizer`` (or ``load_tokenizer``) → ``prepare`` text ``sources`` into
 headered token shards (``write_shard`` / ``ShardReader``) → ``TokenDataset`` per prepared

@@ -51,8 +51,9 @@ class DistillArgs:
     --chat_sources (user turns) and/or --input rows, answered by the teacher (an autoregressive model, e.g. the GGUF
     a model was converted from, or a biglm model one token per call; greedy unless --temperature), then tokenised with the student's
     --tokenizer into train-*.bin / val-*.bin shards and a manifest.json in --out, as `biglm data prepare` writes them.
-    A model adapted on it learns in its mask slots the tokens the teacher writes next (draft acceptance; README,
-    "Drafts the model learns"). Re-running the same command after an interruption continues where it stopped."""
+    A model adapted on it learns in its mask slots the tokens the teacher writes next (draft acceptance; the guide
+    "Start from an AR checkpoint", docs/guides/convert.md). Re-running the same command after an interruption
+    continues where it stopped."""
 
     sources: list[str] = field(default_factory=list)
     """text sources for continuation prompts: .txt/.jsonl/.parquet files, folders of them, 'builtin' or hf:OWNER/NAME"""

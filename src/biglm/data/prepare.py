@@ -1,4 +1,7 @@
-"""Tokenise text sources into binary token shards, resumably, with every core.
+"""Tokenise text sources into binary token shards, resumably, with every core: what `biglm data prepare` runs.
+
+It reads documents through `biglm.data.sources` and writes shards with `biglm.data.shards`; pre-training reads the
+folder it writes (`biglm.data.mixture`).
 
 Notable features
 - Output: ``train-00000.bin``, ``train-00001.bin``, ... (and ``val-00000.bin``... when
@@ -21,11 +24,9 @@ Notable features
 - Literal special-token strings in the text ("</s>", "<mask>") are tokenised as text: only
   the separator that ``write_shard`` adds is a real ``</s>``.
 
-Parallelism, measured on 2 cores with an 8,192-token BPE on the built-in corpus: the fast
-tokenizer's own batch encoding (Rust threads) and a 2-process pool both reach ~2.0 M
-tokens/s, against 1.1 M for one thread. The pool is used because it takes ``workers``
-literally and keeps the Python-side id conversion off the main process, which is what
-limits the threaded path on many-core machines.
+Parallelism: a process pool of ``workers``, rather than the fast tokenizer's own threads, because it takes
+``workers`` literally and keeps the Python-side id conversion off the main process, which is what limits the
+threaded path on many-core machines (both measured in docs/LOG.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Headered binary token shards: write atomically, memory-map, refuse anything off.
 
+`biglm.data.prepare` writes them and `biglm.data.mixture` reads them; ``biglm data info`` prints their headers.
+
 File layout (all integers little-endian)::
 
     0    header, 128 bytes (struct ``_HEADER``, zero-padded):
@@ -16,8 +18,8 @@ The dtype is uint16 iff ``vocab_size <= 65536`` (halving disk and page-cache use
 BiGLM's 49,152-token vocabulary), else uint32.
 
 The checksum is ``zlib.crc32`` over the token bytes (with padding), then the index bytes,
-then the header with its checksum field zeroed: ~4 GB/s on one core, so verifying a
-128 MB shard costs ~30 ms, and it catches the torn writes and bit rot it is there for.
+then the header with its checksum field zeroed: cheap enough to verify every shard when it is opened, and it
+catches the torn writes and bit rot it is there for.
 """
 
 from __future__ import annotations

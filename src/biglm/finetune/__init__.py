@@ -1,4 +1,7 @@
-"""Task fine-tuning: the fine-tuning loop and the tasks it trains.
+"""Task fine-tuning: the fine-tuning loop and the tasks it trains (`biglm finetune`, `biglm tasks`).
+
+It sits above training, whose one loop and parts it reuses, and below the entry points; generation, scoring and
+serving never import it. The guide: docs/guides/finetune.md.
 
 - ``task``: the contract between the loop and a task (`FinetuneTask`) and the export every task shares.
 - ``tasks``: the tasks wing, one module per family (``classification``, ``squad``, ``retrieval``,

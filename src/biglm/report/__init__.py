@@ -1,4 +1,4 @@
-"""Reports (paper §5, Table 6, Figures 3-4): figures and tables from what runs wrote.
+"""Reports (paper §5, Table 6, Figures 3-4): figures and tables from what runs wrote (`biglm report`).
 
     biglm report runs/136m runs/360m runs/360m-pile --baseline 136m --out report/
 

@@ -9,8 +9,7 @@ Two ways to know where a response ends (``length_mode``):
   that many slots and cuts at the first EOS. The model is the plain masked LM: nothing is added.
   Every response is padded to the one length inference writes, not to a multiple of a smaller bucket:
   the slots past a response's padded length are never trained, and decoding a longer answer than
-  the model saw for that prompt goes wrong (a 2x128 model overfitting 8 Flan CoT pairs: 8/8 exact at
-  their padded lengths of 24-32, 3/8 in 32 slots when padded to multiples of 8).
+  the model saw for that prompt goes wrong (measured: docs/LOG.md).
 - ``head``: the CMLM length head (`BiGLMForConditionalGeneration`), no EOS padding; inference decodes the
   head's top-``length_beam`` lengths. The compared alternative.
 Paper settings (the recipe's loop): lr 5e-5, linear decay, 5 epochs, the best epoch on a held-in

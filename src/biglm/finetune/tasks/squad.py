@@ -36,8 +36,8 @@ Notable features
   with no valid span predicts "".
 - One training item is one *window* (a feature): ``num_items`` counts windows, and the loss is the
   sum over windows of (CE(start) + CE(end)) / 2.
-- Training windows are kept as int32 arrays, without their offsets (the full SQuAD train set is
-  ~88k windows; Python int lists would take ~0.6 GB). Evaluation batches windows sorted by length.
+- Training windows are kept as int32 arrays, without their offsets (Python int lists of the full SQuAD train
+  set's windows would take far more memory). Evaluation batches windows sorted by length.
 - ``pipeline("question-answering")`` (transformers 5 removed it) is biglm's
   `biglm.integrations.transformers_pipelines.QuestionAnsweringPipeline`, registered by ``import biglm``;
   it cuts windows and searches spans with the functions here, so it answers exactly as `SquadTask.predict`.
