@@ -11,6 +11,8 @@ quality of what was timed beside the speed:
 - ``exact-drafts.md``     the default decoding against one token per call (`bench_exact_drafts.py`)
 - ``eval-vs-hf.md``       `biglm eval` against lm-eval's ``hf`` model on the source (`bench_eval_vs_hf.py`)
 - ``serve-vs-vllm.md``    `biglm serve` against vLLM's CPU build (`bench_serve_vs_vllm.py`)
+- ``vs-compiled-ar.md``   in-process decoding against the source through transformers on a GPU
+                          (`bench_vs_compiled_ar.py`)
 - ``headline.md``         the newest row of each, one line per comparison: README's table (pasted between
                           README's ``<!-- tables.py: headline -->`` markers) and the site's
 
@@ -237,7 +239,35 @@ def serve_vs_vllm() -> tuple[list[str], list[dict]]:
     return lines, facts
 
 
-def headline(identity: list[dict], drafts: list[dict], evals: list[dict], serves: list[dict]) -> list[str]:
+def vs_compiled_ar() -> tuple[list[str], list[dict]]:
+    """biglm's decoding in-process against its AR source through transformers (eager; static cache + CUDA graphs)."""
+    out = ["biglm's decoding in-process against its AR source through transformers, the same prompts, greedy: "
+           "tokens/s and, in brackets, relative to the compiled AR (static cache + CUDA graphs). Quality: the answers "
+           "judged by the source in float32 (NLL per token; distinct-2) and, for the default, answers identical to "
+           "one token per call's.", ""]
+    facts = []
+    for path, r in reversed(load("vs-compiled-ar-*.json")):
+        rows_in = r["rows"]
+        ref = {x["batch"]: x["tokens_per_s"] for x in rows_in if "compile" in x["setting"] and "AR" in x["setting"]}
+        rows = []
+        for x in rows_in:
+            rel = f" ({ratio(x['tokens_per_s'], ref[x['batch']])})" if x["batch"] in ref else ""
+            rows.append([x["setting"], str(x["batch"]), f"{x['tokens_per_s']:.1f}{rel}", f"{x['tokens_per_call']:.2f}",
+                         f"NLL {x['judged_nll']:.2f}, distinct-2 {x['distinct2']:.2f}"
+                         + (f"; {x['same_as_one_per_call']} = one token per call" if "same_as_one_per_call" in x else "")])
+        out += [f"**{Path(r['biglm']).name}** on {r['device']}, {r['new_tokens']} new tokens: {machine(r)}, commit "
+                f"{commit(r)}, {date(r)}, {command(r)} (`{path.name}`)", ""]
+        out += table(["setting", "batch", "tokens/s (x compiled AR)", "tokens per call", "quality of what was timed"],
+                     rows) + [""]
+        for e in r.get("errors", []):
+            out += [f"- not measured: {e['setting']}: {e['error']}"]
+        out += [""]
+        facts.insert(0, {"path": path, "report": r, "ref": ref})
+    return out, facts
+
+
+def headline(identity: list[dict], drafts: list[dict], evals: list[dict], serves: list[dict],
+             compiled: list[dict]) -> list[str]:
     """One row per comparison against a peer: the newest result of each."""
     rows = []
     if identity:
@@ -282,6 +312,18 @@ def headline(identity: list[dict], drafts: list[dict], evals: list[dict], serves
             quality += "; the same choice as `hf` on " + ", ".join(f"{t} {v['same_choice']}" for t, v in agree.items())
         rows.append([f"`biglm eval` of `{r['biglm']}` ({run['model'].removeprefix('biglm eval ')})",
                      "lm-eval `hf` on the source", f"{run['ratio']:.2f}x the time", quality, *run_cells(f["path"], r)])
+    if compiled:
+        f = compiled[-1]
+        r = f["report"]
+        exact = [x for x in r["rows"] if x["setting"] == "biglm default, float32" and x["batch"] in f["ref"]]
+        if exact:
+            speed = "; ".join(f"batch {x['batch']} {ratio(x['tokens_per_s'], f['ref'][x['batch']])}" for x in exact)
+            same = ", ".join(f"{x['same_as_one_per_call']}" for x in exact if "same_as_one_per_call" in x)
+            rows.append([f"biglm's default decoding (float32) of `{Path(r['biglm']).name}` on a GPU",
+                         "the source through transformers, static cache + CUDA graphs, bf16",
+                         f"tokens/s: {speed} the compiled AR's",
+                         f"the same text as one token per call: {same}; judged NLL "
+                         + " / ".join(f"{x['judged_nll']:.2f}" for x in exact), *run_cells(f["path"], r)])
     return table(["what", "against", "result", "quality of what was timed", *RUN_HEADER], rows) + ["", REMAKE]
 
 
@@ -292,10 +334,12 @@ def render() -> dict[Path, str]:
     drafts_lines, drafts = exact_drafts()
     eval_lines, evals = eval_vs_hf()
     serve_lines, serves = serve_vs_vllm()
-    head = headline(identity, drafts, evals, serves)
+    compiled_lines, compiled = vs_compiled_ar()
+    head = headline(identity, drafts, evals, serves, compiled)
     note = "<!-- made by python benchmarks/tables.py from benchmarks/results/: edit the script, not this file -->"
     files = {OUT / "source-identity.md": identity_lines, OUT / "exact-drafts.md": drafts_lines,
-             OUT / "eval-vs-hf.md": eval_lines, OUT / "serve-vs-vllm.md": serve_lines, OUT / "headline.md": head}
+             OUT / "eval-vs-hf.md": eval_lines, OUT / "serve-vs-vllm.md": serve_lines,
+             OUT / "vs-compiled-ar.md": compiled_lines, OUT / "headline.md": head}
     texts = {path: "\n".join([note, "", *lines]).rstrip() + "\n" for path, lines in files.items()}
     if README.is_file():
         readme = README.read_text()
