@@ -77,11 +77,13 @@ def test_linear_row_in_bfloat16_does_not_depend_on_the_row_count(pack):
                 assert torch.equal(lin(xs)[p], alone), (out_f, M, p)
 
 
-def _tiny_bf16(*, batch_invariant: bool) -> BiGLMForMaskedLM:
-    # a shift model (a converted one's one-position path) with peaked predictions, in bfloat16, prepacked
+def _tiny_bf16(*, batch_invariant: bool, blocks: bool = False) -> BiGLMForMaskedLM:
+    # a shift model (a converted one's one-position path) with peaked predictions, in bfloat16, prepacked; or a
+    # biglm-blocks model (trained on blocks of 1: speculative decoding's)
     torch.manual_seed(0)
-    model = BiGLMForMaskedLM(BiGLMConfig.from_preset("tiny", initializer_range=0.2, shift_logits=True,
-                                                     attn_backend="sdpa")).to(torch.bfloat16).eval()
+    kind = dict(prefix_attention="blocks", prefix_block_lengths=[1, 4, 8]) if blocks else dict(shift_logits=True)
+    model = BiGLMForMaskedLM(BiGLMConfig.from_preset("tiny", initializer_range=0.2, attn_backend="sdpa",
+                                                     **kind)).to(torch.bfloat16).eval()
     if torch.backends.mkldnn.is_available():
         pack_linears(model)
     model.model.batch_invariant = batch_invariant
@@ -99,14 +101,14 @@ MIXED = [DecodingConfig(max_new_tokens=10, strategy="confidence", block_length=1
          DecodingConfig(max_new_tokens=8, steps=4, length_beam=2)]
 
 
-def _answers(model, requests, *, together: bool) -> dict[str, list[int]]:
+def _answers(model, requests, *, together: bool, **engine_kw) -> dict[str, list[int]]:
     """Each request's answer from the engine: all submitted at once (``together``), or each alone."""
     groups = [requests] if together else [[r] for r in requests]
     answers = {}
     with warnings.catch_warnings():  # the append cache on a bidirectional-prefix model: an approximation, said once
         warnings.simplefilter("ignore")
         for group in groups:
-            engine = DecodeEngine(model, max_batch_rows=64)
+            engine = DecodeEngine(model, max_batch_rows=64, **engine_kw)
             for rid, prompt, cfg in group:
                 engine.submit(rid, prompt, cfg)
             while engine.num_running or engine.num_waiting:
@@ -118,21 +120,35 @@ def _requests(prompts: list[list[int]]):
     return [(str(i), p, MIXED[i % len(MIXED)]) for i, p in enumerate(prompts)]
 
 
-def test_engine_answers_alone_equal_batched_in_bfloat16_on_a_tiny_model():
+@pytest.mark.parametrize("blocks", [False, True], ids=["shift", "blocks"])
+def test_engine_answers_alone_equal_batched_in_bfloat16_on_a_tiny_model(blocks):
     """Greedy and seeded sampling, one position per token, iterative unmasking, blocks, a length beam and speculative
-    decoding (mixed settings and prompt lengths), in bfloat16: each answer decoded beside the others is its answer
-    alone. `generate_ids` over the same prompts left-padded into one batch writes each prompt's greedy answer alone
-    too (RoPE positions counted per row)."""
-    model = _tiny_bf16(batch_invariant=True)
+    decoding (mixed settings and prompt lengths, three of them >= 64 tokens, encoded over steps by chunked prefill),
+    in bfloat16, on a shift and a biglm-blocks model: each answer decoded beside the others is its answer alone, and a
+    long prompt's chunked prefill gives the cache `encode_prefix` gives it, bit for bit. `generate_ids` over the same
+    prompts left-padded into one batch writes each prompt's greedy answer alone too, speculative decoding included
+    (every RoPE position counted per row: planting the padding back into the speculative answer positions leaves 1
+    of 10 equal)."""
+    from biglm.generation.engine import _Prefill
+
+    model = _tiny_bf16(batch_invariant=True, blocks=blocks)
     g = torch.Generator().manual_seed(1)
     V = model.config.vocab_size
-    prompts = [torch.randint(5, V - 1, (n,), generator=g).tolist() for n in (3, 17, 9, 30, 1, 12, 24, 6, 14, 21)]
+    lengths = (3, 17, 9, 30, 1, 12, 70, 6, 100, 21, 66)
+    prompts = [torch.randint(5, V - 1, (n,), generator=g).tolist() for n in lengths]
     requests = _requests(prompts)
-    assert _answers(model, requests, together=True) == _answers(model, requests, together=False)
-    for cfg in MIXED[0], MIXED[2]:  # greedy (a batch samples from one generator: its rows draw after each other)
+    chunk = dict(prefill_chunk=16)  # the long prompts are encoded over several steps
+    assert _answers(model, requests, together=True, **chunk) == _answers(model, requests, together=False)
+    long = torch.tensor([prompts[8]])
+    prefill = _Prefill(model, long)
+    while prefill.left:
+        prefill.advance(16)
+    mine, whole = prefill.cache(), model.encode_prefix(long)
+    assert all(torch.equal(a, b) for a, b in zip(mine.keys + mine.values, whole.keys + whole.values))
+    for cfg in MIXED[0], MIXED[2], MIXED[4]:  # greedy (a batch samples from one generator: its rows draw in turn)
         alone = [generate_ids(model, torch.tensor([p]), config=cfg).token_lists()[0] for p in prompts]
         batched = generate_ids(model, *left_pad(prompts, pad_id=model.config.pad_token_id), config=cfg).token_lists()
-        assert batched == alone
+        assert batched == alone, cfg
 
 
 def test_load_model_and_the_commands_refuse_what_the_mode_cannot_keep(checkpoint, capsys):

@@ -120,7 +120,10 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     ``batch_invariant``: each row of a call computed independently of the rows beside it (`BiGLMModel.batch_invariant`:
     one attention kernel over each row's real keys, RoPE positions counted per row), so a request's answer does not
     depend on what it is decoded with. For bfloat16 weights on a CPU, without ``compile`` (where its kernels were
-    measured row-invariant; anything else is refused).
+    measured row-invariant; anything else is refused). It replaces ``pack``: the linear layers run `F.linear`, each
+    measured here, at load, with the model's own activations, and one found to depend on the row count computes its
+    rows one at a time (`model.packed.make_rows_invariant`; the swapped layers' names in
+    ``model.model.row_by_row``).
 
     ``pack``: on a CPU, hold every linear layer's weight prepacked for oneDNN (`model.packed`: 1.5-3x faster decoding
     calls at a real model's shape); for inference only (generate, serve, eval), never for a model that will train.
@@ -164,7 +167,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     if compile:
         for layer in model.model.layers:
             layer.compile(dynamic=True)  # in place: parameter names and state_dict unchanged
-    elif pack and torch.device(device).type == "cpu":
+    elif pack and torch.device(device).type == "cpu" and not batch_invariant:
         from ..model.packed import pack_linears
 
         pack_linears(model)
@@ -175,7 +178,18 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
                              "dtype bfloat16 (--dtype bfloat16), or drop batch_invariant (in float32 the matrix kernels "
                              "pick their summation order by shape).")
         model.model.batch_invariant = True
+        from ..model.packed import make_rows_invariant
+
+        # the linear layers measured with real activations (text, then mask tokens: the rows a decoding call carries)
+        probe = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"][: model.config.max_position_embeddings - 4]
+        probe = probe + [model.config.mask_token_id] * 4
+        model.model.row_by_row = make_rows_invariant(model, torch.tensor([probe], device=device))
     return model, tokenizer
+
+
+# the text whose activations `load_model(..., batch_invariant=True)` measures the linear layers with
+PROBE_TEXT = ("In 1492, Columbus sailed across the Atlantic Ocean. The recipe starts with two eggs, flour and milk; "
+              "def fibonacci(n): return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)")
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model.attention import BACKENDS, AttentionMask
+from ..model.attention import BACKENDS, AttentionMask, batch_invariant_attention
 from ..model.modeling import BiGLMForMaskedLM, PrefixCache, _CacheBuffers, _LazyView, apply_rope
 from .api import cut_at_stop
 from .config import DecodingConfig
@@ -175,9 +175,11 @@ class _Prefill:
             q = attn.q_proj(self.normed[:, a:b]).view(1, b - a, attn.n_heads, attn.head_dim).transpose(1, 2)
             q = apply_rope(q, cos[:, :, a:b], sin[:, :, a:b])
             # every prompt token sees the whole prompt (a causal model's: itself and the tokens before it)
+            # (a batch-invariant model's kernel too: the keys `encode_prefix` gives the prompt alone in that mode)
             mask = AttentionMask(batch=1, q_len=b - a, k_len=self.P, q_offset=a,
-                                 causal=inner.config.prefix_attention == "causal")
-            out = BACKENDS[inner.config.attn_backend](q, self.keys[-1], self.values[-1], mask, 0.0)
+                                 causal=inner.config.prefix_attention == "causal", batch_invariant=inner.batch_invariant)
+            attend = batch_invariant_attention if inner.batch_invariant else BACKENDS[inner.config.attn_backend]
+            out = attend(q, self.keys[-1], self.values[-1], mask, 0.0)
             y = self.x[:, a:b] + attn.o_proj(out.transpose(1, 2).reshape(1, b - a, attn.n_heads * attn.head_dim))
             # (rows a:b of the input are read by these queries alone now: the layer's output overwrites them)
             self.x[:, a:b] = y + block.mlp(block.post_attention_layernorm(y))

@@ -241,6 +241,11 @@ class SpeculativeDecode:
         # this (then one copy into new buffers with N + W free slots again)
         if reserve_cache:
             self.cache = self.cache.reserve(N + W)
+        # where each row's answer starts (B, 1): after its prompt as the model placed it (`BiGLMModel.next_positions`:
+        # its real tokens counted in the batch-invariant mode, so a left-padded row's answer sits where it would alone)
+        base = getattr(model, "model", None)
+        self.start = (base.next_positions(prompt_mask.bool()) if hasattr(base, "next_positions")
+                      else torch.full((B,), P, dtype=torch.long, device=device))[:, None]
         self.pending = prompt_ids[:, :0]  # (B, 0) on the first call, then (B, W): the last token and m drafts
         self.finished = False
 
@@ -260,7 +265,7 @@ class SpeculativeDecode:
         B, L, C = self.B, tail.shape[0], self.cache.length
         rule = torch.cat((tail.new_ones(L, C), tail), 1).expand(B, L, C + L)
         ids = torch.cat((self.pending, self.pending.new_full((B, L - n), self.mask_id)), 1)
-        return TreeCall(ids=ids, positions=self.P + self.written[:, None] + offsets, rule=rule,
+        return TreeCall(ids=ids, positions=self.start + self.written[:, None] + offsets, rule=rule,
                         read=(self.rows[:, None] * L + read).reshape(-1), lead=n)
 
     def step(self) -> None:

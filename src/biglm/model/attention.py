@@ -261,8 +261,8 @@ def batch_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     query count (padded queries), except where it turned a partial vector of the reductions into a full one. So: one
     kernel for every call (`grouped_attention`'s products, float32 softmax), each row's real keys moved to the front
     in their order and the keys padded after them to a multiple of `INVARIANT_KEY_BUCKET`, queries taken in fixed
-    chunks. In bfloat16 the linear layers need nothing (`model.packed`). In float32 the matrix kernels pick their
-    summation order by shape (a row's result changes with the key count even when the extra keys are padding at its
+    chunks. The linear layers are measured at load (`model.packed.make_rows_invariant`). In float32 the matrix
+    kernels pick their summation order by shape (a row's result changes with the key count even when the extra keys are padding at its
     end), so this mode is bfloat16's (`load_model` refuses it for other weights)."""
     if dropout_p > 0.0:
         raise ValueError("batch_invariant attention is for inference: it has no attention dropout.")

@@ -15,9 +15,10 @@ Notable features
   logits of position i come from the final hidden state of position i-1. The prefix cache then also carries
   the prefix's final hidden states, so the first suffix position's logits stay exact with a cached prefix.
 - Batch invariance (``BiGLMModel.batch_invariant``, set by `load_model(..., batch_invariant=True)`): a row's result
-  does not depend on the rows beside it, in bfloat16 (`attention.batch_invariant_attention`; the linear layers' rows
-  are so already, `packed`), and the RoPE positions a call does not give count each row's real tokens, so a
-  left-padded row sits where it would alone.
+  does not depend on the rows beside it, in bfloat16 (`attention.batch_invariant_attention`; the linear layers
+  measured at load with real activations, row by row where a kernel depends on the row count, `packed`), and every
+  RoPE position counts each row's real tokens (those a call does not give, and the ones speculative decoding gives,
+  from `BiGLMModel.next_positions`), so a left-padded row sits where it would alone.
 - Written for one device; parallelism and compilation are applied from outside
   (`biglm.training.distributed`).
 """
@@ -477,6 +478,16 @@ class BiGLMModel(BiGLMPreTrainedModel):
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
+
+    def next_positions(self, key_valid: torch.Tensor) -> torch.Tensor:
+        """(B,) long: the RoPE position each row's next token takes after keys ``key_valid`` (B, C) (a cache's) read at
+        the positions `forward` gives by default: each row's real keys counted in the batch-invariant mode (a
+        left-padded row sits where it would alone), else the keys' count, padding included (RoPE is relative, so that
+        is the same in exact arithmetic). A caller that gives later tokens' positions itself (speculative decoding's
+        branches) counts from here."""
+        if self.batch_invariant:
+            return key_valid.long().sum(1)
+        return torch.full(key_valid.shape[:1], key_valid.shape[1], dtype=torch.long, device=key_valid.device)
 
     def _check_inputs(self, input_ids: torch.Tensor, prefix_len: torch.Tensor | None, offset: int) -> None:
         L = input_ids.shape[1] + offset

@@ -14,6 +14,17 @@ bfloat16 the prepacked kernels' rows were measured independent of the row count 
 and last place, one and two threads, every SmolLM2-135M shape; `F.linear`'s too). In float32 they are not: a one-row
 call takes another kernel than two rows, and `F.linear` (MKL) differs from 4 rows on; so the mode is bfloat16's.
 
+Measured with real activations that is not enough: SwiGLU outputs of a real model (large, sparse-ish rows) gave the
+prepacked bfloat16 ``down_proj`` of SmolLM2-135M other bits for a row in a 1-row and a 2-row call (AMD EPYC with
+AVX512-BF16; issue 50), where random rows had shown none. So the mode does not take the kernels' word for it:
+`make_rows_invariant` measures every linear layer of the model, on the machine it runs on, with the model's own
+activations (a row alone against the same row among 2, 3 and 17 rows, first and last place), and a layer found
+row-count dependent computes its rows one at a time (`RowByRowLinear`: every call the one-row kernel, so a row's bits
+are its bits alone by construction). `load_model(..., batch_invariant=True)` does not prepack (the measured layers are
+`F.linear`'s) and runs the measurement once at load. On this project's test machine (AMD EPYC without AVX512, where
+oneDNN refuses the bfloat16 layout) `F.linear` was row-count independent for every SmolLM2-135M layer with real
+activations (0 of 22860 rows differed, 1-64 rows), so no layer falls back there.
+
 Only for inference: the packed copy does not follow later changes to the weight (training, loading weights
 afterwards). `pack_linears` leaves a model as it is where oneDNN is missing or refuses the layout.
 """
@@ -104,3 +115,69 @@ def pack_linears(model: nn.Module, *, rows_hint: int = ROWS_HINT) -> int:
         setattr(parent, name, PackedLinear(child, rows_hint=rows_hint))
     _fuse(model, rows_hint)
     return len(swaps)
+
+
+class RowByRowLinear(nn.Module):
+    """A linear layer that multiplies its input one row at a time: each row through the one-row kernel, whatever the
+    call's row count, so a row's result is its result alone (the batch-invariant mode's fallback for a layer whose
+    kernel was measured to depend on the row count, `make_rows_invariant`). ``weight`` and ``bias`` stay the original
+    parameters."""
+
+    def __init__(self, linear: nn.Module) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = torch.cat([F.linear(r, self.weight, self.bias) for r in rows.split(1)]) if rows.shape[0] else \
+            F.linear(rows, self.weight, self.bias)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+ROW_COUNTS = (2, 3, 17)  # the call sizes `make_rows_invariant` puts a row in (small calls: where kernels switch)
+
+
+@torch.no_grad()
+def row_count_dependent(linear: nn.Module, rows: torch.Tensor, counts: tuple[int, ...] = ROW_COUNTS) -> int:
+    """How many of ``rows`` (R, in) come out of ``linear`` with other bits among ``counts`` rows (at the first and last
+    place, beside the other given rows) than alone."""
+    alone = [linear(r) for r in rows.split(1)]
+    bad = 0
+    for i, row in enumerate(rows):
+        others = torch.cat((rows[:i], rows[i + 1:])) if rows.shape[0] > 1 else rows
+        differs = False
+        for M in counts:
+            fill = others.repeat((M + others.shape[0] - 1) // others.shape[0], 1)[:M - 1]
+            for place in {0, M - 1}:
+                call = torch.cat((fill[:place], row[None], fill[place:]))
+                differs |= not torch.equal(linear(call)[place], alone[i][0])
+        bad += differs
+    return bad
+
+
+@torch.no_grad()
+def make_rows_invariant(model: nn.Module, input_ids: torch.Tensor, *, rows: int = 4) -> list[str]:
+    """Measure every `nn.Linear` of ``model`` with its own activations (the inputs each layer gets when the model reads
+    ``input_ids``, (1, L) real text: up to ``rows`` of them) for row-count dependence (`row_count_dependent`), and
+    swap each layer that shows any for a `RowByRowLinear`; returns the swapped layers' names. For the batch-invariant
+    mode (`BiGLMModel.batch_invariant`), on the machine and thread count it will run with."""
+    linears = {name: m for name, m in model.named_modules() if type(m) is nn.Linear}
+    seen: dict[str, torch.Tensor] = {}
+    def keep(name: str, x: torch.Tensor) -> None:
+        seen.setdefault(name, x.reshape(-1, x.shape[-1])[-rows:].clone())
+
+    hooks = [m.register_forward_hook(lambda mod, args, out, name=name: keep(name, args[0]))
+             for name, m in linears.items()]
+    try:
+        model(input_ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    swapped = []
+    for name, linear in linears.items():
+        if name in seen and row_count_dependent(linear, seen[name]):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, RowByRowLinear(linear))
+            swapped.append(name)
+    return swapped
