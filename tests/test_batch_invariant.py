@@ -14,7 +14,7 @@ from biglm import BiGLMConfig, BiGLMForMaskedLM
 from biglm.generation import DecodingConfig, generate_ids, left_pad
 from biglm.generation.engine import DecodeEngine
 from biglm.model.attention import AttentionMask, batch_invariant_attention
-from biglm.model.packed import PackedLinear, pack_linears
+from biglm.model.packed import RowByRowLinear, pack_linears, row_count_dependent
 
 def test_attention_row_is_the_same_alone_and_beside_padded_rows():
     """A row's attention alone (one row, no padding) equals the same row in a batch of three whose cache is padded to
@@ -58,23 +58,60 @@ def test_attention_takes_long_queries_in_chunks_with_the_same_rows():
     assert torch.equal(full[:, :, -5:], tail)
 
 
-@pytest.mark.parametrize("pack", [False, True])
-def test_linear_row_in_bfloat16_does_not_depend_on_the_row_count(pack):
-    """One row through a bfloat16 linear layer (`F.linear`, and prepacked) alone, and at the first, middle or last
-    place of 2-40 rows: the same bits (what lets the mode leave the linear layers as they are)."""
-    if pack and not torch.backends.mkldnn.is_available():
-        pytest.skip("needs oneDNN (prepacked linears)")
-    torch.manual_seed(0)
-    for out_f, in_f in ((192, 576), (576, 1536)):
-        lin = torch.nn.Linear(in_f, out_f, bias=False).to(torch.bfloat16)
-        lin = PackedLinear(lin) if pack else lin
-        x = torch.randn(1, 1, in_f, dtype=torch.bfloat16)
-        alone = lin(x)[0, 0]
-        for M in range(2, 41):
-            for p in {0, M // 2, M - 1}:
-                xs = torch.randn(M, in_f, dtype=torch.bfloat16)
-                xs[p] = x[0, 0]
-                assert torch.equal(lin(xs)[p], alone), (out_f, M, p)
+def _skewed_linear(real):
+    """A planted row-count-dependent kernel: calls of several rows round large outputs one step differently (what a
+    real model's SwiGLU rows met in the prepacked bfloat16 down_proj; random rows give no output that large)."""
+    def linear(x, w, b=None):
+        out = real(x, w, b)
+        if x.reshape(-1, x.shape[-1]).shape[0] > 1:
+            out = out + (out.abs() > 4).to(out.dtype) * out * 2 ** -7
+        return out
+    return linear
+
+
+def _activations(model, ids) -> dict[str, torch.Tensor]:
+    """Each linear layer's input rows (R, in) as ``model`` reads ``ids``: real activations."""
+    seen = {}
+    hooks = [m.register_forward_hook(lambda mod, args, out, name=name: seen.__setitem__(
+        name, args[0].reshape(-1, args[0].shape[-1]).clone()) if name not in seen else None)
+        for name, m in model.named_modules() if isinstance(m, (torch.nn.Linear, RowByRowLinear))]
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def test_linear_row_in_bfloat16_does_not_depend_on_the_row_count(real_smol, monkeypatch):
+    """Real activations (each linear layer's inputs as SmolLM2-135M reads a text in the mode: SwiGLU outputs, large and
+    sparse-ish, where random rows had hidden the prepacked down_proj's row-count dependence): every layer of a model
+    loaded with ``batch_invariant=True`` gives a row alone the bits it gives at the first, middle or last place of 2-24
+    rows. And the load's measurement is what makes it so: a planted kernel that rounds several rows' large outputs
+    differently is found on real rows (random rows through a random layer, the old check, miss it) and a `RowByRowLinear` of it is row-invariant."""
+    from biglm.checkpoint import load_model
+
+    torch.set_num_threads(1)
+    model, tok = load_model(real_smol, dtype=torch.bfloat16, batch_invariant=True)
+    ids = torch.tensor([tok("The three laws of robotics are, first, that a robot may not injure a human being",
+                            add_special_tokens=False)["input_ids"] + [model.config.mask_token_id] * 3])
+    seen = _activations(model, ids)
+    last = len(model.model.layers) - 1
+    names = [n for n in seen if ".mlp.down_proj" in n or f"layers.{last}." in n or "layers.0." in n or n == "lm_head"]
+    for name in names:
+        layer, xs = model.get_submodule(name), seen[name]
+        alone = [layer(x[None])[0] for x in xs]
+        for M in (2, 3, 5, 8, 13, 24):
+            for start in range(0, xs.shape[0] - M + 1, M):
+                out = layer(xs[start:start + M])
+                assert all(torch.equal(out[i], alone[start + i]) for i in range(M)), (name, M, start)
+    down = model.model.layers[3].mlp.down_proj
+    rows = seen["model.layers.3.mlp.down_proj"][-6:]
+    monkeypatch.setattr(torch.nn.functional, "linear", _skewed_linear(torch.nn.functional.linear))
+    assert row_count_dependent(down, rows) > 0  # found with real rows ...
+    torch.manual_seed(0)  # ... and not by the old check: random rows through a random layer
+    random = torch.nn.Linear(down.in_features, down.out_features, bias=False).to(torch.bfloat16)
+    assert row_count_dependent(random, torch.randn(6, down.in_features).to(torch.bfloat16)) == 0
+    assert row_count_dependent(RowByRowLinear(down), rows) == 0
 
 
 def _tiny_bf16(*, batch_invariant: bool, blocks: bool = False) -> BiGLMForMaskedLM:

@@ -18,10 +18,10 @@ Measured with real activations that is not enough: SwiGLU outputs of a real mode
 prepacked bfloat16 ``down_proj`` of SmolLM2-135M other bits for a row in a 1-row and a 2-row call (AMD EPYC with
 AVX512-BF16; issue 50), where random rows had shown none. So the mode does not take the kernels' word for it:
 `make_rows_invariant` measures every linear layer of the model, on the machine it runs on, with the model's own
-activations (a row alone against the same row among 2, 3 and 17 rows, first and last place), and a layer found
-row-count dependent computes its rows one at a time (`RowByRowLinear`: every call the one-row kernel, so a row's bits
-are its bits alone by construction). `load_model(..., batch_invariant=True)` does not prepack (the measured layers are
-`F.linear`'s) and runs the measurement once at load. On this project's test machine (AMD EPYC without AVX512, where
+activations (a row alone against the same row among 2, 3 and 17 rows, first and last place), and the layers of a
+shape found row-count dependent compute their rows one at a time (`RowByRowLinear`: every call the one-row kernel,
+so a row's bits are its bits alone by construction). `load_model(..., batch_invariant=True)` does not prepack (the
+measured layers are `F.linear`'s) and runs the measurement once at load. On this project's test machine (AMD EPYC without AVX512, where
 oneDNN refuses the bfloat16 layout) `F.linear` was row-count independent for every SmolLM2-135M layer with real
 activations (0 of 22860 rows differed, 1-64 rows), so no layer falls back there.
 
@@ -160,8 +160,9 @@ def row_count_dependent(linear: nn.Module, rows: torch.Tensor, counts: tuple[int
 def make_rows_invariant(model: nn.Module, input_ids: torch.Tensor, *, rows: int = 4) -> list[str]:
     """Measure every `nn.Linear` of ``model`` with its own activations (the inputs each layer gets when the model reads
     ``input_ids``, (1, L) real text: up to ``rows`` of them) for row-count dependence (`row_count_dependent`), and
-    swap each layer that shows any for a `RowByRowLinear`; returns the swapped layers' names. For the batch-invariant
-    mode (`BiGLMModel.batch_invariant`), on the machine and thread count it will run with."""
+    swap each layer of a shape where any layer shows some for a `RowByRowLinear`; returns the swapped layers' names.
+    For the batch-invariant mode (`BiGLMModel.batch_invariant`), on the machine and thread count it will run with:
+    a sample, not a proof (a kernel that differs only on rows unlike the sampled ones is not found)."""
     linears = {name: m for name, m in model.named_modules() if type(m) is nn.Linear}
     seen: dict[str, torch.Tensor] = {}
     def keep(name: str, x: torch.Tensor) -> None:
@@ -174,10 +175,16 @@ def make_rows_invariant(model: nn.Module, input_ids: torch.Tensor, *, rows: int 
     finally:
         for h in hooks:
             h.remove()
-    swapped = []
+    # a kernel is picked by the product's shape: one layer found row-count dependent condemns every layer of its shape
+    # (their own sampled rows may happen to round alike, the next request's need not)
+    shapes: dict[tuple, list[str]] = {}
     for name, linear in linears.items():
-        if name in seen and row_count_dependent(linear, seen[name]):
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, RowByRowLinear(linear))
-            swapped.append(name)
+        shapes.setdefault((linear.in_features, linear.out_features, linear.bias is not None), []).append(name)
+    swapped = []
+    for names in shapes.values():
+        if any(name in seen and row_count_dependent(linears[name], seen[name]) for name in names):
+            for name in names:
+                parent, _, child = name.rpartition(".")
+                setattr(model.get_submodule(parent) if parent else model, child, RowByRowLinear(linears[name]))
+                swapped.append(name)
     return swapped
