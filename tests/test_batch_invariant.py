@@ -204,18 +204,34 @@ def test_load_model_and_the_commands_refuse_what_the_mode_cannot_keep(checkpoint
     assert model.model.batch_invariant and load_model(checkpoint, pack=True)[0].model.batch_invariant is False
 
 
-def test_generate_and_serve_take_batch_invariant(checkpoint, capsys):
-    """`biglm generate --batch_invariant` prints, for a prompt beside another, what it prints for it alone; `biglm
+def test_generate_and_serve_take_batch_invariant(checkpoint, tmp_path, capsys, monkeypatch):
+    """`biglm generate --batch_invariant` prints, for a prompt beside another (left-padded), what it prints for it
+    alone: with ``--strategy confidence``, and with a drafting model's own default (speculative decoding, n-gram
+    drafts: its answer positions once counted the padding, and a row beside a longer prompt wrote other text); `biglm
     serve --batch_invariant` loads the model in the mode."""
+    from transformers import PreTrainedTokenizerFast
+
+    from biglm.generation import speculative
     from biglm.generation.cli import main as generate_main
     from biglm.serving.cli import ServeArgs, build_app
+    from conftest import save_random_model
 
-    flags = ["--batch_invariant", "--dtype", "bfloat16", "--max_new_tokens", "8", "--strategy", "confidence"]
-    outs = []
-    for prompts in (["the king"], ["the king", "a long prompt of several words to pad the other one"]):
-        assert generate_main([str(checkpoint), *sum((["--prompt", p] for p in prompts), []), *flags]) == 0
-        outs.append(capsys.readouterr().out.split("### prompt 2:")[0])
-    assert outs[0] == outs[1]
+    drafting = save_random_model(tmp_path / "blocks", PreTrainedTokenizerFast.from_pretrained(checkpoint),
+                                 prefix_attention="blocks", prefix_block_lengths=[1, 4, 8], initializer_range=0.2)
+    decodes = []
+    real = speculative.SpeculativeDecode.__init__
+    monkeypatch.setattr(speculative.SpeculativeDecode, "__init__",
+                        lambda self, *a, **k: (real(self, *a, **k), decodes.append(self))[0])
+    flags = ["--batch_invariant", "--dtype", "bfloat16", "--max_new_tokens", "12"]
+    short = "the king the king the king"
+    for model, extra in ((checkpoint, ["--strategy", "confidence"]), (drafting, [])):
+        outs = []
+        for prompts in ([short], [short, "a long prompt of several words to pad the other one, and more words"]):
+            assert generate_main([str(model), *sum((["--prompt", p] for p in prompts), []), *flags, *extra]) == 0
+            outs.append(capsys.readouterr().out.split("### prompt 2:")[0])
+        assert outs[0] == outs[1]
+    assert len(decodes) == 2  # the drafting model's default ran speculative decoding, alone and batched
+    assert decodes[1].B == 2 and not bool(decodes[1].start.eq(decodes[1].P).all())  # left-padded: real counts
     app = build_app(ServeArgs(checkpoint=str(checkpoint), batch_invariant=True, dtype="bfloat16"))
     assert app.state.scheduler.engine.model.model.batch_invariant
 
