@@ -120,17 +120,23 @@ def test_openai_client_equals_the_biglm_generate_command(served, checkpoint, cap
 
 
 def test_speculative_completion_equals_the_biglm_generate_command(served, checkpoint, capsys):
-    """A request with ``draft_length`` runs speculative decoding in the engine: the completion is what `biglm generate`
-    prints with the same flags (greedy; sampled with a seed), streamed chunks add up to it, and /health's
-    ``stats.positions`` grows by the positions its calls computed (generate_ids' count less the prompt's pass)."""
+    """A request with ``draft_length`` runs speculative decoding in the engine: greedy, the completion is what one
+    token per call writes (`biglm generate --strategy confidence --block_length 1 --block_cache append`, no drafts:
+    the answer speculative decoding promises, not the speculative path compared with itself); sampled with a seed,
+    what `biglm generate` prints with the same flags. Streamed chunks add up to it, and /health's ``stats.positions``
+    grows by the positions its calls computed (generate_ids' count less the prompt's pass)."""
     from biglm.generation import DecodingConfig, generate_ids
 
+    one_per_call = _biglm_generate(checkpoint, PROMPTS[0], capsys, max_new_tokens=12, strategy="confidence",
+                                   block_length=1, block_cache="append")
     for flags in (dict(max_new_tokens=12, strategy="confidence", draft_length=2),
                   dict(max_new_tokens=12, strategy="confidence", draft_length=2, temperature=0.9, seed=6)):
         extra = {k: flags[k] for k in ("strategy", "draft_length")}
         sampling = {"max_tokens": 12, **{k: flags[k] for k in ("temperature", "seed") if k in flags}}
         with pytest.warns(UserWarning, match="approximation"):  # a paper model, as `biglm generate` warns too
             want = _biglm_generate(checkpoint, PROMPTS[0], capsys, **flags)
+        if "seed" not in flags:  # greedy: one token per call's answer, whoever wrote it
+            assert want == one_per_call
         before = _healthy(served.url)["stats"].get("positions", 0)  # (none before the first step)
         text = served.client.completions.create(model=NAME, prompt=PROMPTS[0], extra_body=extra, **sampling)
         after = _healthy(served.url)["stats"]["positions"]
