@@ -562,7 +562,9 @@ def test_default_decoding_of_a_drafting_model_writes_one_token_per_calls_text_on
     first step): its default decoding (n-gram drafts, `drafting_default`) writes, in float32 greedy, token
     for token what one token per call writes, for a left-padded batch of three kinds of prompts (a continuation, a
     chat turn, a rewrite), through `generate_ids` and through the server's engine beside a one-token-per-call request,
-    in fewer calls; each call after the first runs cached positions only."""
+    in fewer calls; each call after the first runs cached positions only. The engine at its default ``draft_rows``:
+    the requests start speculatively while it is idle, then more arrive and the load moves them into the pool (one
+    token per call from where they stand), and their answers stay one token per call's."""
     from transformers import AutoTokenizer
 
     from biglm.generation import DecodeEngine, generate_ids, left_pad
@@ -588,15 +590,21 @@ def test_default_decoding_of_a_drafting_model_writes_one_token_per_calls_text_on
     assert out.token_lists() == ref.token_lists()
     assert sum(out.calls_per_row()) < sum(len(t) for t in out.token_lists())  # fewer calls than tokens
     assert out.forward_calls == out.steps + 1  # the prompts' one pass, then cached calls only
-    engine = DecodeEngine(model, max_batch_rows=8, draft_rows=8)
-    engine.submit("plain", prompts[0], plain)
+    engine = DecodeEngine(model, max_batch_rows=8)  # (the default draft_rows: the move into the pool runs)
+    moved, real = [], engine._one_per_call
+    engine._one_per_call = lambda req: (moved.append(req.id), real(req))[1]
     for i, p in enumerate(prompts):
         engine.submit(str(i), p, default)
     done = {}
+    for _ in range(2):  # idle: they start speculatively
+        done.update({e.request_id: e for e in engine.step() if e.finished})
+    engine.submit("plain", prompts[0], plain)
+    engine.submit("plain2", prompts[1], plain)  # now more rows than draft_rows
     while engine.num_running or engine.num_waiting:
         done.update({e.request_id: e for e in engine.step() if e.finished})
+    assert sorted(moved) == ["0", "1", "2"], moved  # each default request moved into the pool
     assert [done[str(i)].token_ids for i in range(3)] == ref.token_lists()
-    assert done["plain"].token_ids == ref.token_lists()[0]
+    assert done["plain"].token_ids == ref.token_lists()[0] and done["plain2"].token_ids == ref.token_lists()[1]
 
 
 # --- issue 49 item 1: a converted model writes its source's greedy text from step 0 ---------------------------------
