@@ -483,3 +483,28 @@ def test_a_prompt_sent_again_is_not_encoded_again_and_gets_the_same_answer(which
     for bad in (-1, float("inf"), float("nan"), "8"):
         with pytest.raises(ValueError, match="prompt_cache_mb"):
             DecodeEngine(model, prompt_cache_mb=bad)
+
+
+def test_a_causal_models_held_block_beside_a_speculative_request_is_read_causally():
+    """A causal model's (`biglm convert`'s) block-decoding request beside a speculative one: the merged call says every
+    row as an attention rule, and the held block's queries must see it causally there too (as its prefix split reads
+    it alone): the answer equals the one alone, in float32. (Read bidirectionally, the real SmolLM2's "Hello" with
+    blocks of 4 wrote other tokens beside the speculative requests, in bfloat16 with ``batch_invariant`` too.)"""
+    torch.manual_seed(0)
+    config = BiGLMConfig.from_preset("tiny", initializer_range=0.2, shift_logits=True, prefix_attention="causal",
+                                     prefix_block_lengths=[1], attn_backend="sdpa")
+    model = BiGLMForMaskedLM(config).eval()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(5, 400, (n,), generator=g).tolist() for n in (9, 5, 13)]
+    blocks = DecodingConfig(max_new_tokens=12, strategy="confidence", block_length=4, steps=6)
+    drafted = DecodingConfig(max_new_tokens=12, strategy="confidence", draft_length=2)
+    requests = [("b0", prompts[0], blocks), ("s", prompts[1], drafted), ("b1", prompts[2], blocks)]
+    together, alone = {}, {}
+    for group, out in (([requests], together), ([[r] for r in requests], alone)):
+        for reqs in group:
+            engine = DecodeEngine(model, max_batch_rows=16)
+            for rid, p, cfg in reqs:
+                engine.submit(rid, p, cfg)
+            while engine.num_running or engine.num_waiting:
+                out.update({e.request_id: e.token_ids for e in engine.step() if e.finished})
+    assert together == alone

@@ -865,7 +865,10 @@ class DecodeEngine:
         h = 0 if req.decode.held is None else req.decode.held.end - req.decode.held.start
         own = req.decode.denoise.cache.length
         q = torch.arange(w, device=self.device)
-        tail = (q[:, None] >= h) | (q[None, :] < h)  # (w, w): held queries see the held block only
+        held = q[None, :] < h
+        if self.model.config.prefix_attention == "causal":  # a causal model reads its held block causally (the
+            held = held & (q[None, :] <= q[:, None])        # prefix split's meaning for it: blocks of 1)
+        tail = (q[:, None] >= h) | held  # (w, w): held queries see the held block only
         rule = torch.cat((tail.new_ones(w, own), tail), 1).expand(rows, w, own + w)
         positions = (own + q).expand(rows, -1)
         return TreeCall(ids=ids, positions=positions, rule=rule, read=where.reshape(-1).nonzero().squeeze(1),
