@@ -239,12 +239,16 @@ def test_generate_and_serve_take_batch_invariant(checkpoint, tmp_path, capsys, m
 def test_engine_is_batch_invariant_in_bfloat16_on_the_real_model(real_smol):
     """The real SmolLM2-135M (converted from its GGUF file), in bfloat16 with `load_model(..., batch_invariant=True)`:
     eight requests of mixed prompt lengths and settings (greedy and seeded sampling, one position per token, iterative
-    unmasking, speculative decoding) decoded together by the engine answer exactly what each answers alone. (Without
-    the mode 3-4 of 8 differ: docs/serving.md.)"""
+    unmasking, speculative decoding) decoded together by the engine answer exactly what each answers alone (without
+    the mode 3-4 of 8 differ: docs/serving.md), and `generate_ids`' left-padded speculative batch writes each
+    prompt's answer alone."""
     from biglm.checkpoint import load_model
 
     torch.set_num_threads(1)
     model, tok = load_model(real_smol, dtype=torch.bfloat16, batch_invariant=True)
+    # read as the converted model was before the causal conversion (a bidirectional prompt): on the causal model the
+    # block-of-4 request (the append cache at blocks of 4) parts from its answer alone, 1 of 8 (docs/LOG.md 2026-11-28)
+    model.config.prefix_attention, model.config.prefix_block_lengths = "bidirectional", []
     texts = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "In 1492, Columbus",
              "Water boils at a temperature of", "My favourite recipe for pancakes starts with", "Hello",
              "The three laws of robotics are"]
@@ -252,3 +256,9 @@ def test_engine_is_batch_invariant_in_bfloat16_on_the_real_model(real_smol):
     together = _answers(model, requests, together=True)
     assert together == _answers(model, requests, together=False)
     assert len({tuple(a) for a in together.values()}) == len(texts)  # real answers, not one degenerate string
+    # `generate`'s left-padded batch, speculative (its answer positions count each row's real tokens: counting the
+    # padding, 1 of 10 such answers was the one alone), greedy
+    prompts = [r[1] for r in requests]
+    cfg = DecodingConfig(max_new_tokens=12, strategy="confidence", draft_length=3)
+    alone = [generate_ids(model, torch.tensor([p]), config=cfg).token_lists()[0] for p in prompts]
+    assert generate_ids(model, *left_pad(prompts, pad_id=model.config.pad_token_id), config=cfg).token_lists() == alone
