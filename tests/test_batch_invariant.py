@@ -246,9 +246,6 @@ def test_engine_is_batch_invariant_in_bfloat16_on_the_real_model(real_smol):
 
     torch.set_num_threads(1)
     model, tok = load_model(real_smol, dtype=torch.bfloat16, batch_invariant=True)
-    # read as the converted model was before the causal conversion (a bidirectional prompt): on the causal model the
-    # block-of-4 request (the append cache at blocks of 4) parts from its answer alone, 1 of 8 (docs/LOG.md 2026-11-28)
-    model.config.prefix_attention, model.config.prefix_block_lengths = "bidirectional", []
     texts = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "In 1492, Columbus",
              "Water boils at a temperature of", "My favourite recipe for pancakes starts with", "Hello",
              "The three laws of robotics are"]
