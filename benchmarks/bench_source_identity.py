@@ -41,8 +41,11 @@ def source_texts(source: str, model: str, rows: list[dict], n: int, threads: int
     kw = {"gguf_file": Path(source).name} if source.endswith(".gguf") else {}
     where = str(Path(source).parent) if kw else source
     lm = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw).eval()
-    tok = AutoTokenizer.from_pretrained(model)
-    eos = json.loads((Path(model) / "config.json").read_text())["eos_token_id"]
+    from biglm.checkpoint import model_source
+
+    where_model = model_source(model)  # an export or a run folder (its tokenizer/ and config.json)
+    tok = AutoTokenizer.from_pretrained(where_model.tokenizer_dir)
+    eos = json.loads((Path(where_model.config_dir) / "config.json").read_text())["eos_token_id"]
     out = {}
     for row in rows:
         text = render_chat(tok, row["messages"]) if "messages" in row else row["prompt"]
@@ -68,6 +71,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=positive_int, default=1)
     ap.add_argument("--skip-default", action="store_true", help="one token per call only")
+    ap.add_argument("--setting", action="append", default=[], metavar="NAME=FLAGS",
+                    help="another decoding to compare, e.g. 'model-drafts=--draft_length 4 --draft_ngram 0 "
+                         "--draft_model true' (repeatable)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if not Path(args.model).is_dir():
@@ -88,6 +94,11 @@ def main() -> None:
                                  "--draft_length", "0"]}
     if not args.skip_default:
         settings["default"] = []
+    for item in args.setting:
+        name, sep, flags = item.partition("=")
+        if not sep or not name:
+            ap.error(f"--setting {item!r}: give NAME=FLAGS")
+        settings[name] = flags.split()
     read = lambda p: {r["id"]: r for r in map(json.loads, p.read_text().splitlines())}  # noqa: E731
     report = {"command": "python " + " ".join(sys.argv), "source": os.path.basename(args.source), "model": args.model,
               "dtype": args.dtype, "max_new_tokens": n, "machine": machine(), "settings": {}}
