@@ -100,7 +100,9 @@ def main() -> None:
             ap.error(f"--setting {item!r}: give NAME=FLAGS")
         settings[name] = flags.split()
     read = lambda p: {r["id"]: r for r in map(json.loads, p.read_text().splitlines())}  # noqa: E731
+    adapted = (Path(args.model) / "train_config.json").is_file()  # a training run's folder, not a conversion
     report = {"command": "python " + " ".join(sys.argv), "source": os.path.basename(args.source), "model": args.model,
+              "adapted": adapted,
               "dtype": args.dtype, "max_new_tokens": n, "machine": machine(), "settings": {}}
     lines = markdown_header(f"The BiGLM {args.model} against its source {os.path.basename(args.source)}", report)
     lines += ["", f"Source: transformers' greedy `generate` in float32, EOS suppressed; BiGLM: `biglm generate "

@@ -138,8 +138,8 @@ def source_identity() -> tuple[list[str], list[dict]]:
                          f"**{kinds['all']['same_text']}** ({per_kind})", f"{tpc:.2f}", f"{s['seconds']:.0f} s",
                          *run_cells(path, r)])
             facts.append({"setting": name, "same": kinds["all"]["same_text"], "tpc": tpc, "path": path, "report": r})
-    lines = ["A model straight out of `biglm convert` against its source: the same prompts, greedy, the source through "
-             "transformers' `generate`. Quality: answers whose text is identical to the source's.", ""]
+    lines = ["A model made by `biglm convert` (and one adapted from it) against its source: the same prompts, greedy, the "
+             "source through transformers' `generate`. Quality: answers whose text is identical to the source's.", ""]
     lines += table(["model (dtype)", "decoding", "same text as the source", "tokens per call", "time",
                     *RUN_HEADER], rows[::-1])
     return lines, facts
@@ -270,16 +270,20 @@ def headline(identity: list[dict], drafts: list[dict], evals: list[dict], serves
              compiled: list[dict]) -> list[str]:
     """One row per comparison against a peer: the newest result of each."""
     rows = []
-    if identity:
-        one = [f for f in identity if f["setting"] != "default"][-1:]
-        default = [f for f in identity if f["setting"] == "default"][-1:]
-        if one and default:
-            r, path = default[0]["report"], default[0]["path"]
-            rows.append(["SmolLM2-135M-Instruct straight out of `biglm convert` (no training)",
-                         "its source, transformers' greedy `generate`",
-                         f"the same text one token per call ({one[0]['same']}) and with the default decoding "
-                         f"({default[0]['same']}, {default[0]['tpc']:.2f} tokens per call)",
-                         f"{r['dtype']}, {r['max_new_tokens']} tokens, held-out prompts", *run_cells(path, r)])
+    newest: dict[str, list[dict]] = {}  # the newest report of each model, its settings in order
+    for f in identity:
+        model = f["report"]["model"]
+        if newest.get(model) and newest[model][0]["path"] != f["path"]:
+            newest[model] = []
+        newest.setdefault(model, []).append(f)
+    for model, settings in newest.items():
+        r, path = settings[0]["report"], settings[0]["path"]
+        said = "; ".join(f"{f['setting'].replace('_', ' ')} {f['same']} at {f['tpc']:.2f} tokens per call"
+                         for f in settings)
+        rows.append([f"`{Path(model).name}`: SmolLM2-135M-Instruct through `biglm convert`"
+                     + {False: " (no training)", True: ", then `blocks-adapt`"}.get(r.get("adapted"), ""),
+                     "its source, transformers' greedy `generate`", f"the same text: {said}",
+                     f"{r['dtype']}, {r['max_new_tokens']} tokens, held-out prompts", *run_cells(path, r)])
     if drafts:
         f = drafts[-1]
         r = f["report"]
