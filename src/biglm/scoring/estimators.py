@@ -256,14 +256,19 @@ def score_requests(
     if truncated:
         warnings.warn(f"{truncated} of {len(requests)} requests exceed the {window}-token window: their contexts "
                       "were truncated from the left (the continuation is kept whole).", stacklevel=3)  # past no_grad's wrapper
+    loglik = np.zeros(len(requests), dtype=np.float64)
+    greedy = np.ones(len(requests), dtype=bool)
+    if estimator == "append" and cache == "append" and config.prefix_attention == "causal" and use_cache:
+        # a causal model reads context and answer as its AR source did: one causal pass per request scores the answer,
+        # lm-eval's own cost (no context cache to copy into every choice's row)
+        _score_causal(model, fitted, batch_size=batch_size, pad_id=pad_id, loglik=loglik, greedy=greedy)
+        return [(float(ll), bool(g)) for ll, g in zip(loglik, greedy)]
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, (ctx, _) in enumerate(fitted):
         groups.setdefault(ctx, []).append(i)
     # longest contexts first: similar lengths share a batch, so left padding stays small
     contexts = sorted(groups, key=len, reverse=True)
 
-    loglik = np.zeros(len(requests), dtype=np.float64)
-    greedy = np.ones(len(requests), dtype=bool)
     for ctx_batch in _context_batches(contexts, groups, fitted, batch_size=batch_size, window=window):
         P = max(1, max(len(c) for c in ctx_batch))  # >= 1 so an all-empty batch still has a (padded) prefix
         ctx_ids = torch.full((len(ctx_batch), P), pad_id, dtype=torch.long)
@@ -289,6 +294,51 @@ def score_requests(
             _run_rows(model, chunk, cache=prefix_cache, ctx_ids=ctx_ids, ctx_mask=ctx_mask, pad_id=pad_id,
                       loglik=loglik, greedy=greedy)
     return [(float(ll), bool(g)) for ll, g in zip(loglik, greedy)]
+
+
+def _score_causal(model: BiGLMForMaskedLM, fitted: list[tuple[tuple[int, ...], tuple[int, ...]]], *, batch_size: int,
+                  pad_id: int, loglik: np.ndarray, greedy: np.ndarray) -> None:
+    """``append`` on a causal model (`prefix_attention="causal"`, the shift): each request's context + answer as one
+    text read causally, right-padded, ``batch_size`` requests a pass (longest first); the answer tokens' logits are the
+    next-token predictions at their positions. Accumulates into ``loglik`` / ``greedy`` in place."""
+    device = next(model.parameters()).device
+    order = sorted(range(len(fitted)), key=lambda i: -(len(fitted[i][0]) + len(fitted[i][1])))
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        lengths = [len(fitted[i][0]) + len(fitted[i][1]) for i in idx]
+        ids = torch.full((len(idx), max(lengths)), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        where = torch.zeros(ids.shape, dtype=torch.bool)
+        targets: list[int] = []
+        owners: list[int] = []
+        for b, i in enumerate(idx):
+            ctx, cont = fitted[i]
+            ids[b, :lengths[b]] = torch.tensor(ctx + cont)
+            mask[b, :lengths[b]] = 1
+            where[b, len(ctx):lengths[b]] = True
+            targets += cont
+            owners += [i] * len(cont)
+        logits = model(ids.to(device), prefix_len=torch.tensor(lengths, device=device),
+                       attention_mask=mask.to(device), logits_positions=where.to(device)).logits
+        _accumulate(model, logits, targets, owners, [1.0] * len(targets), loglik=loglik, greedy=greedy)
+
+
+def _accumulate(model: BiGLMForMaskedLM, logits: torch.Tensor, targets: list[int], owners: list[int],
+                weights: list[float], *, loglik: np.ndarray, greedy: np.ndarray) -> None:
+    """Each scored slot's log-probability of its target (times its weight) added to its request, and whether it was
+    the argmax."""
+    logits = logits.float()
+    mask_id = model.config.mask_token_id
+    if mask_id is not None and 0 <= mask_id < logits.shape[-1]:
+        # the mask token is never text (decoding never writes it): a log-likelihood is over the tokens a model writes,
+        # so a model converted from an AR checkpoint, whose added mask row the source never had, scores as its source
+        logits[:, mask_id] = float("-inf")
+    logp = torch.log_softmax(logits, dim=-1)  # (M, V)
+    tgt = torch.tensor(targets, dtype=torch.long, device=logp.device)
+    lp = logp.gather(1, tgt[:, None]).squeeze(1).double().cpu().numpy()
+    hit = (logp.argmax(dim=-1) == tgt).cpu().numpy()
+    np.add.at(loglik, np.asarray(owners), lp * np.asarray(weights))
+    np.logical_and.at(greedy, np.asarray(owners), hit)
 
 
 def _context_batches(contexts: list[tuple[int, ...]], groups: dict[tuple[int, ...], list[int]],
@@ -369,19 +419,7 @@ def _run_rows(model: BiGLMForMaskedLM, chunk: list[tuple[int, _Variant]], *, cac
             full_positions = torch.cat((torch.arange(P, device=device).expand(R, P), positions), dim=1)
             logits = model(full, attention_rule=full_rule, position_ids=full_positions, attention_mask=full_mask,
                            logits_positions=full_score).logits
-    logits = logits.float()
-    mask_id = model.config.mask_token_id
-    if mask_id is not None and 0 <= mask_id < logits.shape[-1]:
-        # the mask token is never text (decoding never writes it): a log-likelihood is over the tokens a model writes,
-        # so a model converted from an AR checkpoint, whose added mask row the source never had, scores as its source
-        logits[:, mask_id] = float("-inf")
-    logp = torch.log_softmax(logits, dim=-1)  # (M, V)
-    tgt = torch.tensor(targets, dtype=torch.long, device=logp.device)
-    lp = logp.gather(1, tgt[:, None]).squeeze(1).double().cpu().numpy()
-    hit = (logp.argmax(dim=-1) == tgt).cpu().numpy()
-    np.add.at(loglik, np.asarray(owners), lp * np.asarray(weights))
-    np.logical_and.at(greedy, np.asarray(owners), hit)
-
+    _accumulate(model, logits, targets, owners, weights, loglik=loglik, greedy=greedy)
 
 
 def rolling_requests(tokens: Sequence[int], *, prefix_token: int, max_length: int,
