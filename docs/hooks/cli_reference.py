@@ -12,12 +12,10 @@ a field added to a config appears here at the next build.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import io
 import re
 import sys
-import typing
 from typing import Any
 
 PAGE = "reference/cli.md"
@@ -53,50 +51,11 @@ def _doc_markdown(doc: str | None) -> list[str]:
     return out + [""]
 
 
-def _flat_fields(cls: type, prefix: str = "") -> list[tuple[str, Any, Any, str, dict | None, bool]]:
-    from biglm.config import field_docs
-
-    rows = []
-    docs, hints = field_docs(cls), typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        tp = hints[f.name]
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
-        else:
-            default = dataclasses.MISSING
-        choices = f.metadata.get("choices")
-        rows.append((prefix + f.name, tp, default, docs.get(f.name, ""), choices, bool(f.metadata.get("repeatable"))))
-        if dataclasses.is_dataclass(tp):
-            rows += _flat_fields(tp, prefix + f.name + ".")
-    return rows
-
-
 def _options(cls: type, positionals: tuple[str, ...], base: Any) -> list[str]:
-    from biglm.config import help_type, to_dict
+    from biglm.config import help_rows
 
     lines = []
-    for name, tp, default, text, choices, repeatable in _flat_fields(cls):
-        if base is not None:
-            value: Any = base
-            try:
-                for part in name.split("."):
-                    value = getattr(value, part)
-                default = value
-            except AttributeError:
-                pass
-        if dataclasses.is_dataclass(tp) and not choices:
-            continue  # a plain nested group: its fields are listed as --name.field
-        positional = name.split(".")[0] in positionals
-        kind = (help_type(tp, flag=f"--{name}", repeatable=repeatable, positional=positional) if not choices
-                else "{" + "|".join(choices) + "}")
-        if dataclasses.is_dataclass(default) and not isinstance(default, type):
-            shown = getattr(default, "name", type(default).__name__)
-        else:
-            shown = "required" if default is dataclasses.MISSING else repr(to_dict(default))
+    for name, kind, shown, text, positional in help_rows(cls, positionals=positionals, base=base):
         if positional:
             head = f"- **`{name.upper()}`** ({_escape(kind)}, positional)"
         else:

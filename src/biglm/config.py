@@ -435,14 +435,10 @@ def help_type(tp: Any, *, flag: str, repeatable: bool = False, positional: bool 
     return f"{item}s: a,b or [a, b] or {flag} A {flag} B"
 
 
-def format_help(cls: type, *, prog: str, doc: str | None, positionals: tuple[str, ...] = (),
-                base: Any = None) -> str:
-    """``--help`` text: the command's docstring, then every option with type, default and meaning."""
-    pos = " ".join(p.upper() for p in positionals)
-    lines = [f"usage: {prog} {pos + ' ' if pos else ''}[--OPTION VALUE ...] [--print_config] [--help]", ""]
-    if doc:
-        lines += [inspect.cleandoc(doc), ""]
-    lines.append("options (fields of " + cls.__name__ + "; --a.b sets field b of a):")
+def help_rows(cls: type, *, positionals: tuple[str, ...] = (), base: Any = None) -> list[tuple[str, str, str, str, bool]]:
+    """Every option of ``cls`` as help shows it: ``(name, kind, default shown, help text, positional)``, defaults read
+    from ``base`` where given (a recipe's values); `format_help` and the documentation's CLI reference both read it."""
+    rows = []
     for name, tp, default, text, choices, repeatable in _flat_fields(cls):
         if base is not None:
             try:
@@ -461,7 +457,20 @@ def format_help(cls: type, *, prog: str, doc: str | None, positionals: tuple[str
             shown = getattr(default, "name", type(default).__name__)
         else:
             shown = "required" if default is dataclasses.MISSING else repr(to_dict(default))
-        flag = name if name.split(".")[0] not in positionals else name.upper()
+        rows.append((name, kind, shown, text, positional))
+    return rows
+
+
+def format_help(cls: type, *, prog: str, doc: str | None, positionals: tuple[str, ...] = (),
+                base: Any = None) -> str:
+    """``--help`` text: the command's docstring, then every option with type, default and meaning."""
+    pos = " ".join(p.upper() for p in positionals)
+    lines = [f"usage: {prog} {pos + ' ' if pos else ''}[--OPTION VALUE ...] [--print_config] [--help]", ""]
+    if doc:
+        lines += [inspect.cleandoc(doc), ""]
+    lines.append("options (fields of " + cls.__name__ + "; --a.b sets field b of a):")
+    for name, kind, shown, text, positional in help_rows(cls, positionals=positionals, base=base):
+        flag = name if not positional else name.upper()
         lines.append(f"  --{flag} ({kind}, default {shown})" if flag == name else f"  {flag} ({kind})")
         if text:
             lines.append(f"      {text}")
