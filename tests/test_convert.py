@@ -687,7 +687,7 @@ def test_blocks_adapt_of_a_converted_model_trains_its_mask_adapters_alone_and_ke
     conv, run = tmp_path / "conv", tmp_path / "run"
     assert main(["convert", str(src), str(conv)]) == 0
     assert main(["pretrain", "blocks-adapt", "--init_from", str(conv), "--out_dir", str(run), "--steps", "4",
-                 "--seq_len", "32", "--micro_batch", "2", "--global_batch", "2", "--warmup_steps", "1", "--lr", "1e-2",
+                 "--seq_len", "32", "--micro_batch", "2", "--global_batch", "2", "--warmup_steps", "1", "--adapter_lr", "1e-2",
                  "--save_every", "4", "--eval_every", "0", "--log_every", "1", "--objective.draft_tree_every", "2",
                  "--objective.draft_groups", "2", "--model.max_position_embeddings", "64"]) == 0
     before, _ = load_model(conv)
@@ -721,3 +721,18 @@ def test_blocks_adapt_of_a_converted_model_trains_its_mask_adapters_alone_and_ke
             layer.self_attn.qkv_adapter.up.weight.add_(0.5)
         moved = after(with_masks, prefix_len=16).logits
     assert torch.equal(moved[:, :17], b[:, :17])  # still gated: text unchanged whatever the adapters hold
+
+
+def test_adapter_lr_is_refused_on_a_run_that_trains_every_weight(tmp_path, synthetic_data):
+    """--adapter_lr sets the lr of a causal model's mask adapters trained alone; a run that trains every weight has
+    none, and the option is refused before any step rather than ignored."""
+    from conftest import tiny_train_config
+
+    from biglm.config import ConfigError
+    from biglm.training import Trainer
+    from biglm.training.distributed import DistInfo
+
+    cfg = tiny_train_config(tmp_path / "run", data={str(synthetic_data / "shards"): 1.0},
+                            tokenizer=str(synthetic_data / "tok"), adapter_lr=1e-3)
+    with pytest.raises(ConfigError, match="--adapter_lr 0.001: this run trains every weight"):
+        Trainer(cfg, info=DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")), echo=lambda s: None)

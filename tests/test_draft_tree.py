@@ -84,6 +84,51 @@ def test_each_groups_logits_equal_a_pass_of_that_group_alone_after_its_text(shif
             torch.testing.assert_close(hidden[b, :L], want, atol=1e-5, rtol=1e-5)
 
 
+def test_a_frozen_text_layout_gives_the_groups_the_loss_and_adapter_gradients_of_the_whole_layout():
+    """A causal model's mask adapters trained alone (``frozen_text``): the text becomes the groups' cache, encoded
+    without gradient, and only the groups are rows; their loss and every adapter's gradient equal those of the whole
+    layout with the text's labels left out (the text has nothing to learn: its rows run no adapter)."""
+    from biglm import BiGLMConfig, BiGLMForMaskedLM
+    from biglm.objective import masked_lm_loss
+
+    torch.manual_seed(0)
+    cfg = BiGLMConfig.from_preset("tiny", vocab_size=100, mask_token_id=MASK, attn_backend="eager", shift_logits=True,
+                                  max_position_embeddings=64, prefix_attention="causal", prefix_block_lengths=[1],
+                                  mask_adapter_rank=4)
+    model = BiGLMForMaskedLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("up.weight"):
+                p.normal_(0, 0.05)  # adapters that act (they start at zero)
+    windows = torch.randint(0, 90, (2, L), generator=torch.Generator().manual_seed(4))
+    tree = _tree(batch=2, seed=5)
+    tree = type(tree)(prompt_len=torch.zeros_like(tree.prompt_len), anchors=tree.anchors)  # a causal model: no prompt
+    full = draft_tree_layout(windows, tree, width=W, shift=True, mask_token_id=MASK)
+    full.labels[:, :L] = IGNORE_INDEX  # the text's labels out: the frozen layout has none
+    frozen = draft_tree_layout(windows, tree, width=W, shift=True, mask_token_id=MASK, frozen_text=True)
+    assert frozen.input_ids.shape == (2, G * W) and (frozen.context_ids == windows).all()
+    assert int(frozen.normalizer) == int((frozen.labels != IGNORE_INDEX).sum()) == 2 * G * (W - 1)
+    assert torch.equal(frozen.labels, full.labels[:, L:])
+
+    def adapter_grads(loss):
+        model.zero_grad()
+        loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if "_adapter." in n}
+
+    want_loss = masked_lm_loss(model(full.input_ids, **full.attention(), labels=full.labels).logits, full,
+                               normalizer=frozen.normalizer.float())
+    want = adapter_grads(want_loss)
+    with torch.no_grad():
+        cache = model.model(frozen.context_ids, causal=True, return_cache=True).cache
+    got_loss = masked_lm_loss(model(frozen.input_ids, **frozen.attention(), prefix_cache=cache,
+                                    labels=frozen.labels).logits, frozen, normalizer=frozen.normalizer.float())
+    got = adapter_grads(got_loss)
+    torch.testing.assert_close(got_loss, want_loss, atol=1e-5, rtol=1e-5)
+    assert want and all(want[n].abs().sum() > 0 for n in want)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], atol=1e-5, rtol=1e-4)
+
+
 def test_the_trainer_runs_draft_tree_steps_and_refuses_them_with_doc_mask(tmp_path, synthetic_data):
     from conftest import tiny_train_config, train_losses
 

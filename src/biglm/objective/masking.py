@@ -177,7 +177,9 @@ class MaskedBatch:
     prompt_len, block_len: (B,) the biglm-blocks rule, None for the paper's bidirectional prefix;
     lookahead: attention annealing (`annealed_lookahead`): queries also never see keys more than this many
     positions ahead (0: causal), None for the objective's own attention; attention_rule (B, L, L) and position_ids
-    (B, L): a draft-tree layout's own attention and RoPE positions (`draft_tree_layout`), None otherwise.
+    (B, L): a draft-tree layout's own attention and RoPE positions (`draft_tree_layout`), None otherwise;
+    context_ids (B, C): text read causally before the rows, without gradient, as their cache (the rule's first C
+    keys; `draft_tree_layout`'s ``frozen_text``), None otherwise.
     """
 
     input_ids: torch.Tensor
@@ -193,6 +195,7 @@ class MaskedBatch:
     lookahead: int | None = None
     attention_rule: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None
+    context_ids: torch.Tensor | None = None
 
     def attention(self) -> dict[str, torch.Tensor | int | None]:
         """The model's attention arguments for this batch (``model(batch.input_ids, **batch.attention())``)."""
@@ -379,11 +382,12 @@ class DraftTree:
     def rows(self, idx: torch.Tensor) -> "DraftTree":
         return DraftTree(self.prompt_len.index_select(0, idx), self.anchors.index_select(0, idx))
 
-    def count(self, seq_len: int, width: int, *, shift: bool) -> torch.Tensor:
+    def count(self, seq_len: int, width: int, *, shift: bool, frozen_text: bool = False) -> torch.Tensor:
         """The labelled positions of these windows (`draft_tree_layout`): the groups' slots, and with ``shift`` the
-        text tokens each predicted from the one before (from q on; the first token has nothing before it)."""
+        text tokens each predicted from the one before (from q on; the first token has nothing before it), unless
+        ``frozen_text``."""
         groups = self.anchors.numel() * (width - 1)
-        text = (seq_len - self.prompt_len.clamp(min=1)).sum() if shift else 0
+        text = (seq_len - self.prompt_len.clamp(min=1)).sum() if shift and not frozen_text else 0
         return torch.as_tensor(groups, device=self.anchors.device) + text
 
 
@@ -402,7 +406,7 @@ def draw_draft_tree(batch: int, seq_len: int, objective: ObjectiveConfig, *, gen
 
 
 def draft_tree_layout(windows: torch.Tensor, tree: DraftTree, *, width: int, shift: bool, mask_token_id: int,
-                      normalizer: torch.Tensor | None = None) -> MaskedBatch:
+                      normalizer: torch.Tensor | None = None, frozen_text: bool = False) -> MaskedBatch:
     """Windows (B, L) laid out as speculative decoding's call (`generation.speculative`), (B, L + G·W) per row:
 
     - the text, positions 0..L-1: the prompt (i < q) sees the prompt, each later token itself and what precedes it
@@ -411,6 +415,11 @@ def draft_tree_layout(windows: torch.Tensor, tree: DraftTree, *, width: int, shi
     - group g, positions t+1..t+W (RoPE) of its anchor t: W masks that see the text up to t and each other (the
       block of masks after a check); its rows k = 1..W-1 are labels, the text's tokens t+1+k: with ``shift``
       predicted from row k - 1, else from row k itself, as a call reads its drafts (slot k). No text row sees a group.
+
+    ``frozen_text`` (a causal model whose mask adapters train alone: text rows compute what its source computes, with
+    nothing to learn): the text is no label and no row of the batch but its ``context_ids``, which the trainer encodes
+    without gradient as the groups' cache (what decoding does); the rows are the groups', their rule (B, G·W, L + G·W).
+    The groups' logits and gradients are those of the whole layout (tested).
     """
     B, L = windows.shape
     G, W = tree.anchors.shape[1], width
@@ -431,12 +440,18 @@ def draft_tree_layout(windows: torch.Tensor, tree: DraftTree, *, width: int, shi
     position_ids = torch.cat((i.expand(B, L), slots.reshape(B, G * W)), 1)
     input_ids = torch.cat((windows, torch.full((B, G * W), mask_token_id, dtype=windows.dtype, device=dev)), 1)
     labels = torch.full((B, Lt), IGNORE_INDEX, dtype=windows.dtype, device=dev)
-    if shift:
+    if shift and not frozen_text:
         text_labelled = i[None, :] >= tree.prompt_len.clamp(min=1)[:, None]
         labels[:, :L] = torch.where(text_labelled, windows, labels[:, :L])
     targets = windows.gather(1, (slots[:, :, 1:]).reshape(B, -1)).view(B, G, W - 1)  # text tokens t+2..t+W
     labels[:, group_rows[:, 1:].reshape(-1)] = targets.reshape(B, -1)
-    count = tree.count(L, W, shift=shift) if normalizer is None else normalizer
+    count = tree.count(L, W, shift=shift, frozen_text=frozen_text) if normalizer is None else normalizer
+    if frozen_text:
+        if bool((tree.prompt_len > 0).any()):
+            raise ValueError("frozen_text reads the text causally (the cache of a causal model): prompt_len must be 0.")
+        return MaskedBatch(input_ids=input_ids[:, L:], labels=labels[:, L:], prefix_len=None, split=None,
+                           loss_weight=None, normalizer=count, ratios=torch.zeros(B, 2, device=dev),
+                           attention_rule=rule[:, L:], position_ids=position_ids[:, L:], context_ids=windows)
     return MaskedBatch(input_ids=input_ids, labels=labels, prefix_len=None, split=None, loss_weight=None,
                        normalizer=count, ratios=torch.zeros(B, 2, device=dev), attention_rule=rule,
                        position_ids=position_ids)

@@ -215,6 +215,9 @@ class TrainConfig(LoopConfig):
     anneal_fraction: float = 0.0
     """WSD: share of the steps spent in the final linear decay (paper: 0.1-0.2)"""
     betas: tuple[float, float] = (0.9, 0.95)
+    adapter_lr: float | None = None
+    """peak lr of mask adapters trained alone (`--init_from` a causal model, `biglm convert`'s; --min_lr scales with
+    it); default 10 x --lr: the adapters start at zero, as LoRA's, and train at about ten times a full fine-tune's rate"""
 
     # systems
     activation_checkpointing: bool = False
@@ -292,6 +295,8 @@ class TrainConfig(LoopConfig):
                 raise ConfigError(f"--eval_tasks: {e}") from None
         if not 0.0 <= self.anneal_fraction < 1.0:
             raise ConfigError(f"--anneal_fraction {self.anneal_fraction} must lie in [0, 1).")
+        if self.adapter_lr is not None and not self.adapter_lr > 0:
+            raise ConfigError(f"--adapter_lr must be > 0 (or unset: 10 x --lr), got {self.adapter_lr}")
         if self.warmup_steps > self.steps:
             raise ConfigError(f"--warmup_steps {self.warmup_steps} is more than --steps {self.steps}: lower it.")
         if not 0 <= self.attention_anneal_steps <= self.steps:

@@ -31,6 +31,10 @@ from ..checkpoint import CheckpointError, checkpoint_dirs, latest_checkpoint, mo
 from ..config import ConfigError
 from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters, resolve_attn_backend
 from ..model.config import DEFAULT_MASK_ADAPTER_RANK
+
+ADAPTER_LR_FACTOR = 10.0
+"""--adapter_lr's default, times --lr: LoRA-style adapters start at zero and train at about ten times a full
+fine-tune's rate (40 steps at blocks-adapt's 3e-4 left SmolLM2's draft slots where they started; docs/LOG.md)."""
 from ..objective import ObjectiveConfig, apply_masks, draw_masks, make_generator, masked_lm_loss
 from ..objective.loss import masked_targets
 from ..objective.masking import DraftTree, annealed_lookahead, draft_tree_layout, draw_draft_tree
@@ -212,10 +216,19 @@ class Trainer(TrainLoop):
         model = BiGLMForMaskedLM(self.model_config)
         if self.init_source is not None:
             self._load_init_weights(model)
-        if self.model_config.mask_adapter_rank and self.model_config.prefix_attention == "causal":
+        # a causal model's mask adapters trained alone: the text path is frozen (draft-tree steps encode the text
+        # without gradient, as a cache) and the adapters train at their own lr
+        self.frozen_text = bool(self.model_config.mask_adapter_rank and self.model_config.prefix_attention == "causal")
+        self.lr_scale = 1.0
+        if self.frozen_text:
             trained = freeze_all_but_mask_adapters(model)
+            self.lr_scale = (cfg.adapter_lr if cfg.adapter_lr is not None else ADAPTER_LR_FACTOR * cfg.lr) / cfg.lr
             self.echo(f"[biglm] training the mask adapters only (rank {self.model_config.mask_adapter_rank}, "
-                      f"{trained:,} parameters): the text's next-token predictions stay the source's")
+                      f"{trained:,} parameters, peak lr {cfg.lr * self.lr_scale:g}): the text's next-token "
+                      "predictions stay the source's")
+        elif cfg.adapter_lr is not None:
+            raise ConfigError(f"--adapter_lr {cfg.adapter_lr}: this run trains every weight (no causal model's mask "
+                              "adapters alone: --init_from a `biglm convert` model trains those); set --lr instead.")
         self.setup(model.to(dev), activation_checkpointing=cfg.activation_checkpointing)
         self.n_params = count_parameters(self.model_config)
         # the loaded tokenizer's own fingerprint: shards built with any other tokenizer are refused, even one of equal size
@@ -338,7 +351,8 @@ class Trainer(TrainLoop):
 
     def lr_at(self, step: int) -> float:
         cfg = self.cfg
-        return lr_at(step, schedule=cfg.schedule, lr=cfg.lr, min_lr=cfg.min_lr, total_steps=cfg.steps,
+        return lr_at(step, schedule=cfg.schedule, lr=cfg.lr * self.lr_scale, min_lr=cfg.min_lr * self.lr_scale,
+                     total_steps=cfg.steps,
                      warmup_steps=cfg.warmup_steps, anneal_steps=cfg.anneal_steps)
 
     def step_batches(self) -> tuple[list[tuple[Any, torch.Tensor]], torch.Tensor]:
@@ -395,12 +409,13 @@ class Trainer(TrainLoop):
             tree = DraftTree(prompt_len=torch.zeros_like(tree.prompt_len), anchors=tree.anchors)
         shift = bool(getattr(self.model_config, "shift_logits", False))
         width = self.objective.draft_width
-        normalizer = tree.count(cfg.seq_len, width, shift=shift).float().clamp(min=1)
+        normalizer = tree.count(cfg.seq_len, width, shift=shift, frozen_text=self.frozen_text).float().clamp(min=1)
         micro = []
         for i in range(self.accum):
             windows = self.train_sampler.next_batch(mb, step=step).to(dev, non_blocking=True)
             rows = i * mb * W + torch.arange(mb, device=dev) * W + r
-            batch = draft_tree_layout(windows, tree.rows(rows), width=width, shift=shift, mask_token_id=self.mask_id)
+            batch = draft_tree_layout(windows, tree.rows(rows), width=width, shift=shift, mask_token_id=self.mask_id,
+                                      frozen_text=self.frozen_text)
             micro.append((batch.find_positions(), windows))
         return micro, normalizer
 
@@ -422,12 +437,16 @@ class Trainer(TrainLoop):
         """The masked-LM loss of one micro-batch: fused with the output projection (``loss_chunk``), or from the
         masked positions' logits (the previous path)."""
         doc_ids = None if batch.attention_rule is not None else self._doc_ids(windows)
+        context = {}
+        if batch.context_ids is not None:  # a frozen text (mask adapters trained alone): its cache, no gradient
+            with torch.no_grad():
+                context["prefix_cache"] = self.raw_model.model(batch.context_ids, causal=True, return_cache=True).cache
         if self.cfg.loss_chunk:
             targets, weight = masked_targets(batch)
-            return model(batch.input_ids, **batch.attention(), doc_ids=doc_ids,
+            return model(batch.input_ids, **batch.attention(), **context, doc_ids=doc_ids,
                          logits_positions=batch.positions, loss_targets=targets, loss_weight=weight,
                          num_items_in_batch=normalizer, loss_chunk=self.cfg.loss_chunk).loss
-        out = model(batch.input_ids, **batch.attention(), doc_ids=doc_ids, logits_positions=batch.positions)
+        out = model(batch.input_ids, **batch.attention(), **context, doc_ids=doc_ids, logits_positions=batch.positions)
         return masked_lm_loss(out.logits, batch, normalizer=normalizer)
 
     def after_optimizer_step(self) -> None:
