@@ -1,39 +1,30 @@
 """Typed configuration: one mechanism for every subcommand's flags, YAML recipe files and overrides.
 
-A configuration is a plain dataclass. Its fields' types say what a value may be, and the string
-literal under a field (an attribute docstring) is its help text::
+It sits at the bottom of the house (it imports nothing of biglm): every `biglm` subcommand, recipe file and the docs'
+CLI reference read their options through it. A configuration is a plain dataclass; its fields' types say what a
+value may be, and the string literal under a field (an attribute docstring) is its help text::
 
     @dataclass
     class DecodingConfig:
         steps: int = 10
         \"\"\"model calls T\"\"\"
 
-Notable features
-- One path for everything: ``--field value`` / ``--field=value`` flags, ``--nested.field value`` for
-  nested dataclasses, and dicts read from YAML/JSON files all go through `from_dict`, which converts
-  each value to its field's type and refuses unknown keys and bad values *before any work starts*,
-  with one line naming the field, the nearest valid name and the accepted type (`ConfigError`).
-  `parse_cli` turns that into ``PROG: error: ...`` on stderr and exit code 2, no traceback.
-- Values are converted by the declared type, not guessed: ``6e-4`` is a float for a float field
-  (YAML 1.1 would leave it a string), ``abc`` for an int field is an error, ``a,b`` is a list for a
-  list field. YAML files are read with a YAML 1.2 float rule for the same reason.
-- A nested dataclass field can declare named presets (``field(metadata={"choices": {...}})``): then
-  ``--objective mlm`` selects one and ``--objective.mlm_ratio 0.2`` changes one of its fields; a
-  nested dict with ``name`` starts from that preset too.
-- ``--help`` lists every field (nested ones flattened) with type, default and docstring;
-  ``--print_config`` prints the resolved configuration as YAML, which a later run reads back.
-- A list field marked ``metadata={"repeatable": True}`` takes one item per flag (``--prompt A --prompt B``),
-  never split at commas; other list fields take ``a,b``, a YAML list ``[a, b]`` or the flag repeated (each value
-  then kept whole). ``--help`` says which (`help_type`).
-- Hyphens and underscores in flag names are the same (``--max-new-tokens`` = ``--max_new_tokens``);
-  help shows the field names, so there is one spelling across commands.
-- A device is checked where it enters (`check_device`): every parsed config with a ``device`` field, and the
-  training configs' own checks, refuse ``--device cuda`` on a machine without a GPU (or ``cuda:3`` with two)
-  in one line, not by a traceback from deep inside torch.
+- One path: ``--field value`` / ``--field=value``, ``--nested.field value`` and dicts read from YAML/JSON all go
+  through `from_dict`, which converts each value by its declared type (``6e-4`` is a float for a float field, ``a,b``
+  a list for a list field; YAML files are read with a YAML 1.2 float rule) and refuses unknown keys and bad values
+  before any work starts, in one line naming the field, the nearest valid name and the accepted type (`ConfigError`;
+  `parse_cli` makes it ``PROG: error: ...`` and exit code 2).
+- A nested dataclass field can declare named presets (``metadata={"choices": {...}}``): ``--objective mlm`` selects
+  one, ``--objective.mlm_ratio 0.2`` changes one of its fields, and a nested dict with ``name`` starts from it.
+- A list field marked ``metadata={"repeatable": True}`` takes one item per flag (``--prompt A --prompt B``), never
+  split at commas; other list fields take ``a,b``, a YAML list or the flag repeated (`help_type` says which).
+  Hyphens and underscores in flag names are the same (``--max-new-tokens`` = ``--max_new_tokens``).
+- ``--help`` lists every field with type, default and docstring (`help_rows`); ``--print_config`` prints the
+  resolved configuration as YAML, which a later run reads back. A ``device`` field is checked where it enters
+  (`check_device`: ``--device cuda`` without a GPU is one line, not a traceback from inside torch).
 
-Why not jsonargparse (litgpt's choice)? It does most of this, but its unknown-key and type errors
-name neither the nearest valid field nor stay on one line, and it needs typing patches for our
-frozen config classes; this module is small and gives exactly the messages above.
+Why not jsonargparse (litgpt's choice)? Its unknown-key and type errors neither name the nearest valid field nor stay
+on one line, and it needs typing patches for our frozen config classes; this module is small and gives those messages.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ into place at the end, so a failed conversion leaves none. Continue with
 `biglm pretrain ... --init_from OUT`.
 
 --shift (the default): the BiGLM predicts a masked token at position i from position i-1, as the source predicted
-the next token (the head keeps its alignment; Dream's and DiffuLLaMA's choice, and the better one in issue 23's
-measurement, docs/LOG.md); --shift false: from its own position, as a BiGLM trained from scratch. The model records
-it, so decoding, scoring and serving follow it.
+the next token (the head keeps its alignment; Dream's and DiffuLLaMA's choice, and the better one measured,
+docs/LOG.md); --shift false: from its own position, as a BiGLM trained from scratch. The model records it, so
+decoding, scoring and serving follow it.
 
 --causal (the default, with --shift): the text is read as the source read it, so the converted model writes the
 source's greedy text one token per call and `biglm eval` gives the source's scores, before any training; adaptation

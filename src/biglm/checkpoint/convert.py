@@ -1,32 +1,24 @@
 """`convert_checkpoint`: a checkpoint of the Llama family (a GGUF file, a transformers directory or a hub id) -> a
-BiGLM Hugging Face directory.
+BiGLM Hugging Face directory; what `biglm convert` runs (`cli_convert`). The why: docs/concepts/conversion.md.
 
-BiGLM is Llama's architecture with bidirectional attention, and its parameters carry Llama's names, so the
-weights map one to one (``model.embed_tokens``, ``model.layers.N.self_attn.{q,k,v,o}_proj``,
-``mlp.{gate,up,down}_proj``, the two RMSNorms per block, ``model.norm``, ``lm_head`` tied or untied). Accepted:
-``model_type`` llama (Llama, SmolLM), mistral without a sliding window, and qwen2 (its q/k/v biases become
-``BiGLMConfig.attention_bias``). Whatever BiGLM cannot represent is refused with one line naming the field:
-a sliding window, attention biases outside qwen2, an o_proj bias, MLP biases, any ``rope_scaling`` (BiGLM's RoPE
-has no scaling), an activation other than SiLU, a head dimension other than hidden/heads.
-
-A tokenizer without a mask token gets one (``<mask>``), one without a pad token ``<pad>`` (the hub's Llama, Mistral
-and SmolLM tokenizers ship none; training would otherwise add it later and find the model one row short); their
-embedding rows (and ``lm_head`` rows when untied) start as the mean of the source's rows. The source is named in
+BiGLM is Llama's architecture with bidirectional attention and Llama's parameter names, so the weights map one to
+one (``model.embed_tokens``, ``model.layers.N.self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``, the two
+RMSNorms per block, ``model.norm``, ``lm_head`` tied or untied). Accepted: ``model_type`` llama (Llama, SmolLM),
+mistral without a sliding window, and qwen2 (its q/k/v biases become ``BiGLMConfig.attention_bias``). Whatever BiGLM
+cannot represent is refused in one line naming the field: a sliding window, attention biases outside qwen2, an o_proj
+bias, MLP biases, any ``rope_scaling``, an activation other than SiLU, a head dimension other than hidden/heads. A
+tokenizer without a mask token gets ``<mask>``, one without a pad token ``<pad>``, their embedding rows (and
+``lm_head`` rows when untied) starting as the mean of the source's rows. The source is named in
 ``OUT/biglm_source.json`` as a hub id or a file name with its sha256 (`checkpoint.source`), never a local path.
 
-``shift`` (`BiGLMConfig.shift_logits`): the converted model predicts the token at position i from position i-1's
-final hidden state, as its source predicted the next token, so the head keeps the alignment it was trained with
-(Dream's and DiffuLLaMA's "shift"); off, a masked token is predicted from its own position, as a BiGLM trained
-from scratch does. `biglm convert` turns it on by default (`SHIFT_DEFAULT`), the better of the two in issue 23's
-measurement (docs/LOG.md 2026-11-25: a TinyStories AR Llama adapted 150 steps, held-out masked loss 4.89 vs 5.02,
-continuation NLL 3.45 vs 3.98); `convert_checkpoint` itself keeps ``shift=False`` unless asked, the plain weight map
-whose logits equal the source's position for position.
-
-``causal`` (`BiGLMConfig.prefix_attention` "causal", with the shift): the text, prompt and written answer, is read as
-the source read it, so the logits of the slot after the text are the source's next-token logits: one token per call
-writes the source's greedy text and the scorer gives the source's log-likelihoods before any training. The mask slots
-(the suffix) see everything and are what adaptation trains. `biglm convert` turns it on by
-default (`CAUSAL_DEFAULT`).
+``shift`` (`BiGLMConfig.shift_logits`): position i is predicted from position i-1's final hidden state, as the source
+predicted the next token (Dream's and DiffuLLaMA's "shift"); off, from its own position, as a BiGLM trained from
+scratch. ``causal`` (`BiGLMConfig.prefix_attention` "causal", with the shift): the text, prompt and written answer,
+is read as the source read it, so the slot after the text gets the source's next-token logits and one token per call
+writes the source's greedy text before any training; the mask slots see everything and are what adaptation trains.
+`biglm convert` turns both on by default (`SHIFT_DEFAULT`, `CAUSAL_DEFAULT`; the shift measured the better:
+docs/LOG.md); `convert_checkpoint` itself keeps ``shift=False`` unless asked, the plain weight map whose logits equal
+the source's position for position.
 """
 
 from __future__ import annotations

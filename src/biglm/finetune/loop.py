@@ -1,25 +1,19 @@
-"""The one fine-tuning loop: epochs over a task's training items, validation after each epoch, the best
-epoch kept. Built from the pre-training loop's parts (`biglm.training.parts`, `parallelize`,
-`Checkpointer`, `lr_at`), with the task (`biglm.finetune.task.FinetuneTask`) injected.
+"""The one fine-tuning loop: epochs over a task's training items, validation after each epoch, the best epoch kept.
+Built from the pre-training loop's parts (`biglm.training.parts`, `parallelize`, `Checkpointer`, `lr_at`), with the
+task (`biglm.finetune.task.FinetuneTask`) injected; `biglm finetune` runs it.
 
-Notable features
-- Data order is a pure function of (seed, epoch): epoch e visits ``perm(seed, e)`` in global batches,
-  rank r taking every world_size-th item, so a killed run resumes exactly (tested) and the curve does not
-  depend on the number of ranks beyond float rounding.
-- The loss is the task's summed loss divided by the number of items in the *global* batch, counted
-  before any forward (an all-reduce of one integer per step under torchrun): micro-batching and ranks
-  do not change it.
-- After every epoch: the task's metric on the validation split, logged to metrics.jsonl; a better one
-  exports the model to ``OUT/best`` (written to a temporary folder and renamed, so a kill never leaves a
-  half-written best), and the epoch-end checkpoint records it, so a resumed run keeps the right best.
-- Each global batch is sorted by item length before it is cut into rank shards and micro-batches
-  (``group_by_length``, on by default): the step sees the same items and the same loss, with fewer padded
-  tokens. Not for a task whose loss couples the items of a micro-batch (``batch_coupled_loss``: retrieval's
-  in-batch negatives) (the global batch is still drawn at random, unlike HF's ``group_by_length`` mega-batches).
-- A partial last global batch of an epoch is dropped (fixed step count per epoch, equal work per rank).
-- Under torchrun: DDP, or FSDP2 (``--parallel fsdp``, the default on GPU): weights, gradients and optimizer
-  state sharded per block. Validation and the best-epoch export then run on a full copy gathered on every
-  rank at the epoch's end (`unsharded_copy`), so every task's evaluation code runs unchanged.
+- Data order is a pure function of (seed, epoch): epoch e visits ``perm(seed, e)`` in global batches, rank r taking
+  every world_size-th item, so a killed run resumes exactly and the curve does not depend on the number of ranks
+  beyond float rounding. A partial last global batch is dropped (equal work per rank).
+- The loss is the task's summed loss over the number of items in the *global* batch, counted before any forward,
+  so micro-batching and ranks do not change it. Each global batch is sorted by length before it is cut into shards
+  and micro-batches (``group_by_length``, on by default: fewer padded tokens, the same loss), except for a task whose
+  loss couples the items of a micro-batch (``batch_coupled_loss``: retrieval's in-batch negatives).
+- After every epoch, the task's metric on the validation split goes to metrics.jsonl; a better one exports the model
+  to ``OUT/best`` (written aside and renamed: a kill never leaves a half-written best), recorded in the epoch's
+  checkpoint so a resumed run keeps the right best.
+- Under torchrun: DDP, or FSDP2 (``--parallel fsdp``, the default on GPU); validation and the best export then run on
+  a full copy gathered on every rank (`unsharded_copy`), so every task's evaluation code runs unchanged.
 """
 
 from __future__ import annotations

@@ -1,45 +1,19 @@
-"""Batch generation over files: a JSONL of prompts in, a JSONL of answers out, resumable by row id.
+"""Batch generation over files (`biglm generate RUN --input prompts.jsonl --output answers.jsonl`): a JSONL of prompts
+in, a JSONL of answers out, resumable by row id.
 
-    biglm generate RUN --input prompts.jsonl --output answers.jsonl [--batch_size 16] [any decoding option]
+An input row has an ``id``, a ``prompt`` or chat ``messages``, and optionally any `DecodingConfig` field for that row;
+its settings come from `config.model_decoding`, as at every entry point, so its answer is the one `biglm generate`
+writes for that prompt with those settings. The whole input is checked first: a malformed row is reported as
+``FILE:LINE: what is wrong`` and nothing is generated. An output row holds the answer and its counts as the server
+reports them (``id``, ``text``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``, ``calls``).
 
-Input rows are JSON objects: an ``id`` (a string or an integer, unique in the file), a ``prompt`` (text to
-continue) or chat ``messages`` (rendered with the model's chat template, as `biglm chat` and the server's
-``/v1/chat/completions`` do), and optionally any `DecodingConfig` field, which overrides the job's options for
-that row. Every row's settings come from `config.model_decoding` (the model's saved settings, the job's options,
-the row's fields), the function every entry point uses, so a row's answer is the one `biglm generate` writes for
-that prompt with those settings. Reading the whole input comes first: a malformed row (bad JSON, no id, a
-duplicate id, neither or both of prompt and messages, an unknown field, a bad value) is reported as
-``FILE:LINE: what is wrong`` and nothing is generated.
-
-Output rows, one per input row: ``{"id", "text", "finish_reason", "prompt_tokens", "completion_tokens"}``, the
-answer and its counts as the server reports them (``finish_reason`` "stop" for an EOS or a stop string, else
-"length"; ``completion_tokens`` up to the EOS). Rows with the same settings are decoded together, ``batch_size``
-at a time (greedy rows: one `generate_ids` call over the left-padded prompts, as `generate` runs a batch; sampled
-rows: an `engine.DecodeEngine`, one merged model call per step, each row with its own seeded sampler), so a row's
-answer does not depend on what shares its batch, up to the float rounding of a batched call, which can only
-matter where two predictions nearly tie (as for `generate` batches and the server); each batch is appended and
-flushed as it finishes.
-
-Resuming: the job holds ``OUTPUT.lock`` (`checkpoint.RunLock.for_file`), so two jobs never write one file. Rows
-are written in one fixed order (settings groups by first appearance, input order within each), so the output
-of a job is always a prefix of that order. Running the same command again reads the ids already written, drops
-a partial last line left by a kill, and runs the batches not yet written, the same batches as an uninterrupted
-run (a batch cut short runs again whole and writes its missing rows), so it ends with the same file, byte for
-byte; on a finished output it changes nothing. An output line that is not a row of this input (another file's
-output) is refused, naming it.
-
-What wrote the rows: ``OUTPUT.meta.json`` (`output_record`), written atomically before the first row, records the
-model (the directory it was loaded from, its config, its dtype and a sha256 over its weights' tensors) and the job's
-decoding settings. A re-run with another model or other settings is refused in one line naming what differs
-(`check_record`), so one file never holds two models' or two settings' answers; the same weights loaded from another
-directory continue it. The output itself stays plain JSONL, one answer a line, for pandas or datasets.
-
-Layers: `read_rows` (the file, checked) -> `prepare_rows` (settings and token ids per row, checked against the
-model) -> `plan_batches` -> `BatchAnswerer` (rows in, output rows out) -> `generate_file` (lock, resume, write,
-progress bar). The answering is a `Backend`, a function from the batches to run to their output rows, batch by
-batch in order: `local_backend` answers them here with one `BatchAnswerer`; a cluster backend (Ray Data:
-``map_batches`` with a `BatchAnswerer` per worker, order preserved) plugs in there, while reading, checking,
-the lock, resuming and writing stay with `generate_file` on the driver, so the output is the same.
+Layers: `read_rows` (the file, checked) -> `prepare_rows` (settings and token ids) -> `plan_batches` (settings groups
+in order of first appearance, input order within each) -> `BatchAnswerer` (greedy rows: one `generate_ids` call over
+left-padded prompts; sampled rows: an `engine.DecodeEngine`) -> `generate_file` (lock, resume, write, progress). The
+job holds ``OUTPUT.lock`` and writes rows in that one fixed order, so a re-run drops a partial last line, runs the
+batches not yet written and ends with the same file, byte for byte; ``OUTPUT.meta.json`` (`output_record`) records
+the model's weights and the settings, and a re-run with others is refused (`check_record`). The answering is a
+`Backend`: `local_backend` here, or a cluster backend (Ray Data) while reading, resuming and writing stay on the driver.
 """
 
 from __future__ import annotations

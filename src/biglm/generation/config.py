@@ -1,35 +1,18 @@
 """`DecodingConfig`: every decoding option in one object, validated once (as HF's ``GenerationConfig``).
 
-The same object flows from each entry point (Python `generate`, `biglm generate`, the lm-eval
-adapter's ``generate_until``, a server) through `api` to the loops in `decoding`; nothing re-passes
-a bundle of keyword arguments. A bad value fails when the object is built, with one message naming
-the field and the fix, before any model call.
+Every entry point (Python `generate`, `biglm generate` and `biglm chat`, batch files, the lm-eval adapter's
+``generate_until``, the server) builds one, unless given one, through `model_decoding` (the model's saved settings,
+then the caller's options), and `api` hands it to the loops in `decoding`; a bad value fails when the object is built, in one message
+naming the field and the fix, before any model call. Field docstrings are the CLI's help text, and field types stay
+simple (int, float, str, bool, ``X | None``, ``list[str]``, ``Literal``) so a typed parser builds the object from flags
+or YAML. ``strategy`` is checked against the registry (`strategies.STRATEGIES`), so a new strategy is accepted
+everywhere without an edit here.
 
-Fields carry attribute docstrings (the string under each field): they are the CLI's help text.
-Field types stay simple (int, float, str, bool, ``X | None``, ``list[str]``, ``Literal``) so a
-typed parser can build the object from flags or a YAML mapping. ``strategy`` is a plain string checked
-against the strategy registry (`strategies.STRATEGIES`), so a newly registered strategy is accepted
-everywhere without an edit here; its field lists the registry as its choices (the commands' help).
-
-The default is the published Mask-Predict (Ghazvininejad et al. 2019): T iterations
-are T model calls. ``early_stop`` (end a row once an iteration changes none of its tokens) is an
-opt-in speed option. At the entry points (`model_decoding`: generate, chat, serve, batch files) a model on which
-drafts are checked exactly (a `biglm-blocks` model trained on blocks of 1, what `blocks-adapt` makes) has a default
-of its own, `drafting_default`: one token per call's answer in fewer calls (speculative decoding with n-gram
-drafts), unless an option that chooses how to decode is given or saved.
-
-Block decoding defaults, by measurement (benchmarks/bench_generation.py, docs/LOG.md 2026-11-24:
-a 4x192 model trained on a synthetic grammar, answers checked against the grammar; CPU timings
-against a same-shape autoregressive Llama):
-- ``block_length`` unset (one block): per-block Mask-Predict at the same T is worse (T = N/4 over
-  blocks of 8: 2% grammatical sentences vs 19% with one block); blocks pay off for the confidence
-  strategies given enough calls per block (T = N, blocks of 8: 27% vs 9%), so they are a per-request
-  choice, not a default.
-- ``block_suffix="block"``: at equal calls "rest" is as good or better (blocks of 8, T = N/2: 27% vs
-  14%), but each of its calls runs every remaining slot, 2.5-4.5x the time at N = 512; "block" with twice
-  the calls matches its quality for less time.
-- ``block_cache="exact"``: "append" measured the same quality (within 2 points everywhere) and is
-  1.1-1.5x faster at N = 512, but it is an approximation; exact is what the model was trained for.
+Defaults: the published Mask-Predict (Ghazvininejad et al. 2019; T iterations are T model calls), in one block with
+the exact cache on the paper's models (the block settings were chosen by measurement: docs/LOG.md). A model on which
+drafts are checked exactly (a `biglm-blocks` model trained on blocks of 1, what `blocks-adapt` makes) has its own
+default at the entry points, `drafting_default`: speculative decoding with n-gram drafts, one token per call's answer
+in fewer calls, unless an option that chooses how to decode is given or saved.
 """
 
 from __future__ import annotations

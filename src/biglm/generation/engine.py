@@ -1,44 +1,21 @@
-"""A step-level decoding engine: many requests, one batched model call per step (for a server).
+"""The step-level decoding engine of `biglm serve` (and of sampled batch files): many requests, one model call a step.
 
-Why: a server receives requests at different times, with different prompts, lengths and
-strategies. Each request is a `decoding.Decode`, the same set-up `generate_ids` builds (its
-`DecodeRun` state machine, its prefix cache with the prompt encoded, its held block) with its own
-seeded sampler; `step` merges the pending model calls of
-every running request into one padded forward (their caches are rows of one pool, `_CachePool`, read in
-place: right-padded, the padding masked as keys; answer windows right-padded; each row keeps its own RoPE
-positions), then hands each request its logits. So a request's tokens are those `generate_ids` gives it alone with
-the same config and seed, whatever else shares the batch: in float32 (tested token for token); in bfloat16 with a
-batch-invariant model (`load_model(..., batch_invariant=True)`, tested on the real model), and without it a batched
-call rounds otherwise than a lone one, so an answer may change with its neighbours (docs/serving.md).
+Each request is a `decoding.Decode`, the set-up `generate_ids` builds (its `DecodeRun` state machine, its prefix
+cache, its own seeded sampler), or with ``draft_length`` a `speculative.SpeculativeDecode`. `DecodeEngine.step`
+admits waiting requests (continuous batching, up to ``max_batch_rows`` rows; a length beam of K is K rows), encodes
+at most ``prefill_chunk`` prompt tokens' worth beside the decoding call (`_Prefill`: a BiGLM prompt is one
+bidirectional prefix, so it is cut by layers and query rows, never causally), merges every running request's pending
+call into one padded forward over their caches (rows of one pool read in place, `_CachePool`), and hands each request
+its logits. A committed block joins its request's cache after the step (with the append cache it rides on the next
+call as leading prefix tokens); a speculative request's drafted branches ride in the same call, every row then said
+as an explicit attention rule. So a request's tokens are those `generate_ids` gives it alone with the same config and
+seed: in float32, and in bfloat16 with a batch-invariant model (`load_model(..., batch_invariant=True)`).
 
-Notable features
-- Continuous batching: `submit` queues; `step` admits waiting requests first (up to
-  ``max_batch_rows`` rows, a length beam of K candidates is K rows), encodes their prompts, then
-  runs one decoding call. A request that finishes leaves at once; the next one joins at the next step.
-- Chunked prefill, exact: a step encodes at most ``prefill_chunk`` prompt tokens' worth (times the layers, in
-  token-layers) beside its decoding call, shortest remaining first (the oldest always gets a share), so a long prompt
-  no longer stalls the running requests. A BiGLM prompt is one bidirectional prefix (its first tokens' keys depend
-  on its last ones, for shift models too), so it is not cut causally into token chunks as vLLM's causal prompts are:
-  a longer prompt's one pass is cut by layers and query rows (`_Prefill`), the same cache up to float rounding; a
-  shorter one is one `encode_prefix` pass, as `generate_ids` makes it.
-- Block decoding: a committed block joins that request's cache right after the step
-  (`decoding.Decode.settle`, as in `generate_ids`), so later steps run only the suffix. With
-  ``block_cache="append"`` the block is held and rides on the request's next step as its leading prefix
-  tokens (they see the cache and themselves; their keys/values extend the cache): one call per block saved.
-- Speculative decoding (``draft_length``): such a request is a `speculative.SpeculativeDecode` (one row, its own
-  cache and sampler), and its drafted branches ride in the same merged call as everyone else's rows. Its call needs
-  an explicit attention rule, and the model takes a rule or a prefix split, not both, so a step holding one says
-  every row as a rule (an ordinary row: its queries see its cache; its held block's queries see the block, the
-  others the whole segment), each request's cache columns at the right end of the merged cache's; a step without
-  one keeps the prefix-split call. Its stable part is every token written so far (written tokens are final).
-  Drafts pay only while a call is bound by reading the weights (few rows): a greedy request that started speculative
-  in an idle engine goes on as one token per call in the pool once others load it (`DecodeEngine._one_per_call`).
-- Events: after each step, one `EngineEvent` per request that took part, with the answer so far
-  and ``stable_ids``, its leading part that can no longer change (what a server may stream).
-- Early finish: with one candidate, once the stable part holds an EOS (or, given a tokenizer, a
-  stop string), the rest cannot change the answer, so the request ends there.
-- Prompt encoding and block extension are extra prefix passes, not counted in ``steps``
-  (as in `GenerationOutput.steps`); ``prefill_work`` counts the prompts' token-layers.
+After each step, one `EngineEvent` per request that took part: its answer so far and ``stable_ids``, the part that
+can no longer change (what a server streams); a request ends once that part holds an EOS or a stop string. Drafts pay
+only while a step is bound by reading the weights: above ``draft_rows`` rows, greedy speculative requests go on as one
+token per call in the pool (`DecodeEngine._one_per_call`). Prompt passes are not counted in ``steps``;
+``prefill_work`` counts their token-layers. The design at more length: docs/concepts/engine.md.
 """
 
 from __future__ import annotations
@@ -381,12 +358,9 @@ class _CachePool:
 LOAD_MEMORY_S = 3.0
 """Seconds a step of more than ``draft_rows`` rows counts as load, from its end, when a greedy request starts
 (`DecodeEngine._start`): requests of the same length started together end together, and the next wave arrives one by
-one into an empty engine, where its first few would start speculative and then need a call of their own beside every
-pooled call of the wave (32 clients, SmolLM2-135M: 1.14 positions per token and 0.63x vLLM instead of 1.0 and 0.72x).
-One second from the step's start was too short: served, the next wave's first requests came 1.09-1.29 s after it
-(the finished answers' replies and the clients' next requests in between), and 40% of the steps then carried a
-speculative request's extra call (docs/LOG.md 2026-11-27, night). (A request that did start speculative now moves
-into the pool at the first loaded step, `DecodeEngine._one_per_call`, for one position more.)"""
+one into an empty engine, where its first few would otherwise start speculative and then need a call of their own
+beside every pooled call of the wave (docs/LOG.md). A request that did start speculative moves into the pool at the
+first loaded step (`DecodeEngine._one_per_call`)."""
 
 def _one_token_per_call(config: DecodingConfig, **changes) -> DecodingConfig:
     """A speculative request's settings as the plain decoding its drafts are checked under (confidence at blocks of 1,

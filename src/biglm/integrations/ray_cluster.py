@@ -6,12 +6,12 @@ local instance for this process (ended with it; never a cluster that ``ray start
 would join). An address that cannot be reached is a one-line error before any model loads, as is asking a local
 instance for more CPUs or GPUs than the machine has.
 
-A local instance outlives a launcher killed with ``kill -9`` in part: Ray's dashboard and runtime-env agents
-(about 236 MB) keep running, orphaned. So a launcher that starts one records its Ray processes (pid and start
-time) in `SESSIONS`, and the next launcher on the machine stops the processes of a record whose launcher is gone,
-before it starts its own. Only what such a record names is stopped (a process by its pid and start time, or one
-naming the recorded session directory on its command line): a cluster the user started, or one of another
-launcher that still runs, is never touched.
+A local instance outlives a launcher killed with ``kill -9`` in part (Ray's dashboard and runtime-env agents keep
+running, orphaned). So a launcher that starts one records its Ray processes (pid and start time) in `SESSIONS`, and
+the next launcher on the machine stops the processes of a record whose launcher is gone, before it starts its own.
+Only what such a record names is stopped (a process by its pid and start time, or one naming the recorded session
+directory on its command line): a cluster the user started, or one of another launcher that still runs, is never
+touched.
 """
 
 from __future__ import annotations

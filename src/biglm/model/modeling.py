@@ -1,26 +1,23 @@
 """The BiGLM network: an encoder-only transformer that can also write (paper §2.2, §3.1, Table 7).
 
-Notable features
-- Llama-style blocks (pre-norm RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases) with
-  Llama's parameter names (`q_proj`, `gate_proj`, `input_layernorm`, ...), so weights and tools
-  map across the ecosystem by name.
-- Attention is bidirectional; given a per-sample prefix length p, prefix tokens cannot see the
-  suffix (query i sees key j iff i >= p or j < p). Backends: see `attention.py`.
-- `BiGLMForMaskedLM` computes logits only at labelled positions when labels are given (sparse
-  prediction): with ~30% of a window masked, ~70% of the vocabulary projection is skipped.
-- Exact prefix cache: because prefix tokens never attend to the suffix, their keys/values do
-  not depend on it. `encode_prefix` computes them once; `forward(..., prefix_cache=...)` then
-  runs only the suffix positions. This is exact, not an approximation.
-- The AR "shift" (`BiGLMConfig.shift_logits`, for models converted from autoregressive checkpoints): the
-  logits of position i come from the final hidden state of position i-1. The prefix cache then also carries
-  the prefix's final hidden states, so the first suffix position's logits stay exact with a cached prefix.
-- Batch invariance (``BiGLMModel.batch_invariant``, set by `load_model(..., batch_invariant=True)`): a row's result
-  does not depend on the rows beside it, in bfloat16 (`attention.batch_invariant_attention`; the linear layers
-  measured at load with real activations, row by row where a kernel depends on the row count, `packed`), and every
-  RoPE position counts each row's real tokens (those a call does not give, and the ones speculative decoding gives,
-  from `BiGLMModel.next_positions`), so a left-padded row sits where it would alone.
-- Written for one device; parallelism and compilation are applied from outside
-  (`biglm.training.distributed`).
+The model room's core, below generation, scoring and training, which all call it; written for one device
+(parallelism and compilation are applied from outside, `biglm.training.distributed`).
+
+- Llama-style blocks (pre-norm RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases) with Llama's parameter
+  names (`q_proj`, `gate_proj`, `input_layernorm`, ...), so weights and tools map across the ecosystem by name.
+- Attention is bidirectional; given a per-sample prefix length p, prefix tokens cannot see the suffix (query i sees
+  key j iff i >= p or j < p); how the prefix reads itself is `BiGLMConfig.prefix_attention` (bidirectional, blocks,
+  or causal for a conversion). Backends: `attention.py`.
+- Exact prefix cache: prefix keys/values do not depend on the suffix, so `encode_prefix` computes them once and
+  `forward(..., prefix_cache=...)` runs only the suffix positions, exactly.
+- `BiGLMForMaskedLM` computes logits only at labelled positions when labels are given (sparse prediction).
+- Mask adapters (`BiGLMConfig.mask_adapter_rank`): gated low-rank adapters that act at mask tokens only, so text
+  positions compute exactly what the model without them computes.
+- The AR "shift" (`BiGLMConfig.shift_logits`, for models converted from AR checkpoints): position i's logits come
+  from position i-1's final hidden state; the prefix cache then also carries the prefix's final hidden states.
+- Batch invariance (``BiGLMModel.batch_invariant``, `load_model(..., batch_invariant=True)`): in bfloat16 a row's
+  result does not depend on the rows beside it (`attention.batch_invariant_attention`; linear layers measured at
+  load, `packed`), and every RoPE position counts each row's real tokens (`BiGLMModel.next_positions`).
 """
 
 from __future__ import annotations

@@ -1,32 +1,18 @@
-"""Prepacked oneDNN linear layers for inference on a CPU: the weights reordered once into the blocked layout the
-matrix kernels read, instead of on every call.
+"""Linear layers for CPU inference: prepacked oneDNN kernels, and the row-by-row fallback batch invariance needs.
 
-Why: a decoding call at a real model's shape multiplies a few rows (the masks of one block, 1-64 per request) by every
-weight matrix, so it is bound by reading the weights. PyTorch's `F.linear` on a CPU packs the weight on each call
-for small row counts; oneDNN's prepacked linear (``torch.ops.mkldnn._linear_pointwise``, what inductor's
-freezing emits on CPU) reads it as it lies. Measured at the SmolLM2-135M shape, one thread, AMD EPYC (AVX512-BF16),
-10 rows: 576 x 1536 bfloat16 82 -> 53 us, float32 260 -> 87 us; the 49153 x 576 output layer bfloat16 4.2 -> 2.6 ms
-(docs/LOG.md 2026-11-26 night). The results equal `F.linear`'s in bfloat16 at those shapes and differ by float32
-summation order in float32.
+A decoding call multiplies a few rows (the masks of one block, 1-64 per request) by every weight matrix, so on a CPU
+it is bound by reading the weights. `F.linear` repacks the weight into the kernels' blocked layout on every call for
+small row counts; `pack_linears` packs it once (``torch.ops.mkldnn._linear_pointwise``, what inductor's freezing emits
+on CPU), which `load_model(..., pack=True)` applies. The results equal `F.linear`'s in bfloat16 and differ by summation
+order in float32. Only for inference: the packed copy does not follow later changes to the weight. Where oneDNN is
+missing or refuses the layout, the model stays as it is.
 
-Batch invariance (`BiGLMModel.batch_invariant`) needs a row's result not to depend on the rows beside it. In
-bfloat16 the prepacked kernels' rows were measured independent of the row count (1-256 rows, a row at the first, middle
-and last place, one and two threads, every SmolLM2-135M shape; `F.linear`'s too). In float32 they are not: a one-row
-call takes another kernel than two rows, and `F.linear` (MKL) differs from 4 rows on; so the mode is bfloat16's.
-
-Measured with real activations that is not enough: SwiGLU outputs of a real model (large, sparse-ish rows) gave the
-prepacked bfloat16 ``down_proj`` of SmolLM2-135M other bits for a row in a 1-row and a 2-row call (AMD EPYC with
-AVX512-BF16; issue 50), where random rows had shown none. So the mode does not take the kernels' word for it:
-`make_rows_invariant` measures every linear layer of the model, on the machine it runs on, with the model's own
-activations (a row alone against the same row among 2, 3 and 17 rows, first and last place), and the layers of a
-shape found row-count dependent compute their rows one at a time (`RowByRowLinear`: every call the one-row kernel,
-so a row's bits are its bits alone by construction). `load_model(..., batch_invariant=True)` does not prepack (the
-measured layers are `F.linear`'s) and runs the measurement once at load. On this project's test machine (AMD EPYC without AVX512, where
-oneDNN refuses the bfloat16 layout) `F.linear` was row-count independent for every SmolLM2-135M layer with real
-activations (0 of 22860 rows differed, 1-64 rows), so no layer falls back there.
-
-Only for inference: the packed copy does not follow later changes to the weight (training, loading weights
-afterwards). `pack_linears` leaves a model as it is where oneDNN is missing or refuses the layout.
+Batch invariance (`BiGLMModel.batch_invariant`, bfloat16 only: float32 kernels change with the row count) needs a
+row's result not to depend on the rows beside it, which a kernel need not give with real activations even where it
+does with random rows. So `load_model(..., batch_invariant=True)` does not prepack: `make_rows_invariant` measures
+every linear layer at load, on the machine it runs on, with the model's own activations (a row alone against the same
+row among 2, 3 and 17 rows), and a layer of a shape found row-count dependent computes its rows one at a time
+(`RowByRowLinear`). The kernel measurements behind this: docs/LOG.md.
 """
 
 from __future__ import annotations

@@ -1,60 +1,25 @@
-"""log P(continuation | context) for a BiGLM: six estimators (below), batched over an exact prefix cache.
+"""log P(continuation | context) for a BiGLM: six estimators, batched over an exact prefix cache. What `biglm eval`,
+the lm-eval adapter, the held-out metrics and fine-tuning's label-word classifier call (`score_requests`).
 
-Notable features
-- One engine, six estimators. Each estimator turns a request (context X, continuation Y) into
-  *variants*: a copy of Y with some positions replaced by the mask token, the positions scored in
-  that copy, and a weight. The engine encodes every distinct context once (`encode_prefix`), repeats
-  its cache rows for all variants of all continuations of that context (`PrefixCache.select`), and
-  runs only the suffix positions, computing logits only at the scored slots (`logits_positions`).
-  Several choices of a multiple-choice question share one context encode.
-- Estimators (|Y| = n; "scored distribution" = the model's softmax at that slot in that variant):
-  * ``chain``: exact chain rule left to right, Σ_t log P(y_t | X, y_<t, y_>t masked). n variants of
-    Y, variant t = y_<t visible and y_≥t masked, scoring slot t. A proper distribution over all
-    continuations of length n (tested by summing exp over a tiny vocabulary).
-    is_greedy: every y_t is the argmax at slot t, i.e. greedy left-to-right unmasking writes Y.
-  * ``one-pass``: one variant with all of Y masked, Σ_t log P(y_t | X, Y all masked). Cheapest (one
-    suffix pass), not a distribution over sequences (it scores marginals independently).
-    is_greedy: every y_t is the argmax of its all-masked marginal.
-  * ``blocks``: the chain rule over blocks of ``score_block`` tokens (semi-autoregressive, as block decoding writes):
-    Σ_k Σ_{t in block k} log P(y_t | X, y_<block k, block k and later masked). ceil(n/b) variants, variant k =
-    the blocks before k visible, the rest masked, scoring block k's slots. b = 1 is ``chain``, b >= n is
-    ``one-pass``. Cost n·ceil(n/b) suffix positions: a continuation of up to b tokens costs one row.
-    is_greedy: every y_t is the argmax at its slot in its block's row.
-  * ``pll``: pseudo-log-likelihood (Salazar et al. 2020), Σ_t log P(y_t | X, Y without y_t): n variants,
-    variant t masks slot t only. Not a distribution (it overrates internally consistent strings).
-    is_greedy: every y_t is the argmax when only it is masked.
-  * ``mc``: LLaDA's Monte Carlo ELBO (Nie et al. 2025, eq. 6) with stratified mask counts: sample i
-    of m masks k_i = 1 + floor((i + u)·n/m) positions (u ~ U(0,1) per request, k_i clipped to n, so
-    k is uniform over 1..n in expectation), chosen uniformly, and scores them with weight n/(k_i·m):
-    an unbiased estimate of the ELBO ≤ log P(Y | X). Seeded per request from (seed, token ids), so a
-    score does not depend on batching or order. is_greedy: every scored slot in every sample holds
-    its argmax (slots no sample masked are not checked).
-  * ``append``: the distribution of one-token-per-call decoding (confidence decoding at block_length=1), under the
-    cache that decoding runs for the model: `append_cache`, i.e. `generation.config.for_model`'s choice (one rule for
-    both), so the score of an answer is the log-probability greedy decoding assigns to the tokens it writes.
-    Σ_t log P(y_t | X, y_<t, one mask at slot t), where X and y_<t are
-    - the append cache (a `biglm-blocks` model's): each committed token is a block of one (it sees X, the tokens
-      before it and itself, so its keys/values are final) and slot t's mask sees all of those and itself. So the
-      whole continuation is ONE row, teacher-forced like an AR model's: without ``shift_logits``, y_0..y_{n-2} as
-      blocks of one, then n check masks (check t at slot t sees y_<t and itself), logits read at the checks; with
-      ``shift_logits`` (row t's logits are row t-1's hidden state, row 0's the context's last), y_0..y_{n-1} as
-      blocks of one and no masks, logits read at every row (a mask there would be predicted from the wrong row).
-      Exact for a `biglm-blocks` model trained on blocks of 1; any other model run this way is warned, except one
-      converted from an AR checkpoint (``shift_logits``: causal answer keys are its source's condition).
-    - the exact cache (every other model, a converted one included, unless ``block_cache="append"``): X + y_<t
-      re-encoded as one bidirectional prefix, then slot t's mask: n rows of |X| + t + 1 positions, the context
-      re-encoded in each (its keys see the answer so far, so no context cache is shared).
-    A distribution over continuations of length n (tested like ``chain``).
-    is_greedy: greedy one-token-per-call decoding writes Y (tested against `generate_ids`).
-- Cost in suffix token-positions per request: one-pass n, append 2n - 1 (n with shift_logits) in one row under the
-  append cache (n·|X| + n(n+1)/2 under the exact cache, context included), blocks n·ceil(n/b), chain and pll n², mc m·n.
-  Measured numbers: docs/scoring.md, benchmarks/bench_scoring.py.
-- Window: context + continuation must fit `max_length` (default the model's
-  max_position_embeddings). Longer requests lose context from the LEFT (a warning says how many);
-  a continuation that alone does not fit is an error, since scoring part of it would change the
-  quantity being measured.
-- Contexts are LEFT-padded to a common length (RoPE is relative, so no position shift), suffixes
-  RIGHT-padded; pads are masked out as keys.
+One engine: each estimator turns a request (context X, continuation Y) into *variants*, copies of Y with some
+positions masked, the positions scored in each and a weight. Every distinct context is encoded once
+(`encode_prefix`; the choices of a question share it), its cache rows repeated for all variants (`PrefixCache.select`),
+and only the suffix runs, with logits at the scored slots alone (`logits_positions`). The estimators, n = |Y|:
+- ``chain``: Σ_t log P(y_t | X, y_<t, y_≥t masked), n variants; a proper distribution over length-n continuations.
+- ``one-pass``: Σ_t log P(y_t | X, Y all masked), one variant; a product of marginals.
+- ``blocks``: the chain rule over blocks of ``score_block`` tokens, ceil(n/b) variants (b = 1: chain; b ≥ n: one-pass).
+- ``pll``: pseudo-log-likelihood (Salazar et al. 2020), variant t masks slot t only; not a distribution.
+- ``mc``: LLaDA's Monte Carlo ELBO (Nie et al. 2025, eq. 6): sample i of m masks k_i = 1 + floor((i + u)·n/m) slots
+  (u ~ U(0,1), clipped to n), scored with weight n/(k_i·m); seeded per request from (seed, token ids), so a score does
+  not depend on batching or order; an unbiased estimate of the ELBO ≤ log P(Y | X).
+- ``append``: the distribution one-token-per-call decoding writes from, under the cache that decoding runs for the
+  model (`append_cache`, `generation.config.for_model`'s rule): a `biglm-blocks` model's whole continuation is one
+  teacher-forced row (each committed token a block of one); other models re-encode X + y_<t per token (the exact
+  cache); a causal conversion reads context + answer in one causal pass (`_score_causal`), as lm-eval's hf model.
+Each also says ``is_greedy`` (the decoding it belongs to writes Y). Definitions, costs and tests: docs/scoring.md.
+Context + continuation must fit ``max_length``: longer requests lose context from the left (with a warning), a
+continuation that alone does not fit is an error. Contexts are left-padded (RoPE is relative), suffixes right-padded,
+pads masked out as keys.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
-"""Held-out language-modelling metrics of a BiGLM on prepared token shards (`biglm eval --suite heldout`).
-
-What a small model can show where the zero-shot suite sits at chance (issue 10, Table 1 at micro scale):
+"""Held-out language-modelling metrics of a BiGLM on prepared token shards (`biglm eval --suite heldout`): what a
+small model shows where the zero-shot suite sits at chance (Table 1 at micro scale reads them).
 
 - ``masked_loss`` and ``fill_acc``: the BiGLM objective's masks and attention (α = 0.2, β_Y ~ U(0,1),
-  β_X = 0.3 − 0.2·β_Y, the prefix blind to the suffix — the condition generation runs under) on the first
-  ``windows`` fixed windows of the folder's ``val`` split. The masks are drawn once from ``seed``, so every
-  model compared sees the same windows and the same masks. Mean cross-entropy over the masked tokens, and
-  the share of masked tokens whose argmax is the original token.
-- ``cont_nll`` and ``cont_ppl``: the exact chain-rule log-likelihood (`estimators.score_requests`,
-  ``chain``) of the second half of each held-out document given its first half: the document is cut at
-  its middle token, the context is the up to ``context_tokens`` tokens before the cut, the continuation
-  the up to ``continuation_tokens`` after it. Per-token NLL (nats) over all scored tokens, and exp of it:
-  a real perplexity of a continuation, the quantity an autoregressive model reports.
+  β_X = 0.3 − 0.2·β_Y, the prefix blind to the suffix: the condition generation runs under) on the first
+  ``windows`` fixed windows of the folder's ``val`` split, masks drawn once from ``seed`` so every model compared
+  sees the same ones: mean cross-entropy over the masked tokens, and the share whose argmax is the original token.
+- ``cont_nll`` and ``cont_ppl``: the exact chain-rule log-likelihood (`estimators.score_requests`, ``chain``) of
+  each held-out document's second half given its first (up to ``context_tokens`` before the middle token, up to
+  ``continuation_tokens`` after it): per-token NLL in nats, and its exp, a real perplexity.
 
-Standard errors are over the sampled unit: windows for the masked metrics, documents for the
-continuation. Results use lm-eval's layout (``results.heldout["masked_loss,none"]``, ``..._stderr,none``)
-so `biglm report` and any lm-eval tooling read them like any other task.
+Standard errors are over windows (masked metrics) and documents (continuation). Results use lm-eval's layout
+(``results.heldout["masked_loss,none"]``, ``..._stderr,none``), so `biglm report` and lm-eval tooling read them.
 """
 
 from __future__ import annotations

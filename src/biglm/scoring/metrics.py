@@ -1,58 +1,32 @@
-"""Task metrics shared by fine-tuning and evaluation: SQuAD v1.1 EM/F1, accuracy, retrieval nDCG/recall, and
-the generation metrics ROUGE, BLEU-4, BLEU-2, METEOR, Distinct-n.
+"""Task metrics shared by fine-tuning and evaluation: SQuAD v1.1 EM/F1, accuracy, retrieval nDCG/recall, and the
+generation metrics ROUGE, BLEU-4, BLEU-2, METEOR, Distinct-n.
 
 No model and no training here: the fine-tuning tasks (`biglm.finetune.tasks`) and the multitask suite
-(`biglm.scoring.multitask`) both score with these functions.
-
-Notable features
-- SQuAD EM/F1 reproduce the official ``evaluate-v1.1.py``: answers normalised by lower-casing,
-  removing ``string.punctuation`` (32 ASCII characters), the articles a/an/the and extra
-  whitespace, in that order; F1 on the bag of normalised tokens; the max over the gold answers;
-  scores in percent over *all* references, an unanswered question scoring 0 (as the script).
-  Quirks kept on purpose: an empty prediction against a gold answer that normalises to ""
-  (e.g. "The") has EM 100 but F1 0.
-- Accuracy predicts the argmax of each row of scores; an exact tie goes to the lowest label
-  index (``numpy.argmax``'s first-occurrence rule). So a model whose scores are all equal
-  predicts class 0 everywhere, and its accuracy is the share of class 0, not 1/num_classes.
-  NaN scores are refused (``argmax`` would silently pick them).
-- Retrieval measures come from ``ir-measures`` (the ``finetune`` extra), which calls
-  ``pytrec_eval`` (trec_eval's C code): the same numbers BEIR reports. trec_eval's conventions
-  hold: nDCG gain is the relevance grade (linear, not 2^rel - 1), documents with equal scores
-  are ranked by document id in descending string order, recall counts grades >= 1.
-  One rule differs from a plain ``pytrec_eval`` call: a judged query with no results scores 0
-  and stays in the mean (pytrec_eval drops it, which would inflate the mean).
-
-Generation metrics
-Each metric (but Distinct-n, a one-line ratio) is computed by its reference library; this module
-only fixes the settings, the multi-reference rule and the scale. Every corpus score is in percent.
-
-- ROUGE-1/2/L F1 from ``rouge-score`` (Google's package, the one the XSum numbers use) with
-  ``use_stemmer=True`` (Porter: "running" and "runs" both become "run") and its own tokeniser
-  (lower-cased, non-alphanumerics dropped). Corpus score = mean of the per-example F1. With
-  several references an example scores the *max* F1 over its references, per measure.
-- BLEU-4 from ``sacrebleu`` (``BLEU().corpus_score``, what ``corpus_bleu`` calls): corpus-level
-  n-gram counts, default tokenisation ``"13a"`` (mteval-v13a: punctuation split off), 'exp'
-  smoothing, case-sensitive unless ``lowercase=True`` (use it for SQuAD-QG, whose text is
-  lower-cased and tokenised). ``tokenize=`` passes any sacrebleu tokeniser, e.g. ``"none"`` for
-  text already tokenised, which is closest to the nltk ``corpus_bleu`` on tokens that the
-  MSQG/GLGE papers report (nltk's smoothing differs, so numbers differ slightly).
-  Several references per example are sacrebleu's native multi-reference BLEU (clipped counts
-  against all references; the closest reference length for the brevity penalty).
-- BLEU-2 (Genset) is the same sacrebleu call with ``max_ngram_order=2`` (uniform weights 1/2),
-  not nltk's ``corpus_bleu(weights=(0.5, 0.5))``.
-- METEOR from ``nltk.translate.meteor_score.meteor_score`` (exact, Porter-stem and WordNet synonym
-  matches; alpha 0.9, beta 3, gamma 0.5), on whitespace tokens, lower-cased by nltk; the
-  corpus score is the mean of sentence scores, each already the max over its references (nltk's
-  rule). This is not the Java METEOR 1.5 of coco-caption/nlg-eval, so it is not comparable to
-  their numbers digit for digit. nltk's quirk is kept: synonyms are looked up for the Porter
-  *stems* of words left after exact and stem matching, so "automobile" (stem "automobil") never
-  matches "car", while "car" matches "auto". WordNet is read from nltk's data path (``NLTK_DATA`` and nltk's
-  defaults, which include ``<venv>/nltk_data``); ``scripts/quickstart.sh`` puts it there from
-  Debian's ``wordnet-base`` + ``wordnet-sense-index`` (``/usr/share/wordnet`` alone is not an
-  nltk corpus: it lacks ``lexnames``, and nltk refuses paths outside its data roots). Absent data
-  is a clear error naming that step, never a download.
-- Distinct-n = distinct n-grams / all n-grams over all outputs together (not averaged per output),
-  on whitespace tokens, case kept. No n-grams at all is an error, not 0.
+(`biglm.scoring.multitask`) both score with these functions. Each metric is its reference's, with the settings fixed
+here, so a number is comparable with the papers' (scores in percent unless said):
+- SQuAD EM/F1 reproduce the official ``evaluate-v1.1.py``: lower-case, drop ``string.punctuation``, the articles
+  a/an/the and extra whitespace, in that order; F1 on the bag of tokens; max over gold answers; over *all*
+  references, an unanswered question scoring 0. Kept quirk: an empty prediction against a gold answer that
+  normalises to "" (e.g. "The") has EM 100 but F1 0.
+- Accuracy: the argmax of each row of scores, an exact tie to the lowest label index (``numpy.argmax``), so equal
+  scores predict class 0 everywhere; NaN scores are refused.
+- Retrieval: ``ir-measures`` over ``pytrec_eval`` (trec_eval's C code, BEIR's numbers and conventions: linear gain,
+  ties by document id in descending string order, recall counts grades >= 1), except that a judged query with no
+  results scores 0 and stays in the mean.
+- ROUGE-1/2/L F1: ``rouge-score`` with ``use_stemmer=True`` and its own tokeniser; mean of per-example F1, each the
+  max over its references.
+- BLEU-4: ``sacrebleu`` corpus BLEU (tokenisation ``"13a"``, 'exp' smoothing, case-sensitive unless ``lowercase=True``,
+  which SQuAD-QG's lower-cased text wants; ``tokenize="none"`` for pre-tokenised text, closest to the nltk BLEU the
+  MSQG/GLGE papers report); several references are sacrebleu's native multi-reference BLEU. BLEU-2 (Genset): the
+  same call with ``max_ngram_order=2``, not nltk's ``corpus_bleu(weights=(0.5, 0.5))``.
+- METEOR: nltk's ``meteor_score`` (exact, Porter-stem and WordNet synonym matches; alpha 0.9, beta 3, gamma 0.5) on
+  whitespace tokens, the mean of sentence scores (each the max over references); not the Java METEOR 1.5 of
+  coco-caption, and nltk's quirk is kept (synonyms of the Porter *stems*: "automobile" never matches "car").
+  WordNet is read from nltk's data path (``NLTK_DATA``, ``<venv>/nltk_data``, ...), which ``scripts/quickstart.sh``
+  fills from Debian's ``wordnet-base`` + ``wordnet-sense-index`` (``/usr/share/wordnet`` alone is no nltk corpus);
+  absent data is a clear error naming that step, never a download.
+- Distinct-n: distinct n-grams / all n-grams over all outputs together, on whitespace tokens, case kept; no n-grams at
+  all is an error, not 0.
 """
 
 from __future__ import annotations

@@ -1,52 +1,17 @@
 """The FastAPI application of `biglm serve`: OpenAI's completions, chat completions, models and a health check; the
 step stream (an answer's canvas after every model call) and the playground page that draws it (`playground`).
 
-Why this shape: the HTTP side only parses, checks and streams; decoding happens in one engine
-thread (`scheduler.Scheduler`) that batches every request in flight between decoding steps. Each
-HTTP request becomes one engine request per (prompt, choice), and receives the engine's events on
-an asyncio queue.
-
-Notable features
-- Checked before any work: a malformed body, an unknown field, an unknown model, a bad decoding
-  value (`DecodingConfig`'s own check, once), ``max_tokens`` or prompt + ``max_tokens`` beyond the
-  model's window, an empty prompt, bad chat messages, a prompt longer than ``max_prompt_chars`` characters
-  (checked before it is tokenized), text that is not valid Unicode, an OpenAI field biglm cannot honour (a non-zero
-  penalty, logprobs' alternatives, a JSON ``response_format``, ``store: true``, ``stream_options`` without
-  ``stream: true``): a 4xx with OpenAI's error JSON naming the request's own field (``prompt``, not pydantic's
-  ``prompt.str``). Any other failure is a 500 in the same format (an error event in a stream already started), never
-  plain text; an engine error in one request is its 500 alone. /metrics counts each by kind (``biglm_errors_total``).
-- OpenAI's fields that biglm can honour are honoured, not refused: ``max_completion_tokens``, ``echo``, token-id
-  prompts, text content parts, the ``developer`` role (``system``), ``response_format: {"type": "text"}``,
-  ``store: false``, ``stream: null``, the penalties at 0, and ``logprobs`` of the written tokens
-  (`TextStream.take_logprobs` hands each token out with the chunk whose text holds it). A body is JSON whatever its
-  Content-Type (curl's ``-d`` default included); without ``max_tokens`` an answer gets the rest of the window where
-  its prompt leaves less than the default, as vLLM's does.
-- Prompts are rendered and tokenized in a worker thread, bounded in characters first: a huge prompt costs its
-  own request time, never the event loop's, so other requests and ``/health`` keep answering meanwhile.
-- Streaming (server-sent events, ``data: {...}`` then ``data: [DONE]``): a chunk whenever the
-  stable (committed, unchangeable) part of an answer grows, i.e. per committed block or step; the
-  final chunk carries the rest and the finish reason, so the chunks concatenate to exactly the
-  non-streamed answer. Text that may still change is held back: an incomplete UTF-8 character,
-  trailing whitespace (a tokenizer's clean-up may merge it with what follows) and a tail that could
-  begin a stop string.
-- Answers are cut as `biglm.generation.api.generate` cuts them (first EOS, then the first stop
-  string), so the server answers what `biglm generate` prints for the same settings and seed. An
-  answer is finished early, and its engine request cancelled, once its stable part holds an EOS or
-  a stop string: nothing after that can change it. Its ``usage`` counts the tokens up to the one completing the
-  stop string (`TextStream._through_stop`), what one token per call writes, however many a call wrote past it.
-- Limits: the scheduler's bounded queue (429 at once), a per-request timeout (408, or an error event
-  in a stream; the engine request is cancelled), a client that goes away mid-request or mid-stream
-  cancels its engine requests, and shutdown refuses new requests with 503 (see `cli`).
-- The step stream (``POST /v1/completions/steps``, ``/v1/chat/completions/steps``: the same bodies, one answer): the
-  request runs in the engine like any other, with a `canvas.CanvasRecorder` as its decode's ``on_step``; each call's
-  `canvas.Frame` reaches the request's queue before that step's engine event, so the stream sends every canvas (as
-  the slots each call changed, `playground.FrameDeltas`: the stream grows with the answer), then the text the
-  non-streamed API answers, and the calls that wrote it.
-- ``GET /health``: 200 while this server answers requests ("ok", or "degraded" when a deployment's `HealthHook`
-  says part of it is down), 503 when it does not (draining, engine down, or a deployment with nothing serving).
-  Its counts: ``running`` (admitted requests), ``prefilling`` (those among them whose long prompt is still being
-  encoded, a share per engine step: `DecodeEngine`'s chunked prefill), ``waiting``. ``GET /metrics``: the same
-  counts and the scheduler's stats in Prometheus' text format.
+The HTTP side only parses, checks and streams; decoding happens in one engine thread (`scheduler.Scheduler`, over a
+`generation.engine.DecodeEngine`) that batches every request in flight between decoding steps. Each HTTP request
+becomes one engine request per (prompt, choice) and receives the engine's events on an asyncio queue; prompts are
+rendered and tokenized in a worker thread, so a huge one never holds up the event loop. A request is checked before
+any work (a 4xx in OpenAI's error JSON naming the request's own field; anything else a 500 in the same format, an
+engine error in one request its 500 alone); OpenAI's fields biglm can honour are honoured, the rest refused. Answers
+are cut as `biglm.generation.api.generate` cuts them, so the server answers what `biglm generate` prints for the
+same settings and seed; a stream sends the stable part of an answer as it grows, holding back text that may still
+change, so the chunks concatenate to the non-streamed answer. Limits: a bounded queue (429), a per-request timeout
+(408), a client that goes away cancels its requests, shutdown drains (503). ``GET /health`` and ``GET /metrics``
+report the engine's counts. Every field, limit and error: docs/serving.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """The playground of `biglm serve`: a page at ``/`` (and ``/playground``) that draws an answer's canvas as it decodes.
 
-Why this shape: the page is plain HTML, JavaScript and CSS shipped in the package (``static/``), with no build
-step and nothing fetched from elsewhere at run time. It speaks the server's public API only: ``GET /v1/decoding``
-(the decoding options a request may set, with this server's defaults) fills its settings, and the step stream
-(``POST /v1/completions/steps``, ``POST /v1/chat/completions/steps``) carries the canvas after every model call, so
-any client can draw what the page draws (docs/serving.md). Each ``steps.call`` event carries the slots its call
-changed (`FrameDeltas`), so the stream grows with the answer, not with its square: a 400-token answer written one
-token per call was 6.5 MB as whole canvases.
+The page is plain HTML, JavaScript and CSS shipped in the package (``static/``): no build step, nothing fetched from
+elsewhere at run time. It speaks the server's public API only: ``GET /v1/decoding`` (the options a request may set,
+with this server's defaults) fills its settings, and the step stream (``POST /v1/completions/steps``,
+``POST /v1/chat/completions/steps``) carries the canvas after every model call, so any client can draw what the page
+draws (docs/serving.md). Each ``steps.call`` event carries only the slots its call changed (`FrameDeltas`), so the
+stream grows with the answer, not with its square.
 """
 
 from __future__ import annotations

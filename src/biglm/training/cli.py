@@ -12,7 +12,7 @@ trains the 124M shape, not the default's 4 x 192), its dropouts and max_position
 
 With no RECIPE, the `default` recipe: a small BiGLM trained on English text every Python
 installation carries (its documentation topics and standard-library docstrings, read at run time),
-with a tokenizer trained on the spot; no network, about five minutes on 2 CPU cores. It ends by
+with a tokenizer trained on the spot; no network, a few minutes on a CPU. It ends by
 showing what the model learned against a unigram baseline (word frequencies, no context): the
 validation loss, where the gold word ranks when 15% of held-out text is hidden, how far context moves
 up the words frequency cannot guess, and fill-ins for sentences whose context decides the word (`demo`).

@@ -1,22 +1,16 @@
 """The closing report of the built-in run (`biglm pretrain` with no recipe): what the model learned that word
 frequency alone does not give.
 
-A few minutes of CPU training leave a small model whose favourite guess for a hole is still often a frequent
-word ("the", "a"), so a list of top guesses alone shows little. The report therefore puts the model beside the
-unigram baseline (the training set's word frequencies, which ignore context) on the same holes:
+A few minutes of CPU training leave a model whose favourite guess for a hole is still often a frequent word, so the
+report puts it beside the unigram baseline (the training set's word frequencies, blind to context) on the same holes:
 - the validation loss against the unigram loss (the run's own fixed held-out masks);
-- a hidden-word test on held-out text: in validation windows, 15% of the tokens (seeded) are replaced by
-  ``<mask>`` and the rest stay visible (full bidirectional attention, documents kept apart); for every hidden
-  token, the gold token's rank and probability under the model and under the unigram: share ranked first,
-  share in the top 5, median rank, mean probability;
-- held-out holes where context decides the word: gold tokens the unigram ranks beyond `RARE_RANK` (frequency
-  cannot guess them): their median rank by the model and by frequency, how many the model puts in its top
-  `TOP`, and the first few of those in held-out order (a short run moves such words up but seldom to first)
-  that are words in a context that reads as prose (`is_prose`), one per word: the built-in corpus holds codec
-  tables (``0x02 -> CONTROL CHARACTER`` row after row) and code, where a "found" token shows only that a row
-  repeats;
-- fill-ins for `DEMO_SENTENCES`, sentences written so that the context decides the word (the word each one
-  needs is given): the model's top guesses and the needed word's rank, model against unigram.
+- hidden words in held-out windows (15% of the tokens, seeded, replaced by ``<mask>``, the rest visible): the gold
+  token's rank and probability under both: share ranked first, share in the top 5, median rank, mean probability;
+- holes where context decides the word (gold tokens the unigram ranks beyond `RARE_RANK`): their median rank under
+  both, how many the model ranks in its `TOP`, and a few found in text that reads as prose (`is_prose`: the built-in
+  corpus also holds codec tables and code, where a "found" token shows only that a row repeats);
+- fill-ins for `DEMO_SENTENCES`, written so that context decides the word: the model's top guesses and the needed
+  word's rank, model against unigram.
 """
 
 from __future__ import annotations

@@ -13,14 +13,11 @@ checkpoints with an exact resume (model, optimiser, step, RNG state and the prog
 metrics.jsonl and the experiment trackers of --report_to (`trackers`), the ``after_step`` test hook and the
 ``BIGLM_FAULT_AFTER_STEP`` crash injection. A new training mode is a program, never a flag in this file.
 
-A stop signal (SIGINT, SIGTERM) never interrupts a step: the handler only records it, with the step it stops after
-(the one whose stop decision comes next), and says so on the console. That decision is read once per step, right
-after the optimiser step and before anything else of the step (log line, trackers, evaluations, checkpoint): a
-signal that lands in any of those phases belongs to the next step. The stopping step is logged, its checkpoint is
-written (or the console says why it could not be), and `train` raises `TrainingInterrupted` (exit status 130 for
-SIGINT, 143 for SIGTERM in `biglm`), so ``biglm pretrain ... && biglm export ...`` does not go on. Under torchrun the
-ranks agree on the step (a host-side collective, no device sync), so the collective save never waits on a rank that
-did not see the signal.
+A stop signal never interrupts a step: the handler records it (and says so on the console), and the loop reads it
+once per step, right after the optimiser step (a signal that lands later belongs to the next step); under torchrun
+the ranks agree on it by a host-side collective. The stopping step is logged and checkpointed (or the console says
+why it could not be), then `train` raises `TrainingInterrupted` (exit status 130 for SIGINT, 143 for SIGTERM), so
+``biglm pretrain ... && biglm export ...`` does not go on.
 """
 
 from __future__ import annotations

@@ -1,49 +1,34 @@
-"""Every pre-training experiment of the paper as a named recipe (a `TrainConfig`).
+"""Every pre-training experiment of the paper as a named recipe (a `TrainConfig`), with the built-in demo and the
+recipes that continue from a model: what `biglm pretrain RECIPE` runs and `biglm recipes` lists.
 
-- Table 1 (§2.2): the 124M trial models, BiGLM / w/o attn. / w/o both (plain MLM), 50k steps of
-  1024 x 2048 tokens (~100B), cosine lr 3e-3, FineWeb-edu. These runs used dropout: the Table 2 row
-  "BiGLM" (44.48 avg, with dropout) is the Table 1 row, and "w/o dropout" improves on it.
-- Table 8 (Appendix C): α ∈ {0.1, 0.3, 0.4}; β_X ranges via (λ1, λ2); β_Y ranges.
-- Table 2 (§3): w/o dropout, BiGLM++ (deeper 136M shape), w/ mixdata, and WSD runs with no / raw /
-  raw++ (longer) / synthetic / mixed annealing data.
-- §4 final models: 136M, 360M, 1.3B, 3.5B; 300k steps, WSD lr 6e-4 -> 6e-5 with 60k (20%) annealing
-  steps, FineWeb-edu + Cosmopedia v2 (Table 7).
-- `table1-micro-*`: Table 1's three variants at micro scale on a CPU (docs/LOG.md): 4 layers x 128, 300 steps
-  of 32 x 128 tokens (1.2M), the same tokens, schedule and data for all three (local English text: TinyStories head, Gutenberg, Brown,
-  inaugural and State of the Union addresses, 200 documents per source held out), no dropout; built by
-  scripts/table1_micro.sh, which also evaluates and reports them. ``--seed`` gives the seed replicas.
-- `default`: the built-in demo, what `biglm pretrain` runs with no recipe: a 4-layer, 192-wide BiGLM on
-  the English text of the Python installation (`builtin` data, prepared with its own 4,096-token
-  tokenizer into OUT/data), 450 steps of 32 x 128 tokens: about 3.5 minutes on 2 idle CPU cores (10,800
-  tokens/s), 4.5 at load 1-3; much longer when the cores are oversubscribed (13 min at load 5; docs/LOG.md).
+- Table 1 (§2.2): the 124M trial models, BiGLM / w/o attn. / w/o both (plain MLM), 50k steps of 1024 x 2048 tokens
+  (~100B), cosine lr 3e-3, FineWeb-edu, with dropout (the paper's Table 2 "BiGLM" row is the Table 1 row, and "w/o
+  dropout" improves on it). Table 8 (Appendix C): α ∈ {0.1, 0.3, 0.4}, β_X ranges via (λ1, λ2), β_Y ranges. Table 2
+  (§3): w/o dropout, BiGLM++ (the deeper 136M shape), w/ mixdata, and WSD runs with no / raw / raw++ (longer) /
+  synthetic / mixed annealing data.
+- §4 final models: 136M, 360M, 1.3B, 3.5B; 300k steps, WSD lr 6e-4 -> 6e-5 with 60k (20%) annealing steps,
+  FineWeb-edu + Cosmopedia v2 (Table 7). These and Table 1's BiGLM have `-blocks` twins (the `biglm-blocks` objective).
+- `table1-micro-*`: Table 1's three variants at micro scale on a CPU: 4 layers x 128, 300 steps of 32 x 128 tokens of
+  local English text, the same tokens, schedule and data for all three, no dropout; scripts/table1_micro.sh builds the
+  data, runs, evaluates and reports them (``--seed`` gives the seed replicas).
+- `default`: the built-in demo, what `biglm pretrain` runs with no recipe: a 4-layer, 192-wide BiGLM on the English
+  text of the Python installation (`builtin` data, with its own 4,096-token tokenizer, prepared into OUT/data), 450
+  steps of 32 x 128 tokens, a few minutes on a CPU.
+- Continued pre-training (``--init_from DIR`` required; the shape and tokenizer are the model's): `blocks-adapt`
+  turns a BiGLM or a conversion into a biglm-blocks model that drafts (the default's data and batch; prefix blocks of
+  1, 8, 16 and 32, 1 being what one token per call, speculative decoding and the append scorer read; 300 steps at lr
+  3e-4, a tenth of the default's as the weights are trained, a 20-step warm-up for the fresh optimizer, cosine to
+  3e-5); `biglm-136m-from-smollm` and `biglm-360m-from-smollm` (for a GPU) give a SmolLM checkpoint converted by
+  `biglm convert` the paper objective on the final models' data and batch. Chosen, not measured: 20k steps, a 500-step
+  warm-up, peak lr 3e-4 (half the from-scratch 6e-4, as Dream and DiffuLLaMA adapt below their pre-training lr), WSD
+  decaying over the last 20% to 3e-5; attention switches to BiGLM's at once (the shift and this choice were measured
+  at CPU scale: docs/LOG.md).
 
-- Continued pre-training of an existing BiGLM (``--init_from DIR``; these recipes refuse to start without it, and
-  take the model's shape and tokenizer from DIR, so they set neither):
-  - `blocks-adapt`: turn an existing BiGLM into a biglm-blocks model by continued pre-training (a paper model
-    adapts to the blocks rule without starting over): the `default` recipe's data, batch and windows, objective
-    biglm-blocks with prefix blocks of 1, 8, 16 and 32 (1 added: what one-token-per-call and speculative decoding
-    and the append scorer read; free at the real shape, docs/LOG.md 2026-11-26), 300 steps at
-    lr 3e-4 (a tenth of the default's 3e-3: the weights are already trained, so a from-scratch lr would undo
-    them) with a 20-step warm-up (the optimizer state is fresh) and cosine to 3e-5. ``biglm pretrain blocks-adapt
-    --init_from runs/default`` adapts the built-in demo; ``--data DIR`` any prepared data.
-  - `biglm-136m-from-smollm`, `biglm-360m-from-smollm` (starting from an autoregressive checkpoint; meant for a GPU): a SmolLM-135M /
-    360M checkpoint converted by `biglm convert` becomes a BiGLM with the paper objective on the final models' data
-    and batch (1024 x 2048, FineWeb-edu + Cosmopedia v2). Chosen, not measured: 20k steps (~43B tokens, a
-    fifteenth of the from-scratch 300k), a 500-step warm-up (fresh optimizer, weights already trained), peak lr
-    3e-4 (half the from-scratch 6e-4, as Dream and DiffuLLaMA adapt below their pre-training lr), WSD decaying
-    over the last 20% to 3e-5. Measured (issue 23, docs/LOG.md 2026-11-25, a TinyStories AR Llama at CPU scale):
-    the converted model predicts a masked token from the previous position (the AR "shift", `biglm convert`'s
-    default, which the model carries), far better than from its own position (150 adaptation steps: held-out
-    masked loss 4.89 vs 5.03, continuation NLL 3.45 vs 3.99, two seeds ~0.01 apart); attention switches to
-    BiGLM's at once (``attention_anneal_steps=0``): annealing it from causal over the first third of the steps
-    changed no metric beyond 0.006 nats, inside the seed noise, so the simpler choice stays.
-
-Not stated in the paper, chosen here and written down: warm-up 2000 steps; min lr of the cosine runs
-3e-4 (10%); dropout 0.1 where the paper used it (Megatron's default); the final-model mixture weights
-follow the corpora's token counts in SmolLM-Corpus (FineWeb-edu-dedup ~220B, Cosmopedia v2 ~28B).
-
-Data folders are token shards written by `biglm data prepare`; ``hub_sources`` says which hub
-dataset builds each, and a missing folder's error prints the exact command.
+Not stated in the paper, chosen here and written down: warm-up 2000 steps; min lr of the cosine runs 3e-4 (10%);
+dropout 0.1 where the paper used it (Megatron's default); the final-model mixture weights follow the corpora's token
+counts in SmolLM-Corpus (FineWeb-edu-dedup ~220B, Cosmopedia v2 ~28B). Data folders are token shards written by
+`biglm data prepare`; ``hub_sources`` says which hub dataset builds each, and a missing folder's error prints the
+exact command.
 """
 
 from __future__ import annotations
