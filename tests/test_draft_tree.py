@@ -129,6 +129,43 @@ def test_a_frozen_text_layout_gives_the_groups_the_loss_and_adapter_gradients_of
         torch.testing.assert_close(got[n], want[n], atol=1e-5, rtol=1e-4)
 
 
+def test_source_targets_are_the_sources_next_token_distribution_at_each_draft_slot():
+    """``draft_targets`` "source": each labelled slot at position s learns the source's distribution for s given the
+    text before it (the text's causal logits at s - 1, the mask token left out), not only its token."""
+    from types import SimpleNamespace
+
+    from biglm import BiGLMConfig, BiGLMForMaskedLM
+    from biglm.training.trainer import Trainer
+
+    torch.manual_seed(0)
+    cfg = BiGLMConfig.from_preset("tiny", vocab_size=100, mask_token_id=MASK, attn_backend="eager", shift_logits=True,
+                                  max_position_embeddings=64, prefix_attention="causal", prefix_block_lengths=[1],
+                                  mask_adapter_rank=4)
+    model = BiGLMForMaskedLM(cfg).eval()
+    windows = torch.randint(0, 90, (2, L), generator=torch.Generator().manual_seed(6))
+    tree = _tree(batch=2, seed=7)
+    tree = type(tree)(prompt_len=torch.zeros_like(tree.prompt_len), anchors=tree.anchors)
+    batch = draft_tree_layout(windows, tree, width=W, shift=True, mask_token_id=MASK, frozen_text=True).find_positions()
+    with torch.no_grad():
+        cache = model.model(batch.context_ids, causal=True, return_cache=True).cache
+        trainer = SimpleNamespace(raw_model=model, mask_id=MASK)
+        got = Trainer._source_target_loss(trainer, model, batch, cache, batch.normalizer.float())
+        student = model(batch.input_ids, **batch.attention(), prefix_cache=cache).logits  # (2, G*W, V)
+        want, n = torch.zeros(()), 0
+        for b in range(2):
+            for g in range(G):
+                t = int(tree.anchors[b, g])
+                for k in range(1, W):  # slot t + 1 + k, given the text up to t + k
+                    seen = model.model(windows[b:b + 1, :t + k + 1], causal=True).last_hidden_state[0, -1]
+                    text = model.lm_head(seen)  # the source's prediction after token t + k
+                    text[MASK] = float("-inf")
+                    assert int(batch.labels[b, g * W + k]) == int(windows[b, t + 1 + k])
+                    want -= (text.softmax(-1) * student[b, g * W + k].log_softmax(-1)).sum()
+                    n += 1
+    assert n == int(batch.normalizer)
+    torch.testing.assert_close(got, want / n, atol=1e-5, rtol=1e-5)
+
+
 def test_the_trainer_runs_draft_tree_steps_and_refuses_them_with_doc_mask(tmp_path, synthetic_data):
     from conftest import tiny_train_config, train_losses
 

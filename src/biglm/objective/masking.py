@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -78,6 +79,11 @@ class ObjectiveConfig:
     teacher's greedy text (`biglm data distill`), else 0 (the trainer decides and says so)"""
     draft_groups: int = 16
     """biglm-blocks: mask groups per window in a draft-tree step (each a draft of ``draft_width`` - 1 slots)"""
+    draft_targets: Literal["text", "source"] | None = None
+    """biglm-blocks: what a draft-tree step's slots learn: "text" the text's tokens; "source" the source's whole
+    next-token distribution at each slot, read off the frozen text rows (the slot's token given the text before it),
+    whose argmax is the token on the source's greedy text: only where the text path is frozen (a causal conversion's
+    mask adapters trained alone); None: "source" there, else "text" """
 
     def __post_init__(self) -> None:
         if self.diffusion:
@@ -119,6 +125,8 @@ class ObjectiveConfig:
             if self.draft_tree_every < -1 or self.draft_groups < 1:
                 raise ValueError(f"draft_tree_every={self.draft_tree_every} must be >= 0 (or -1: auto) and "
                                  f"draft_groups={self.draft_groups} >= 1.")
+            if self.draft_targets not in (None, "text", "source"):
+                raise ValueError(f"draft_targets={self.draft_targets!r} must be 'text' or 'source' (or None: auto).")
             if self.draft_tree_every and self.draft_width < 2:
                 raise ValueError(f"draft_width={self.draft_width}: a draft-tree group needs >= 2 masks (its first "
                                  "slot is the check's).")

@@ -229,6 +229,12 @@ class Trainer(TrainLoop):
         elif cfg.adapter_lr is not None:
             raise ConfigError(f"--adapter_lr {cfg.adapter_lr}: this run trains every weight (no causal model's mask "
                               "adapters alone: --init_from a `biglm convert` model trains those); set --lr instead.")
+        if self.objective.draft_targets == "source" and not self.frozen_text:
+            raise ConfigError("--objective.draft_targets source reads the source's distributions off a frozen text "
+                              "path: only a causal conversion's mask adapters trained alone have one (--init_from a "
+                              "`biglm convert` model); use text.")
+        # the draft slots of a frozen text learn the source's own next-token distributions (read off its text rows)
+        self.source_targets = self.frozen_text and self.objective.draft_targets in (None, "source")
         self.setup(model.to(dev), activation_checkpointing=cfg.activation_checkpointing)
         self.n_params = count_parameters(self.model_config)
         # the loaded tokenizer's own fingerprint: shards built with any other tokenizer are refused, even one of equal size
@@ -441,6 +447,8 @@ class Trainer(TrainLoop):
         if batch.context_ids is not None:  # a frozen text (mask adapters trained alone): its cache, no gradient
             with torch.no_grad():
                 context["prefix_cache"] = self.raw_model.model(batch.context_ids, causal=True, return_cache=True).cache
+            if self.source_targets:
+                return self._source_target_loss(model, batch, context["prefix_cache"], normalizer)
         if self.cfg.loss_chunk:
             targets, weight = masked_targets(batch)
             return model(batch.input_ids, **batch.attention(), **context, doc_ids=doc_ids,
@@ -448,6 +456,24 @@ class Trainer(TrainLoop):
                          num_items_in_batch=normalizer, loss_chunk=self.cfg.loss_chunk).loss
         out = model(batch.input_ids, **batch.attention(), **context, doc_ids=doc_ids, logits_positions=batch.positions)
         return masked_lm_loss(out.logits, batch, normalizer=normalizer)
+
+    def _source_target_loss(self, model: torch.nn.Module, batch, cache, normalizer: torch.Tensor) -> torch.Tensor:
+        """A frozen text's draft slots against the source's own next-token distributions (``draft_targets``
+        "source"): the slot at position s learns what the source predicts there from the text before it, the logits
+        of text row s - 1 (the cache's hidden states; the mask token, which the source never had, left out), summed
+        cross-entropy over the labelled slots / ``normalizer``."""
+        raw = self.raw_model
+        rows = batch.input_ids.shape[1]
+        with torch.no_grad():
+            text = cache.hidden  # (B, L, h): each text row's final state (a shift model's next-token logits)
+            where = batch.positions.div(rows, rounding_mode="floor") * text.shape[1]
+            where = where + batch.position_ids.reshape(-1).index_select(0, batch.positions) - 1
+            teacher = raw.lm_head(text.reshape(-1, text.shape[-1]).index_select(0, where)).float()
+            teacher[:, self.mask_id] = float("-inf")
+            teacher = teacher.softmax(-1)
+        logits = model(batch.input_ids, **batch.attention(), prefix_cache=cache,
+                       logits_positions=batch.positions).logits.float()
+        return -(teacher * logits.log_softmax(-1)).sum() / normalizer
 
     def after_optimizer_step(self) -> None:
         self.tokens_seen += self.cfg.global_batch * self.cfg.seq_len
