@@ -4,7 +4,8 @@ The source (a GGUF file or a transformers folder) writes ``--max-new-tokens`` to
 ``generate`` (float32, the end-of-text token suppressed); the BiGLM writes the same prompts with the real
 `biglm generate MODEL --input rows.jsonl --output out.jsonl --ignore_eos` command, one token per call
 (``--strategy confidence --block_length 1 --steps N --draft_length 0``) and with its default decoding (no decoding
-flag: drafts from n-gram lookup and, on an adapted model, its own mask slots). Each row: whether its text equals the
+flag: drafts from n-gram lookup and, on an adapted model, its own mask slots), one prompt at a time (``--batch-size``
+1: a batch above `speculative.DRAFT_ROWS` rows carries no mask drafts, so larger batches measure n-gram drafts only). Each row: whether its text equals the
 source's, the characters they share before they part, and tokens per model call. The prompts are
 `bench_exact_drafts.prompt_rows`'s: held-out texts to continue, chat turns, rewrites.
 
@@ -70,6 +71,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=positive_int, default=96)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=positive_int, default=1)
+    ap.add_argument("--batch-size", type=positive_int, default=1,
+                    help="prompts `biglm generate` decodes together (default 1: one request, as a server at batch 1; "
+                         "above `speculative.DRAFT_ROWS` rows a call carries no mask drafts, by design)")
     ap.add_argument("--skip-default", action="store_true", help="one token per call only")
     ap.add_argument("--setting", action="append", default=[], metavar="NAME=FLAGS",
                     help="another decoding to compare, e.g. 'model-drafts=--draft_length 4 --draft_ngram 0 "
@@ -89,7 +93,7 @@ def main() -> None:
     n = args.max_new_tokens
     ref = source_texts(args.source, args.model, rows, n, args.threads)
     (where / "source.jsonl").write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in ref.items()))
-    common = ["--dtype", args.dtype, "--ignore_eos"]
+    common = ["--dtype", args.dtype, "--ignore_eos", "--batch_size", str(args.batch_size)]
     settings = {"one_per_call": ["--strategy", "confidence", "--block_length", "1", "--steps", str(n),
                                  "--draft_length", "0"]}
     if not args.skip_default:
@@ -103,10 +107,11 @@ def main() -> None:
     adapted = (Path(args.model) / "train_config.json").is_file()  # a training run's folder, not a conversion
     report = {"command": "python " + " ".join(sys.argv), "source": os.path.basename(args.source), "model": args.model,
               "adapted": adapted,
-              "dtype": args.dtype, "max_new_tokens": n, "machine": machine(), "settings": {}}
+              "dtype": args.dtype, "max_new_tokens": n, "batch_size": args.batch_size, "machine": machine(),
+              "settings": {}}
     lines = markdown_header(f"The BiGLM {args.model} against its source {os.path.basename(args.source)}", report)
     lines += ["", f"Source: transformers' greedy `generate` in float32, EOS suppressed; BiGLM: `biglm generate "
-              f"--ignore_eos --dtype {args.dtype}`, {n} tokens, {args.threads} thread(s).", "",
+              f"--ignore_eos --dtype {args.dtype} --batch_size {args.batch_size}`, {n} tokens, {args.threads} thread(s).", "",
               "| setting | kind | same text as the source | shared characters (min / median) | tokens per call |",
               "|---|---|---|---|---|"]
     for name, flags in settings.items():
