@@ -125,6 +125,15 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
 
 
+def _batch(r: dict) -> str:
+    """The batch a source-identity run decoded its prompts in (runs before the option: `biglm generate`'s 16, where
+    12 prompts in one batch carry no mask drafts, `speculative.DRAFT_ROWS`)."""
+    from biglm.generation.speculative import DRAFT_ROWS
+
+    size = r.get("batch_size", 16)
+    return f"batch {size}" + (" (no mask drafts)" if size > DRAFT_ROWS else "")
+
+
 # ------------------------------------------------------------------------------------------------ tables
 def source_identity() -> tuple[list[str], list[dict]]:
     """A converted model's greedy text against its AR source's (transformers' greedy `generate`, float32)."""
@@ -134,7 +143,8 @@ def source_identity() -> tuple[list[str], list[dict]]:
             kinds = s["kinds"]
             per_kind = ", ".join(f"{k} {v['same_text']}" for k, v in kinds.items() if k != "all")
             tpc = kinds["all"]["tokens_per_call"]
-            rows.append([f"{r['model']} ({r['dtype']})", f"`{s['flags']}`" if name != "default" else "the model's default",
+            rows.append([f"{r['model']} ({r['dtype']}, {_batch(r)})",
+                         f"`{s['flags']}`" if name != "default" else "the model's default",
                          f"**{kinds['all']['same_text']}** ({per_kind})", f"{tpc:.2f}", f"{s['seconds']:.0f} s",
                          *run_cells(path, r)])
             facts.append({"setting": name, "same": kinds["all"]["same_text"], "tpc": tpc, "path": path, "report": r})
@@ -283,7 +293,7 @@ def headline(identity: list[dict], drafts: list[dict], evals: list[dict], serves
         rows.append([f"`{Path(model).name}`: SmolLM2-135M-Instruct through `biglm convert`"
                      + {False: " (no training)", True: ", then `blocks-adapt`"}.get(r.get("adapted"), ""),
                      "its source, transformers' greedy `generate`", f"the same text: {said}",
-                     f"{r['dtype']}, {r['max_new_tokens']} tokens, held-out prompts", *run_cells(path, r)])
+                     f"{r['dtype']}, {r['max_new_tokens']} tokens, held-out prompts, {_batch(r)}", *run_cells(path, r)])
     if drafts:
         f = drafts[-1]
         r = f["report"]
