@@ -209,6 +209,10 @@ def test_blocks_adapt_takes_draft_tree_steps_on_a_teachers_greedy_text_only(tmp_
                                 tokenizer=str(synthetic_data / "tok"), objective=objective)
         got[name] = Trainer(cfg, info=single, echo=lambda s: None).objective.draft_tree_every
     assert got == {"greedy": 2, "sampled": 0, "corpus": 0, "mixed": 0}
+    from biglm.training.distill import auto_draft_tree_every
+
+    # a causal conversion's mask adapters (a frozen text): every step drafts, on a teacher's greedy text only
+    assert [auto_draft_tree_every([str(d)], frozen_text=True) for d in (greedy, sampled)] == [1, 0]
 
 
 def test_a_window_too_short_for_the_groups_is_refused_before_any_step(tmp_path, synthetic_data):

@@ -74,11 +74,15 @@ def greedy_teacher_text(folder: str | os.PathLike[str]) -> bool:
         return False
 
 
-def auto_draft_tree_every(folders: Sequence[str]) -> int:
+def auto_draft_tree_every(folders: Sequence[str], *, frozen_text: bool = False) -> int:
     """`ObjectiveConfig.draft_tree_every` -1 resolved for training data ``folders``: `AUTO_DRAFT_TREE_EVERY` when every
-    one is a teacher's greedy text (its next tokens exactly: what the draft slots are checked against), else 0 (on a
-    corpus the slots' targets are its many continuations, where draft-tree steps did not raise acceptance)."""
-    return AUTO_DRAFT_TREE_EVERY if folders and all(greedy_teacher_text(f) for f in folders) else 0
+    one is a teacher's greedy text (its next tokens exactly: what the draft slots are checked against), every step
+    with ``frozen_text`` (a causal conversion's mask adapters: drafting is what they add; docs/LOG.md 2026-11-28),
+    else 0 (on a corpus the slots' targets are its many continuations, where draft-tree steps did not raise
+    acceptance)."""
+    if not folders or not all(greedy_teacher_text(f) for f in folders):
+        return 0
+    return 1 if frozen_text else AUTO_DRAFT_TREE_EVERY
 
 
 def prompt_rows(sources: Sequence[str], *, docs: int, prompt_words: int, skip_docs: int = 0, chat: bool = False,

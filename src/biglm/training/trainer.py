@@ -201,11 +201,15 @@ class Trainer(TrainLoop):
         else:
             self.model_config = BiGLMConfig.from_preset(cfg.preset, **model_args)
         self.objective = cfg.objective
+        # a causal model's mask adapters trained alone: the text path is frozen (draft-tree steps encode the text
+        # without gradient, as a cache) and the adapters train at their own lr
+        self.frozen_text = bool(self.model_config.mask_adapter_rank and self.model_config.prefix_attention == "causal")
         if self.objective.draft_tree_every < 0:  # auto: draft-tree steps on a teacher's greedy text only
             from .distill import auto_draft_tree_every
 
             folders = [f for f in {**cfg.data, **(cfg.anneal_data or {})} if f != "builtin"]
-            every = auto_draft_tree_every(folders) if self.objective.prefix_blocks and not cfg.doc_mask else 0
+            every = (auto_draft_tree_every(folders, frozen_text=self.frozen_text)
+                     if self.objective.prefix_blocks and not cfg.doc_mask else 0)
             self.objective = self.objective.replace(draft_tree_every=every)
             if every:
                 self.echo(f"[biglm] draft-tree steps every {every} steps: the data is a teacher's greedy text "
@@ -216,9 +220,6 @@ class Trainer(TrainLoop):
         model = BiGLMForMaskedLM(self.model_config)
         if self.init_source is not None:
             self._load_init_weights(model)
-        # a causal model's mask adapters trained alone: the text path is frozen (draft-tree steps encode the text
-        # without gradient, as a cache) and the adapters train at their own lr
-        self.frozen_text = bool(self.model_config.mask_adapter_rank and self.model_config.prefix_attention == "causal")
         self.lr_scale = 1.0
         if self.frozen_text:
             trained = freeze_all_but_mask_adapters(model)
