@@ -82,16 +82,24 @@ def _activations(model, ids) -> dict[str, torch.Tensor]:
     return seen
 
 
-def test_linear_row_in_bfloat16_does_not_depend_on_the_row_count(real_smol, monkeypatch):
+@pytest.fixture(scope="module")
+def real_invariant(real_smol):
+    """The real SmolLM2 loaded once for this module's tests: bfloat16, ``batch_invariant=True`` (its linear layers
+    measured on one thread, the thread count the tests run with). The tests only read it."""
+    from biglm.checkpoint import load_model
+
+    torch.set_num_threads(1)
+    return load_model(real_smol, dtype=torch.bfloat16, batch_invariant=True)
+
+
+def test_linear_row_in_bfloat16_does_not_depend_on_the_row_count(real_invariant, monkeypatch):
     """Real activations (each linear layer's inputs as SmolLM2-135M reads a text in the mode: SwiGLU outputs, large and
     sparse-ish, where random rows had hidden the prepacked down_proj's row-count dependence): every layer of a model
     loaded with ``batch_invariant=True`` gives a row alone the bits it gives at the first, middle or last place of 2-24
     rows. And the load's measurement is what makes it so: a planted kernel that rounds several rows' large outputs
     differently is found on real rows (random rows through a random layer, the old check, miss it) and a `RowByRowLinear` of it is row-invariant."""
-    from biglm.checkpoint import load_model
-
     torch.set_num_threads(1)
-    model, tok = load_model(real_smol, dtype=torch.bfloat16, batch_invariant=True)
+    model, tok = real_invariant
     ids = torch.tensor([tok("The three laws of robotics are, first, that a robot may not injure a human being",
                             add_special_tokens=False)["input_ids"] + [model.config.mask_token_id] * 3])
     seen = _activations(model, ids)
@@ -236,16 +244,15 @@ def test_generate_and_serve_take_batch_invariant(checkpoint, tmp_path, capsys, m
     assert app.state.scheduler.engine.model.model.batch_invariant
 
 
-def test_engine_is_batch_invariant_in_bfloat16_on_the_real_model(real_smol):
+def test_engine_is_batch_invariant_in_bfloat16_on_the_real_model(real_invariant):
     """The real SmolLM2-135M (converted from its GGUF file), in bfloat16 with `load_model(..., batch_invariant=True)`:
     eight requests of mixed prompt lengths and settings (greedy and seeded sampling, one position per token, iterative
     unmasking, speculative decoding) decoded together by the engine answer exactly what each answers alone (without
     the mode 3-4 of 8 differ: docs/serving.md), and `generate_ids`' left-padded speculative batch writes each
-    prompt's answer alone."""
-    from biglm.checkpoint import load_model
-
+    prompt's answer alone (four of the prompts, 1-8 tokens: the longest, the issue's "In 1492, Columbus", beside three
+    rows left-padded by 1, 4 and 7)."""
     torch.set_num_threads(1)
-    model, tok = load_model(real_smol, dtype=torch.bfloat16, batch_invariant=True)
+    model, tok = real_invariant
     texts = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "In 1492, Columbus",
              "Water boils at a temperature of", "My favourite recipe for pancakes starts with", "Hello",
              "The three laws of robotics are"]
@@ -254,8 +261,11 @@ def test_engine_is_batch_invariant_in_bfloat16_on_the_real_model(real_smol):
     assert together == _answers(model, requests, together=False)
     assert len({tuple(a) for a in together.values()}) == len(texts)  # real answers, not one degenerate string
     # `generate`'s left-padded batch, speculative (its answer positions count each row's real tokens: counting the
-    # padding, 1 of 10 such answers was the one alone), greedy
-    prompts = [r[1] for r in requests]
+    # padding, 1 of 10 such answers was the one alone), greedy; every padded row can show that bug, so four prompts of
+    # four lengths (three rows padded) keep the check at half the eight's cost: that bug planted back, 2 of the 3
+    # padded rows differ from their answer alone (bf16, on a conversion of the same file)
+    prompts = [requests[i][1] for i in (3, 5, 0, 6)]
+    assert len({len(p) for p in prompts}) == 4
     cfg = DecodingConfig(max_new_tokens=12, strategy="confidence", draft_length=3)
     alone = [generate_ids(model, torch.tensor([p]), config=cfg).token_lists()[0] for p in prompts]
     assert generate_ids(model, *left_pad(prompts, pad_id=model.config.pad_token_id), config=cfg).token_lists() == alone

@@ -228,12 +228,14 @@ def _write_gguf(path: Path, tok, *, tied: bool = False, pad_id: int | None = Non
     return model
 
 
-def _check_gguf_logits(gguf_file: Path, out: Path, *, length: int = 12, atol: float = 1e-4) -> None:
-    """Under the causal switch the BiGLM's logits equal transformers' LlamaForCausalLM read from the same file."""
+def _check_gguf_logits(gguf_file: Path, out: Path, *, length: int = 12, atol: float = 1e-4, source=None) -> None:
+    """Under the causal switch the BiGLM's logits equal transformers' LlamaForCausalLM read from the same file
+    (``source``: that model already read, else read here)."""
     from transformers import AutoModelForCausalLM
 
-    source = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32,
-                                                  attn_implementation="eager").eval()
+    if source is None:
+        source = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32,
+                                                      attn_implementation="eager").eval()
     model = BiGLMForMaskedLM.from_pretrained(out, dtype=torch.float32).eval()
     vocab = source.config.vocab_size
     ids = torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(1))
@@ -338,7 +340,16 @@ REAL_GGUF = Path(__file__).resolve().parents[2] / "shared" / "models" / "SmolLM2
 # real_smol (the real SmolLM2 converted once per session): tests/conftest.py
 
 
-def test_real_smollm2_gguf_converts_with_equal_logits(real_smol):
+@pytest.fixture(scope="module")
+def real_source(real_smol):
+    """The source of `real_smol`: transformers' LlamaForCausalLM read from the same GGUF file (float32, dequantized),
+    read once for this module's tests (reading and dequantizing the file is the costly part). The tests only read it."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(REAL_GGUF.parent, gguf_file=REAL_GGUF.name, dtype=torch.float32).eval()
+
+
+def test_real_smollm2_gguf_converts_with_equal_logits(real_smol, real_source):
     """The shipped SmolLM2-135M-Instruct (Q4_1, dequantized to float32 by transformers' reader): the converted BiGLM
     (shift on, `biglm convert`'s default) reproduces the source's next-token logits under the causal switch."""
     import json
@@ -346,7 +357,8 @@ def test_real_smollm2_gguf_converts_with_equal_logits(real_smol):
     from transformers import AutoTokenizer
 
     out = real_smol
-    _check_gguf_logits(REAL_GGUF, out, length=8, atol=2e-3)  # 30 layers of float32 sums: 2e-3 on logits of ~20
+    # 30 layers of float32 sums: 2e-3 on logits of ~20
+    _check_gguf_logits(REAL_GGUF, out, length=8, atol=2e-3, source=real_source)
     tok = AutoTokenizer.from_pretrained(out)
     assert tok.mask_token == "<mask>" and tok.pad_token is not None and tok.chat_template
     assert json.loads((out / "biglm_source.json").read_text())["sha256"].startswith("b179c9523d0e6a0f")
@@ -608,12 +620,9 @@ def test_default_decoding_of_a_drafting_model_writes_one_token_per_calls_text_on
 
 
 # --- issue 49 item 1: a converted model writes its source's greedy text from step 0 ---------------------------------
-def _source_greedy(prompts: list[list[int]], n: int, eos: int) -> list[list[int]]:
-    """The source's own greedy answers (transformers' `generate` of the GGUF, float32, EOS suppressed), one prompt at
-    a time as a user runs it."""
-    from transformers import AutoModelForCausalLM
-
-    lm = AutoModelForCausalLM.from_pretrained(REAL_GGUF.parent, gguf_file=REAL_GGUF.name, dtype=torch.float32).eval()
+def _source_greedy(lm, prompts: list[list[int]], n: int, eos: int) -> list[list[int]]:
+    """The source's own greedy answers (transformers' `generate` of the GGUF, ``lm``: `real_source`, float32, EOS
+    suppressed), one prompt at a time as a user runs it."""
     out = []
     with torch.no_grad():
         for p in prompts:
@@ -624,7 +633,7 @@ def _source_greedy(prompts: list[list[int]], n: int, eos: int) -> list[list[int]
     return out
 
 
-def test_a_converted_model_writes_its_sources_greedy_text_one_token_per_call_and_by_default(real_smol):
+def test_a_converted_model_writes_its_sources_greedy_text_one_token_per_call_and_by_default(real_smol, real_source):
     """`biglm convert`'s model (the text read causally, the shift) before any training: one token per call writes, token
     for token in float32, what transformers' greedy `generate` of the source writes (EOS suppressed alike), for a
     left-padded batch of three kinds of prompts (a continuation, a chat turn, a rewrite) through `generate_ids` with
@@ -644,7 +653,7 @@ def test_a_converted_model_writes_its_sources_greedy_text_one_token_per_call_and
              chat("Rewrite in simpler words: The committee deliberated at length before reaching a consensus.")]
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     N, eos = 20, model.config.eos_token_id
-    source = _source_greedy(prompts, N, eos)
+    source = _source_greedy(real_source, prompts, N, eos)
     plain = model_decoding(model.config, {"max_new_tokens": N, "strategy": "confidence", "block_length": 1,
                                           "steps": N, "draft_length": 0, "ignore_eos": True})
     default = model_decoding(model.config, {"max_new_tokens": N, "ignore_eos": True})
