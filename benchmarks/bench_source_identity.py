@@ -62,6 +62,19 @@ def shared_chars(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def training_summary(run: Path) -> dict:
+    """What an adapted model's run trained on: steps, window tokens, data folders (its train_config.json and the last
+    metrics line), so a table can say how long the adaptation behind a row was."""
+    cfg = json.loads((run / "train_config.json").read_text())
+    tokens = None
+    metrics = run / "metrics.jsonl"
+    if metrics.is_file():
+        logged = [json.loads(line) for line in metrics.read_text().splitlines() if '"log"' in line]
+        tokens = logged[-1].get("tokens") if logged else None
+    return {"recipe": cfg.get("name"), "steps": cfg.get("steps"), "tokens": tokens, "data": sorted(cfg.get("data", {})),
+            "seq_len": cfg.get("seq_len"), "global_batch": cfg.get("global_batch")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", required=True, help="the AR model the BiGLM was converted from (.gguf or folder)")
@@ -106,7 +119,7 @@ def main() -> None:
     read = lambda p: {r["id"]: r for r in map(json.loads, p.read_text().splitlines())}  # noqa: E731
     adapted = (Path(args.model) / "train_config.json").is_file()  # a training run's folder, not a conversion
     report = {"command": "python " + " ".join(sys.argv), "source": os.path.basename(args.source), "model": args.model,
-              "adapted": adapted,
+              "adapted": adapted, "training": training_summary(Path(args.model)) if adapted else None,
               "dtype": args.dtype, "max_new_tokens": n, "batch_size": args.batch_size, "machine": machine(),
               "settings": {}}
     lines = markdown_header(f"The BiGLM {args.model} against its source {os.path.basename(args.source)}", report)

@@ -125,6 +125,15 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
 
 
+def _trained(r: dict) -> str:
+    """How long the adaptation behind a source-identity row was (its run's steps and window tokens), where recorded."""
+    t = r.get("training")
+    if not t:
+        return ""
+    tokens = f", {t['tokens'] / 1000:.1f}k tokens" if t.get("tokens") else ""
+    return f" ({t['steps']} steps{tokens})"
+
+
 def _batch(r: dict) -> str:
     """The batch a source-identity run decoded its prompts in (runs before the option: `biglm generate`'s 16, where
     12 prompts in one batch carry no mask drafts, `speculative.DRAFT_ROWS`)."""
@@ -291,7 +300,7 @@ def headline(identity: list[dict], drafts: list[dict], evals: list[dict], serves
         said = "; ".join(f"{f['setting'].replace('_', ' ')} {f['same']} at {f['tpc']:.2f} tokens per call"
                          for f in settings)
         rows.append([f"`{Path(model).name}`: SmolLM2-135M-Instruct through `biglm convert`"
-                     + {False: " (no training)", True: ", then `blocks-adapt`"}.get(r.get("adapted"), ""),
+                     + {False: " (no training)", True: f", then `blocks-adapt`{_trained(r)}"}.get(r.get("adapted"), ""),
                      "its source, transformers' greedy `generate`", f"the same text: {said}",
                      f"{r['dtype']}, {r['max_new_tokens']} tokens, held-out prompts, {_batch(r)}", *run_cells(path, r)])
     if drafts:
