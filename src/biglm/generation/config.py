@@ -117,9 +117,7 @@ class DecodingConfig:
     """speculative decoding with draft_model=false: a call that has no n-gram draft to check (the text so far never
     showed its last token before) carries one block of draft_length + 1 masks after its token, whose predictions
     are the next call's drafts, so that every call has drafts to check: 1 + m positions instead of 2, which on a CPU
-    at batch 1 cost no more (SmolLM2-135M, bf16, one thread: a call of 6 positions 36.1 ms, of 2 40.6 ms) and gave
-    1.39 -> 1.61 tokens per call on open continuations (docs/LOG.md 2026-11-27, late). Like every draft only a guess:
-    the answer is the same. Dropped with the model's drafts under load (rows above `speculative.DRAFT_ROWS`)"""
+    at batch 1 cost no more (measured: docs/LOG.md). Like every draft only a guess: the answer is the same. Dropped with the model's drafts under load (rows above `speculative.DRAFT_ROWS`)"""
     draft_accept: float = 1.0
     """speculative decoding, greedy only: a drafted token is kept when its probability is at least this fraction of
     the most likely token's. 1 keeps only the token greedy decoding writes (the exact answer); lower keeps more
@@ -229,12 +227,9 @@ def saved_where(model_config: Any) -> str:
     return f"task_specific_params.{SAVED_KEY} in {Path(path) / 'config.json' if path else 'its config.json'}"
 
 
-# a drafting model's default drafts: n-gram lookup (up to trigrams) of 4 tokens a call. Measured on SmolLM2-135M
-# adapted 40 CPU steps, bf16, batch 1, 12 held-out prompts of three kinds (docs/LOG.md 2026-11-27,
-# benchmarks/results/draft-acceptance-smol-a40-bf16.md): n-gram drafts, m = 4: 1.96 tokens per call at 2.4 positions
-# per token, 1.97x one token per call; the model's own mask drafts keep 22-27% of first drafts and ~5% of second ones
-# (1.24 tokens per call) at 16-24 positions per token, so with them a call costs more than they save (1.24x at m = 4);
-# one block of them in a call that has no n-gram draft to check (``draft_fill``) costs nothing there and pays
+# a drafting model's default drafts: n-gram lookup (up to trigrams) of 4 tokens a call, and the model's own mask
+# drafts only in a call that has no n-gram draft to check (``draft_fill``): a mask block in every call runs (m + 1)^2
+# more positions, which cost more than their drafts saved when measured (docs/LOG.md, the benchmarks page)
 DEFAULT_DRAFT_LENGTH = 4
 DEFAULT_DRAFT_NGRAM = 3
 SHAPE_FIELDS = ("strategy", "steps", "block_length", "block_suffix", "block_cache", "length_beam", "use_cache",
@@ -314,9 +309,8 @@ def for_model(config: DecodingConfig, model_config: Any) -> DecodingConfig:
     A ``prefix_attention="blocks"`` model (the `biglm-blocks` objective) decodes block by block with the append
     cache by default, which is exact for it, in blocks of the smallest trained length that holds the tokens one call
     writes (ceil(N / steps); none holds them: the largest). A call runs its block's masks and, once per block, the
-    block before it joining the cache, so positions per token grow with the block: at the real shape (SmolLM2-135M
-    adapted, N = 128, steps 64) blocks of 8 run 4.9 positions per token against 16.5 for 32, and the AR source
-    judged their text no worse (NLL 1.86 against 2.65; docs/LOG.md 2026-11-26); one token per call on a model trained
+    block before it joining the cache, so positions per token grow with the block, and small blocks were judged to
+    write no worse (measured: docs/LOG.md); one token per call on a model trained
     on blocks of 1 is blocks of 1, the AR-like exact decoding (2 positions per token). A paper model keeps one block
     and the exact (re-encoding) cache; asking it for the append cache warns that this is an approximation."""
     blocks_model = append_only_prefix(model_config)

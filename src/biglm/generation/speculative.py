@@ -2,8 +2,8 @@
 
 A `biglm-blocks` model decoding one token per call (``strategy="confidence", block_length=1``, the append cache) runs,
 per call, the answer's last token as a block of one (it sees the cache and itself; its keys/values are final) and one
-mask for the next slot (it sees everything). That is an autoregressive model made of masks: exact, linear, and 98-100%
-grammatical on the synthetic grammar (docs/LOG.md), but one call per token. This module writes the same answer with
+mask for the next slot (it sees everything). That is an autoregressive model made of masks: exact and linear, but one
+call per token. This module writes the same answer with
 several tokens per call, drafting them with the model itself (the masks of a block predict several slots in one pass)
 and checking each draft under the one-token-per-call condition in the same pass.
 
@@ -24,8 +24,8 @@ and one group.
 
 With n-gram drafts instead (``draft_model`` false, ``draft_ngram``) a call carries no mask block: the pending tokens
 and their checks alone; one that has nothing to check (no n-gram matched) carries the one group's block of W masks
-with ``draft_fill``, so the next call has the model's drafts to check (a call of 1 + W positions costs no more than
-one of 2 on a CPU at batch 1; docs/LOG.md 2026-11-27, late).
+with ``draft_fill``, so the next call has the model's drafts to check (a call of 1 + W positions costs about what one
+of 2 costs on a CPU at batch 1).
 
 A shift model (``shift_logits``: converted from an autoregressive checkpoint, a row's logits are the previous row's
 hidden state) needs no check rows: one-token-per-call decoding predicts the slot after a token from that token's own
@@ -34,7 +34,7 @@ W masks alone, its drafts read at its rows 1..m. A call then runs W + W·W posit
 
 Greedy with ``draft_accept=1`` the answer equals confidence decoding at blocks of 1, one token per call (tested token
 for token, batches of different prompt lengths included), in float32. In bfloat16 a call of 24 positions rounds
-differently from a call of 3, so a near-tie can flip and the two answers part from there (docs/LOG.md, 2026-11-26).
+differently from a call of 3, so a near-tie can flip and the two answers part from there.
 Rows of a batch keep different numbers of drafts: a call appends the widest row's pending tokens to the cache and
 marks the others' extra ones as padding keys.
 
@@ -62,8 +62,8 @@ SOURCES = ("model", "ngram", "repeat")  # where drafts come from (`SpeculativeDe
 DRAFT_ROWS = 4
 """Rows up to which a call drafts with the model's mask blocks: a call of so few rows is bound by reading the weights,
 so checked drafts cost next to nothing; above it a CPU call is bound by arithmetic and the (m + 1)^2 positions of the
-mask blocks cost more than their drafts save (SmolLM2-135M, bf16, 12 rows, 96 tokens: one token per call 102 tok/s,
-n-gram drafts only 42, with the model's drafts 26; docs/LOG.md 2026-11-27). The server's engine reads it too."""
+mask blocks cost more than their drafts save (measured: docs/LOG.md). The server's engine reads it too; a benchmark
+of the model's drafts decodes one prompt at a time."""
 
 
 def tree_rule(*, pending: int, width: int, checks: bool = True, block: int | None = None,

@@ -59,8 +59,7 @@ RECORD = "distill.json"
 
 AUTO_DRAFT_TREE_EVERY = 2
 """Draft-tree steps of an adaptation on a teacher's greedy text (`ObjectiveConfig.draft_tree_every` -1): every second
-step. On SmolLM2-135M, 40 CPU steps on the source's greedy text: the model's first draft kept in 41% of calls, against
-28-31% without them and 23% after adapting on a corpus, where they did not help (docs/LOG.md 2026-11-27 evening)."""
+step (they raised the model's first-draft acceptance there, and not on a corpus: docs/LOG.md)."""
 
 
 def greedy_teacher_text(folder: str | os.PathLike[str]) -> bool:
@@ -77,7 +76,7 @@ def greedy_teacher_text(folder: str | os.PathLike[str]) -> bool:
 def auto_draft_tree_every(folders: Sequence[str], *, frozen_text: bool = False) -> int:
     """`ObjectiveConfig.draft_tree_every` -1 resolved for training data ``folders``: `AUTO_DRAFT_TREE_EVERY` when every
     one is a teacher's greedy text (its next tokens exactly: what the draft slots are checked against), every step
-    with ``frozen_text`` (a causal conversion's mask adapters: drafting is what they add; docs/LOG.md 2026-11-28),
+    with ``frozen_text`` (a causal conversion's mask adapters: drafting is what they add),
     else 0 (on a corpus the slots' targets are its many continuations, where draft-tree steps did not raise
     acceptance)."""
     if not folders or not all(greedy_teacher_text(f) for f in folders):

@@ -73,7 +73,7 @@ def _final(preset: str, micro_batch: int) -> TrainConfig:
 _WSD = dict(schedule="wsd", min_lr=3e-4)
 _BIGLM = OBJECTIVES["biglm"]
 
-# the built-in demo: a small model that learns visibly in ~4 minutes on 2 CPU cores (see docs/LOG.md)
+# the built-in demo: a small model that learns visibly in minutes on a laptop CPU (its cost: docs/LOG.md)
 _DEFAULT = TrainConfig(
     name="default", preset="tiny",
     model=ModelArgs(num_hidden_layers=4, hidden_size=192, num_attention_heads=6, num_key_value_heads=2,
@@ -136,10 +136,9 @@ for _name in ("table1-biglm", "table1-micro-biglm", "biglm-136m", "biglm-360m", 
 # continued pre-training from an existing model (--init_from required; the shape and tokenizer are the model's)
 _ADAPT = dict(model=ModelArgs(), tokenizer=None, requires_init=True)
 # blocks of 1 as well: one-token-per-call decoding, speculative decoding and the append scorer read answer tokens as
-# blocks of 1 (a converted AR model's own condition); measured free at the real shape (SmolLM2-135M, 120 steps: val
-# loss 5.554 with them vs 5.553 without, zero-shot within noise; docs/LOG.md 2026-11-26)
+# blocks of 1 (a converted AR model's own condition); measured free at the real shape (docs/LOG.md)
 # draft-tree steps when the data is a teacher's greedy text (`biglm data distill`): its draft slots learn the tokens
-# one token per call writes (41% of first drafts kept after 40 CPU steps vs 23% on a corpus; docs/LOG.md 2026-11-27)
+# one token per call writes (they raised acceptance there, not on a corpus: docs/LOG.md)
 _BLOCKS_ADAPT = dataclasses.replace(_BLOCKS, prefix_blocks=(1, *_BLOCKS.prefix_blocks), draft_tree_every=-1)
 RECIPES["blocks-adapt"] = lambda: _r(_DEFAULT, "blocks-adapt", objective=_BLOCKS_ADAPT, steps=300, lr=3e-4, min_lr=3e-5,
                                      warmup_steps=20, eval_every=100, save_every=100, **_ADAPT)

@@ -34,7 +34,7 @@ from ..model.config import DEFAULT_MASK_ADAPTER_RANK
 
 ADAPTER_LR_FACTOR = 10.0
 """--adapter_lr's default, times --lr: LoRA-style adapters start at zero and train at about ten times a full
-fine-tune's rate (40 steps at blocks-adapt's 3e-4 left SmolLM2's draft slots where they started; docs/LOG.md)."""
+fine-tune's rate."""
 from ..objective import ObjectiveConfig, apply_masks, draw_masks, make_generator, masked_lm_loss
 from ..objective.loss import masked_targets
 from ..objective.masking import DraftTree, annealed_lookahead, draft_tree_layout, draw_draft_tree
