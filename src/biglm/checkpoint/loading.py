@@ -125,12 +125,12 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     rows one at a time (`model.packed.make_rows_invariant`; the swapped layers' names in
     ``model.model.row_by_row``).
 
-    ``pack``: on a CPU, hold every linear layer's weight prepacked for oneDNN (`model.packed`: 1.5-3x faster decoding
-    calls at a real model's shape); for inference only (generate, serve, eval), never for a model that will train.
+    ``pack``: on a CPU, hold every linear layer's weight prepacked for oneDNN (`model.packed`: faster decoding calls
+    at a real model's shape, docs/LOG.md); for inference only (generate, serve, eval), never for a model that will train.
     ``compile``: `torch.compile` each decoder layer in place (dynamic shapes, so a decoding loop's growing cache and
     changing row counts compile once, not per call; the first call pays the compilation). It replaces ``pack`` (the
     prepacked kernels do not compile). On this project's CPU at batch 1 it is slower than prepacked eager (a call
-    there is bound by reading the weights: docs/LOG.md 2026-11-27); it is for accelerators, where a small model's
+    there is bound by reading the weights: docs/LOG.md); it is for accelerators, where a small model's
     call is bound by per-kernel overhead that compilation fuses away.
 
     ``path`` is either a Hugging Face directory (config.json + model.safetensors + tokenizer files, as
@@ -160,8 +160,8 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
             model = model.to(dtype)
     model.model.validate_inputs = True
     if torch.device(device).type == "cpu" and model.config.attn_backend == "flex":
-        # a GPU run's FlexAttention runs uncompiled on a CPU (forward only, 5-7x slower per decoding call than sdpa
-        # on a 4x192 model, docs/LOG.md); sdpa applies the same mask (tested for every backend)
+        # a GPU run's FlexAttention runs uncompiled on a CPU (forward only, several times slower per decoding call
+        # than sdpa, docs/LOG.md); sdpa applies the same mask (tested for every backend)
         model.set_attn_backend("sdpa")
     model = model.to(device).eval()
     if compile:

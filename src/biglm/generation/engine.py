@@ -176,7 +176,7 @@ class _Prefill:
 class _CachePool:
     """The prefix caches of the running iterative-unmasking requests as rows of one set of buffers, so that a step's
     call reads them all as one batch in place. (`PrefixCache.merge` copied every request's cache, every layer, at
-    every step: with 32 clients at one position per token, most of a step's time; docs/LOG.md 2026-11-27.)
+    every step: with many clients at one position per token, most of a step's time; docs/LOG.md.)
 
     A request holds rows ``slot : slot + rows`` and sees them through its own cache, a reserved `PrefixCache` view of
     its rows (`extend` writes its committed blocks there in place). Rows are right-padded (``key_valid`` False past
@@ -265,9 +265,8 @@ class _CachePool:
     @torch.inference_mode()  # (`DecodeEngine.cancel` runs outside a step)
     def remove(self, req: _Request) -> None:
         """A request left: the last member moves into its rows when it holds as many (one copy of its rows), else the
-        members after it move up (one copy of all their rows). Moving every member after it each time cost a wave of
-        32 finishing requests ~0.7 s in one step (SmolLM2-135M, 150 keys: 30 layers' keys and values of ~30 rows per
-        request that left; docs/LOG.md 2026-11-27, night)."""
+        members after it move up (one copy of all their rows); moving every member after it each time made a wave of
+        finishing requests stall a step (docs/LOG.md)."""
         if req not in self.members:
             return
         i = self.members.index(req)
@@ -378,8 +377,8 @@ class _PromptCache:
     """The encoded caches of recent prompts, by their token ids (least recently used dropped past ``limit`` bytes).
 
     Why: a server sees the same prompt again (a retry, a benchmark's prompts, a few-shot template sent as is, n
-    choices asked in separate requests); encoding it costs as much as a decoding call of as many rows (a 31-token
-    prompt of SmolLM2-135M on one CPU thread: 57 ms, half a 32-row call). vLLM reuses cached prompt blocks by default.
+    choices asked in separate requests); encoding it costs as much as a decoding call of as many rows. vLLM reuses
+    cached prompt blocks by default.
     A BiGLM prompt is one bidirectional prefix, so only a whole prompt is reused, never a shared beginning (its
     first tokens' keys depend on its last ones). The cache is the same pass's result, so an answer does not change.
     The stored tensors are never written: a request's cache is copied into the pool (or its own buffers) before it

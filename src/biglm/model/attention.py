@@ -209,11 +209,9 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Att
 
 
 # The longest query a batched CPU call in bfloat16/float16 runs through `grouped_attention` instead of PyTorch's CPU
-# flash kernel, which is slow for several rows of a few queries in those dtypes (SmolLM2-135M's heads, 9 query / 3
-# key-value of 64, bf16, one thread, AMD EPYC, rows x queries x keys: 32 x 1 x 170 4.3 ms vs 0.24 ms; 8 x 1 x 120 0.67
-# vs 0.08 ms; 32 x 8 x 170 2.4 vs 0.9 ms; docs/LOG.md 2026-11-27). A single row takes the kernel with its query heads
-# folded (`folded_attention`: 48 us a layer for 1 query over 150 keys, against 85 grouped and 143 in the kernel's GQA
-# mode). Batched decoding calls are such calls; training and prompt encoding are not.
+# flash kernel, which is slow for several rows of a few queries in those dtypes (measured at SmolLM2-135M's heads:
+# docs/LOG.md). A single row takes the kernel with its query heads folded (`folded_attention`, faster still there).
+# Batched decoding calls are such calls; training and prompt encoding are not.
 GROUPED_MAX_QUERIES = 8
 
 
@@ -253,7 +251,7 @@ def batch_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Attention whose result for a row does not depend on the other rows of the call (their number, their lengths,
     the padding they bring), so a request's answer is the same alone or batched.
 
-    Where a batched call's rows drift on a CPU in bfloat16 (measured on SmolLM2-135M, docs/LOG.md 2026-11-27):
+    Where a batched call's rows drift on a CPU in bfloat16 (measured on SmolLM2-135M, docs/LOG.md):
     PyTorch's fused kernel for one row vs `grouped_attention` for several, and padding keys *between* a row's real
     keys (the engine's pooled caches are right-padded to the longest, then the call's own keys follow; merged caches
     are left-padded), which moves the real keys within the kernels' vector lanes and reduction blocks: 4 of 150
@@ -293,8 +291,7 @@ def folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: At
     in the kernel. The same attention as the kernel's GQA mode: in bfloat16 bitwise its result for 126 of 128 query
     and key counts tried (1-6 queries, up to 300 keys), the other two a last bit apart (the kernel splits the keys by
     the query count). Faster for a decoding call of one row on a CPU, where the GQA mode runs a query at a time
-    (SmolLM2-135M's heads, 9 query / 3 key-value of 64, bf16, one thread, AMD EPYC, 1 query over 150 keys: 143 ->
-    48 us a layer; 6 queries under a draft tree's rule 86 -> 77 us; docs/LOG.md 2026-11-27, late)."""
+    (measured at SmolLM2-135M's heads: docs/LOG.md)."""
     B, H, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     rep = H // Hkv
