@@ -31,10 +31,6 @@ from ..checkpoint import CheckpointError, checkpoint_dirs, latest_checkpoint, mo
 from ..config import ConfigError
 from ..model import BiGLMConfig, BiGLMForMaskedLM, count_parameters, resolve_attn_backend
 from ..model.config import DEFAULT_MASK_ADAPTER_RANK
-
-ADAPTER_LR_FACTOR = 10.0
-"""--adapter_lr's default, times --lr: LoRA-style adapters start at zero and train at about ten times a full
-fine-tune's rate."""
 from ..objective import ObjectiveConfig, apply_masks, draw_masks, make_generator, masked_lm_loss
 from ..objective.loss import masked_targets
 from ..objective.masking import DraftTree, annealed_lookahead, draft_tree_layout, draw_draft_tree
@@ -45,7 +41,11 @@ from .parts import (FiniteWatch, MetricsWriter, NonFiniteLossError, StepPrefetch
                     autocast, fmt_time, progress_bar)
 from .schedule import lr_at
 
-# dense bf16 peak per device, for MFU
+ADAPTER_LR_FACTOR = 10.0
+"""--adapter_lr's default, times --lr: LoRA-style adapters start at zero and train at about ten times a full
+fine-tune's rate."""
+
+
 def freeze_all_but_mask_adapters(model: torch.nn.Module) -> int:
     """Train a model's mask adapters alone (`BiGLMConfig.mask_adapter_rank`): every other weight frozen, so what text
     positions compute, a causal model's next-token path, never changes. Returns the number of trained parameters."""
@@ -58,6 +58,7 @@ def freeze_all_but_mask_adapters(model: torch.nn.Module) -> int:
     return trained
 
 
+# dense bf16 peak per device, for MFU
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "4090": 165.0}
 
 
