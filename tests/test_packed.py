@@ -86,3 +86,35 @@ def test_load_model_packs_only_when_asked(checkpoint):
 
     assert not any(isinstance(m, PackedLinear) for m in load_model(checkpoint)[0].modules())
     assert any(isinstance(m, PackedLinear) for m in load_model(checkpoint, pack=True)[0].modules())
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_bfloat16_weights_compute_in_float32_where_the_cpu_has_no_bfloat16_kernels(checkpoint, tmp_path, monkeypatch,
+                                                                                   kernels):
+    """A bfloat16 export loaded for inference (``pack``) on a CPU without oneDNN's bfloat16 kernels computes in float32,
+    packed, with a warning; with the kernels, or with ``dtype`` asked for, it stays bfloat16."""
+    import biglm.model.packed as packed
+    from biglm.checkpoint import load_model
+
+    model, tokenizer = load_model(checkpoint, dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path / "bf16")
+    tokenizer.save_pretrained(tmp_path / "bf16")
+    monkeypatch.setattr(packed, "reduced_precision_kernels", lambda dtype: kernels or dtype == torch.float32)
+    if kernels:
+        held = load_model(tmp_path / "bf16", pack=True)[0]
+        assert next(held.parameters()).dtype == torch.bfloat16
+    else:
+        with pytest.warns(UserWarning, match="no torch.bfloat16 matrix kernels.*compute in float32"):
+            held = load_model(tmp_path / "bf16", pack=True)[0]
+        assert next(held.parameters()).dtype == torch.float32
+        assert any(isinstance(m, PackedLinear) and m.packed is not None for m in held.modules())
+    asked = load_model(tmp_path / "bf16", pack=True, dtype=torch.bfloat16)[0]
+    assert next(asked.parameters()).dtype == torch.bfloat16
+    assert next(load_model(tmp_path / "bf16")[0].parameters()).dtype == torch.bfloat16  # (no pack: the weights as held)
+
+
+def test_reduced_precision_kernels_answers_for_float32_always():
+    from biglm.model.packed import reduced_precision_kernels
+
+    assert reduced_precision_kernels(torch.float32)
+    assert reduced_precision_kernels(torch.bfloat16) == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())

@@ -127,6 +127,8 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
 
     ``pack``: on a CPU, hold every linear layer's weight prepacked for oneDNN (`model.packed`: faster decoding calls
     at a real model's shape, docs/LOG.md); for inference only (generate, serve, eval), never for a model that will train.
+    Bfloat16 / float16 weights on a CPU without oneDNN kernels for them (`packed.reduced_precision_kernels`: an AVX2
+    CPU) compute in float32 unless ``dtype`` asks for theirs (a warning says so).
     ``compile``: `torch.compile` each decoder layer in place (dynamic shapes, so a decoding loop's growing cache and
     changing row counts compile once, not per call; the first call pays the compilation). It replaces ``pack`` (the
     prepacked kernels do not compile). On this project's CPU at batch 1 it is slower than prepacked eager (a call
@@ -168,8 +170,14 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
         for layer in model.model.layers:
             layer.compile(dynamic=True)  # in place: parameter names and state_dict unchanged
     elif pack and torch.device(device).type == "cpu" and not batch_invariant:
-        from ..model.packed import pack_linears
+        from ..model.packed import pack_linears, reduced_precision_kernels
 
+        held = next(model.parameters()).dtype
+        if dtype is None and not reduced_precision_kernels(held):
+            warnings.warn(f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no {held} matrix kernels: the "
+                          f"model's {held} weights compute in float32, the faster here (pass dtype {held}, "
+                          f"--dtype {str(held).removeprefix('torch.')}, to keep them)", stacklevel=2)
+            model = model.float()
         pack_linears(model)
     if batch_invariant:
         held = next(model.parameters()).dtype

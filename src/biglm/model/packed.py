@@ -76,6 +76,19 @@ def _fuse(model: nn.Module, rows_hint: int) -> None:
                 setattr(module, fused, FusedPackedLinear(parts, rows_hint=rows_hint))
 
 
+def reduced_precision_kernels(dtype: torch.dtype) -> bool:
+    """Whether this CPU has oneDNN matrix kernels for ``dtype`` (bfloat16 / float16 weights). Without them (an AVX2
+    CPU: no AVX512 or AVX-NE-CONVERT), a bfloat16 product is emulated at a cost that grows with every row a call
+    carries, and cannot be prepacked: float32 computes faster there (`load_model`'s compute dtype; docs/LOG.md)."""
+    if dtype == torch.float32:
+        return True
+    check = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}.get(dtype)
+    try:
+        return bool(check and torch.backends.mkldnn.is_available() and getattr(torch.ops.mkldnn, check)())
+    except (RuntimeError, AttributeError):
+        return False
+
+
 def _packable(linear: nn.Linear) -> bool:
     w = linear.weight
     if w.device.type != "cpu" or w.dtype not in (torch.float32, torch.bfloat16):
