@@ -66,6 +66,10 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from biglm.model.packed import reduced_precision_kernels
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_exact_drafts import prompt_rows  # noqa: E402
 from bench_serve import _free_port, _percentile, level, wait_healthy  # noqa: E402
@@ -180,6 +184,9 @@ def make_servers(args, *, source: Path, hf_dir: Path, biglm_dir: Path, slots: in
             dtype = (biglm_args[biglm_args.index("--dtype") + 1] if "--dtype" in biglm_args else
                      json.loads((biglm_dir / "config.json").read_text()).get("dtype", "?")
                      if (biglm_dir / "config.json").is_file() else "the checkpoint's")
+            held = getattr(torch, dtype, None) if "--dtype" not in biglm_args else None
+            if isinstance(held, torch.dtype) and not reduced_precision_kernels(held):
+                dtype += " weights, float32 compute (no bf16 kernels here)"  # what `load_model(pack=True)` does
             from importlib.metadata import version
 
             out.append(Server(name, cmd, dict(OMP_NUM_THREADS="1"), model="biglm",

