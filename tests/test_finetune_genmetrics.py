@@ -90,8 +90,11 @@ def _require_wordnet():
         pytest.skip("WordNet absent: " + genmetrics.WORDNET_INSTALL_HINT)
 
 
-def test_meteor_identical_and_synonym():
+def test_meteor_identical_and_synonym(monkeypatch):
     _require_wordnet()
+    # WordNet read once (~5 s a read): the four scores below share the reader `meteor` loads for each call
+    wordnet = genmetrics.load_wordnet()
+    monkeypatch.setattr(genmetrics, "load_wordnet", lambda: wordnet)
     sentence = "the cat sat on the mat"
     # identical: P = R = 1, one chunk of 6 matches -> nltk's fragmentation penalty 0.5 * (1/6)^3
     assert genmetrics.meteor(predictions=[sentence], references=[sentence]) == pytest.approx(
