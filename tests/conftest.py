@@ -46,6 +46,60 @@ def real_smol(tmp_path_factory) -> Path:
                               log=lambda s: None)
 
 
+@pytest.fixture(scope="session")
+def real_invariant(real_smol):
+    """`real_smol` loaded once per session in the batch-invariant mode: bfloat16, ``batch_invariant=True`` (its linear
+    layers measured on one thread, the thread count the tests run with; the load's measurement costs ~10 s). The tests
+    only read it."""
+    from biglm.checkpoint import load_model
+
+    torch.set_num_threads(1)
+    return load_model(real_smol, dtype=torch.bfloat16, batch_invariant=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def lm_eval_builtin_tasks_indexed_once():
+    """lm-eval's `TaskManager` walks the ~15k YAML files of its own installed tasks folder (~10 s) each time it is
+    built, and each in-process `biglm eval` builds one: that folder, unchanged while the tests run, is indexed once
+    per session and each build gets its own copy of the entries. Every other folder (the tests' YAMLs, biglm's
+    suite folders) is read on each build, as before; the merge (later folders override earlier ones) is lm-eval's."""
+    try:
+        import lm_eval.tasks
+        from lm_eval.tasks._index import TaskIndex
+    except ImportError:
+        yield
+        return
+    import dataclasses
+    import logging
+
+    builtin = Path(lm_eval.tasks.__file__).resolve().parent
+    real_build = TaskIndex.__dict__["build"]
+    read: dict[bool, dict] = {}
+
+    def build(paths, *, resolve_includes=True):
+        index = {}
+        for root in paths:
+            if Path(root).resolve() == builtin:
+                if resolve_includes not in read:
+                    read[resolve_includes] = real_build.__func__([root], resolve_includes=resolve_includes)
+                path_index = {k: dataclasses.replace(e, tags=set(e.tags)) for k, e in read[resolve_includes].items()}
+            else:
+                path_index = real_build.__func__([root], resolve_includes=resolve_includes)
+            for name, entry in path_index.items():  # lm-eval's merge, its warning included
+                if name in index:
+                    logging.getLogger("lm_eval.tasks._index").warning(
+                        "Task '%s' from %s overrides existing task from %s", name, entry.yaml_path,
+                        index[name].yaml_path)
+                index[name] = entry
+        return index
+
+    TaskIndex.build = staticmethod(build)
+    try:
+        yield
+    finally:
+        TaskIndex.build = real_build
+
+
 @pytest.fixture
 def tiny_config():
     from biglm import BiGLMConfig

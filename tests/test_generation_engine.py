@@ -347,7 +347,7 @@ def test_a_prompt_encoded_over_steps_gives_the_one_pass_cache(model, shift_model
 
 
 
-def test_a_prompt_encoded_over_steps_gives_the_one_pass_cache_on_the_real_model(real_smol):
+def test_a_prompt_encoded_over_steps_gives_the_one_pass_cache_on_the_real_model(real_smol, real_invariant):
     """The real SmolLM2-135M (a causal conversion), a 150-token prompt encoded over steps of 37 token-layers: in
     float32 the cache equals `encode_prefix`'s within the rounding real sums need (other matrix shapes sum in another
     order: measured up to 2.7e-5 apart, held to 1e-4), and a wrong rule is far outside it (the prompt read both ways:
@@ -374,7 +374,7 @@ def test_a_prompt_encoded_over_steps_gives_the_one_pass_cache_on_the_real_model(
     with torch.inference_mode():
         bidirectional = model.model(ids, return_cache=True)["cache"]
     assert (bidirectional.keys[-1] - whole.keys[-1]).abs().max() > 1e-2  # the tolerance tells the rules apart
-    model, _ = load_model(real_smol, dtype=torch.bfloat16, batch_invariant=True)
+    model, _ = real_invariant  # load_model(real_smol, dtype=torch.bfloat16, batch_invariant=True), shared
     got, whole = both(model, ids)
     assert all(torch.equal(a, b) for a, b in zip(got.keys + got.values + [got.hidden],
                                                  whole.keys + whole.values + [whole.hidden]))
