@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 
@@ -34,6 +35,33 @@ def shared_data() -> Path:
 REAL_GGUF = REPO.parent / "shared" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+_REAL_GGUF_READER: list = []
+
+
+@contextlib.contextmanager
+def real_gguf_read_once():
+    """Within it, `gguf.GGUFReader` of `REAL_GGUF` (read-only) is one reader a session: `biglm convert` and
+    transformers' GGUF loading each parse the file's header again for config, tokenizer and weights (its 49k-token
+    vocabulary and merges: ~5 s a parse, five a conversion, three more for transformers' own model), the same
+    bytes each time. Any other file or mode gets its own reader, as without it."""
+    import gguf
+
+    real = gguf.GGUFReader
+
+    def reader(path, mode="r"):
+        if mode != "r" or Path(path).resolve() != REAL_GGUF.resolve():
+            return real(path, mode)
+        if not _REAL_GGUF_READER:
+            _REAL_GGUF_READER.append(real(path, mode))
+        return _REAL_GGUF_READER[0]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = real
+
+
 @pytest.fixture(scope="session")
 def real_smol(tmp_path_factory) -> Path:
     """The shipped SmolLM2-135M-Instruct converted once per session (shift on, the text read causally: `biglm
@@ -42,8 +70,9 @@ def real_smol(tmp_path_factory) -> Path:
 
     if not REAL_GGUF.is_file():
         pytest.skip(f"the real SmolLM2 GGUF file is not at {REAL_GGUF}")
-    return convert_checkpoint(REAL_GGUF, tmp_path_factory.mktemp("real") / "smol", shift=True, causal=True,
-                              log=lambda s: None)
+    with real_gguf_read_once():
+        return convert_checkpoint(REAL_GGUF, tmp_path_factory.mktemp("real") / "smol", shift=True, causal=True,
+                                  log=lambda s: None)
 
 
 @pytest.fixture(scope="session")

@@ -343,10 +343,15 @@ REAL_GGUF = Path(__file__).resolve().parents[2] / "shared" / "models" / "SmolLM2
 @pytest.fixture(scope="module")
 def real_source(real_smol):
     """The source of `real_smol`: transformers' LlamaForCausalLM read from the same GGUF file (float32, dequantized),
-    read once for this module's tests (reading and dequantizing the file is the costly part). The tests only read it."""
+    read once for this module's tests (reading and dequantizing the file is the costly part; its header parsed once a
+    session: `real_gguf_read_once`). The tests only read it."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(REAL_GGUF.parent, gguf_file=REAL_GGUF.name, dtype=torch.float32).eval()
+    from conftest import real_gguf_read_once
+
+    with real_gguf_read_once():
+        return AutoModelForCausalLM.from_pretrained(REAL_GGUF.parent, gguf_file=REAL_GGUF.name,
+                                                    dtype=torch.float32).eval()
 
 
 def test_real_smollm2_gguf_converts_with_equal_logits(real_smol, real_source):
