@@ -298,7 +298,7 @@ class Trainer(TrainLoop):
             first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
             raise ValueError(f"--init_from {source.path}: its weights do not fit a BiGLMForMaskedLM of its config "
                              f"({first})") from None
-        self.echo(f"[biglm] starting from {source.weights} ({'exported model' if source.kind == 'export' else 'run checkpoint'})"
+        self.echo(f"[biglm] starting from {source.weights} ({'a model folder' if source.kind == 'export' else 'a run checkpoint'})"
                   ": its weights, a fresh optimizer, step 0")
 
     # ------------------------------------------------------------------ state
