@@ -43,10 +43,14 @@ def real_gguf_read_once():
     """Within it, `gguf.GGUFReader` of `REAL_GGUF` (read-only) is one reader a session: `biglm convert` and
     transformers' GGUF loading each parse the file's header again for config, tokenizer and weights (its 49k-token
     vocabulary and merges: ~5 s a parse, five a conversion, three more for transformers' own model), the same
-    bytes each time. Any other file or mode gets its own reader, as without it."""
+    bytes each time. Any other file or mode gets its own reader, as without it. And transformers builds gguf's
+    tensor-name table (a pure function of the architecture and layer count, ~10 ms) once for each of the model's
+    ~400 modules: within it, once."""
+    import functools
+
     import gguf
 
-    real = gguf.GGUFReader
+    real, real_names = gguf.GGUFReader, gguf.get_tensor_name_map
 
     def reader(path, mode="r"):
         if mode != "r" or Path(path).resolve() != REAL_GGUF.resolve():
@@ -55,11 +59,11 @@ def real_gguf_read_once():
             _REAL_GGUF_READER.append(real(path, mode))
         return _REAL_GGUF_READER[0]
 
-    gguf.GGUFReader = reader
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(real_names)
     try:
         yield
     finally:
-        gguf.GGUFReader = real
+        gguf.GGUFReader, gguf.get_tensor_name_map = real, real_names
 
 
 @pytest.fixture(scope="session")
