@@ -805,3 +805,184 @@ def test_the_tree_mask_under_each_attention_kernel_equals_each_branch_alone_unde
             torch.testing.assert_close(group[1:], block.float(), **tol)
     for mine, ref in zip(out["cache"].keys + out["cache"].values, scratch.keys + scratch.values):
         torch.testing.assert_close(mine[:, :, :W].float(), ref[:, :, P:].float(), **tol)
+
+
+def test_tree_layout_of_a_chain_is_the_chain_layout_and_of_a_tree_sees_ancestors():
+    """`tree_layout` of a chain (each pending token the child of the one before) is the layout of a call without mask
+    drafts (``block`` 0), with and without check rows; of a tree, each token sees exactly its ancestors and itself,
+    at its depth."""
+    from biglm.generation.speculative import tree_layout
+
+    chain = torch.tensor([[-1, 0, 1, 2]])
+    for checks in (True, False):
+        rule, offsets, read = tree_layout(chain, checks=checks)
+        lay = dict(pending=4, width=4, checks=checks, block=0)
+        assert torch.equal(rule[0], tree_rule(**lay))
+        assert torch.equal(offsets[0], tree_offsets(**lay))
+        assert torch.equal(read, tree_predictions(**lay))
+    #        c   a   b   a2  b2 (a and a2 children of c; b of a; b2 of a2)
+    tree = torch.tensor([[-1, 0, 1, 0, 3]])
+    rule, offsets, read = tree_layout(tree, checks=True)
+    T, F = True, False
+    sees = torch.tensor([[T, F, F, F, F], [T, T, F, F, F], [T, T, T, F, F], [T, F, F, T, F], [T, F, F, T, T]])
+    assert torch.equal(rule[0, :5, :5], sees) and torch.equal(rule[0, 5:, :5], sees)
+    assert torch.equal(rule[0, 5:, 5:], torch.eye(5, dtype=torch.bool)) and not rule[0, :5, 5:].any()
+    assert offsets[0].tolist() == [-1, 0, 1, 0, 1, 0, 1, 2, 1, 2] and read.tolist() == [5, 6, 7, 8, 9]
+    rule, offsets, read = tree_layout(tree, checks=False)
+    assert torch.equal(rule[0, :5, :5], sees) and rule[0, 5].tolist() == [F] * 5 + [T]
+    assert offsets[0].tolist() == [-1, 0, 1, 0, 1, 2] and read.tolist() == [1, 2, 3, 4, 5]
+
+
+def test_ngram_drafts_are_the_latest_different_continuations_longest_match_first():
+    from biglm.generation.speculative import ngram_drafts
+
+    h = torch.tensor([5, 1, 2, 3, 5, 1, 4, 6, 5, 1, 2, 7, 5, 1])
+    # bigram [5, 1] at 8, 4, 0: [2, 7], [4, 6], then [2, 3] (the unigram [1]'s continuations repeat them)
+    got = [d.tolist() for d in ngram_drafts(h, length=2, max_n=2, count=5)]
+    assert got == [[2, 7], [4, 6], [2, 3]]
+    assert [d.tolist() for d in ngram_drafts(h, length=2, max_n=2, count=2)] == [[2, 7], [4, 6]]
+    assert [d.tolist() for d in ngram_drafts(h, length=1, max_n=2, count=5)] == [[2], [4]]  # [2] begins [2, 7]: once
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+@pytest.mark.parametrize("branches,fill", [(2, True), (3, False), (4, True)])
+def test_a_tree_of_drafts_writes_one_token_per_calls_answer(branches, fill, shift, monkeypatch):
+    """``draft_branches``: several drafts a call (n-gram continuations of different matches, the model's next-best
+    first tokens after a fill call) merged into a tree and checked in one call: token for token one token per call's
+    answer (float32 greedy, a left-padded batch of repetitive and plain prompts), with calls that hold a real branch
+    (the root with two children or more)."""
+    from biglm.generation import speculative
+
+    model = _blocks_model(shift_logits=shift)
+    g = torch.Generator().manual_seed(2)
+    base = torch.randint(5, model.config.vocab_size, (5,), generator=g).tolist()
+    alt = base[:2] + torch.randint(5, model.config.vocab_size, (3,), generator=g).tolist()
+    ids, mask = left_pad([base * 2 + alt * 2 + base[:2], [11, 12, 13, 14, 15, 16], alt + base + alt[:2]],
+                         pad_id=model.config.pad_token_id)
+    kw = dict(max_new_tokens=24, strategy="confidence", suppress_ids=[7])
+    ref = generate_ids(model, ids, mask, block_length=1, **kw)
+    trees = []
+    real_segment = speculative.SpeculativeDecode.segment
+
+    def segment(self):
+        if self.parents is not None:
+            trees.append(bool(((self.parents == 0) & self.node_valid).sum(1).max() > 1))
+        return real_segment(self)
+
+    monkeypatch.setattr(speculative.SpeculativeDecode, "segment", segment)
+    out = generate_ids(model, ids, mask, draft_length=3, draft_ngram=2, draft_model=False, draft_fill=fill,
+                       draft_branches=branches, **kw)
+    assert out.token_lists() == ref.token_lists()
+    assert any(trees)
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+def test_the_right_draft_on_a_later_branch_is_kept_whole(shift, monkeypatch):
+    """A tree whose first branch is wrong and whose second is the answer's next m tokens (n-gram lookup replaced by
+    an oracle that knows one token per call's answer): every call keeps the second branch whole (m + 1 tokens a
+    call), so the kept path's tokens, their keys/values in the cache and the checks along it are the ones one token
+    per call computes (the answer equals it, float32 greedy, a left-padded batch)."""
+    from biglm.generation import speculative
+
+    model = _blocks_model(shift_logits=shift)
+    V, m, N = model.config.vocab_size, 3, 24
+    prompts = [[21, 22, 23, 24, 25, 26, 27], [31, 32, 33], [41, 42, 43, 44, 45]]
+    ids, mask = left_pad(prompts, pad_id=model.config.pad_token_id)
+    kw = dict(max_new_tokens=N, strategy="confidence", suppress_ids=[7])
+    ref = generate_ids(model, ids, mask, block_length=1, **kw).token_lists()
+
+    def oracle(history, *, length, max_n, count=1, min_n=1):
+        row = next(i for i, p in enumerate(prompts) if history[:len(p)].tolist() == p)
+        done = history.numel() - len(prompts[row])
+        right = torch.tensor(ref[row][done:done + length], dtype=torch.long)
+        wrong = torch.where(right == 5, 6, 5)  # (never the answer's token at the same slot)
+        return [wrong, right][:count] if right.numel() else []
+
+    monkeypatch.setattr(speculative, "ngram_drafts", oracle)
+    out = generate_ids(model, ids, mask, draft_length=m, draft_ngram=2, draft_model=False, draft_fill=False,
+                       draft_branches=2, **kw)
+    assert out.token_lists() == ref
+    assert out.calls_per_row() == [1 + math.ceil((N - 1) / (m + 1))] * 3  # the first call writes one token
+
+
+def test_draft_branches_is_refused_where_it_cannot_apply():
+    from biglm.generation.config import DecodingError
+
+    ok = dict(strategy="confidence", draft_length=3, draft_ngram=2, draft_model=False)
+    DecodingConfig(**ok, draft_branches=3)
+    for bad, word in ((dict(draft_branches=0), ">= 1"), (dict(draft_branches=2, temperature=0.7), "greedily"),
+                      (dict(draft_branches=2, draft_model=True), "draft_model=false")):
+        with pytest.raises(DecodingError, match=word):
+            DecodingConfig(**{**ok, **bad})
+    with pytest.raises(DecodingError, match="speculative decoding only"):
+        DecodingConfig(strategy="confidence", draft_branches=2)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "eager"])
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+def test_a_tree_call_under_each_attention_kernel_equals_each_path_alone_under_eager(backend, shift):
+    """One call over a tree of drafts (`tree_layout`: c with two branches, one of them forking again), run by each
+    attention kernel, gives each pending token's check the logits eager attention gives one token per call on the
+    prompt and that token's path (float32, to 1e-5), and each token the keys/values of that path encoded alone."""
+    from biglm.generation.speculative import tree_layout
+
+    model = _blocks_model(shift_logits=shift)
+    mask_id, V = model.config.mask_token_id, model.config.vocab_size
+    g = torch.Generator().manual_seed(6)
+    prompt = torch.randint(5, V, (1, 6), generator=g)
+    parents = torch.tensor([[-1, 0, 1, 0, 3, 3, 1]])  # c; a, a-b, a-b2; a2, a2-d, a2-e
+    tokens = torch.randint(5, V, (1, 7), generator=g)
+    P, n = prompt.shape[1], parents.shape[1]
+    path = lambda i: [i] if i == 0 else path(int(parents[0, i])) + [i]  # noqa: E731
+    with torch.inference_mode():
+        model.set_attn_backend("eager")
+        cache = model.encode_prefix(prompt)
+        alone = []
+        for i in range(n):
+            seq = torch.cat((prompt, tokens[:, path(i)], torch.full((1, 1), mask_id)), 1)
+            split = seq.shape[1] - 1
+            logits = model(seq, prefix_len=split, prompt_len=P, block_len=1).logits[0, -1]
+            kv = model.model(seq[:, :split], prefix_len=split, prompt_len=P, block_len=1, return_cache=True)["cache"]
+            alone.append((logits, [x[:, :, -1] for x in kv.keys + kv.values]))
+        model.set_attn_backend(backend)
+        rule, offsets, read = tree_layout(parents, checks=not shift)
+        L = rule.shape[1]
+        ids = torch.cat((tokens, torch.full((1, L - n), mask_id)), 1)
+        out = model(ids, prefix_cache=cache, attention_rule=torch.cat((torch.ones(1, L, P, dtype=torch.bool), rule), 2),
+                    position_ids=P + 1 + offsets, return_cache=True)
+        model.set_attn_backend("eager")
+    for i, (logits, kv) in enumerate(alone):
+        torch.testing.assert_close(out.logits[0, read[i]], logits, atol=1e-5, rtol=1e-5)
+        for mine, ref in zip(out["cache"].keys + out["cache"].values, kv):
+            torch.testing.assert_close(mine[:, :, i], ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+def test_engine_runs_trees_of_drafts_beside_other_requests_each_as_alone(shift):
+    """Requests with a tree of drafts a call (``draft_branches``), one draft a call, and blocks with the append cache,
+    in the same engine calls: each answer and its calls are what `generate_ids` gives it alone (float32 greedy)."""
+    from biglm.generation import DecodeEngine
+
+    model = _blocks_model(shift_logits=shift)
+    base = [50, 51, 52, 53, 54]
+    prompts = [base * 2 + [50, 51, 60, 61] * 2 + base[:2], base + [50, 70], [80, 81, 82, 80, 81, 83, 80, 81]]
+    tree = dict(strategy="confidence", draft_length=3, draft_ngram=2, draft_model=False, max_new_tokens=16)
+    configs = [DecodingConfig(**tree, draft_branches=3), DecodingConfig(**tree),
+               DecodingConfig(strategy="confidence", block_length=4, max_new_tokens=12, block_cache="append"),
+               DecodingConfig(**tree, draft_branches=2, draft_fill=False)]
+    prompts.append(prompts[0][3:])
+    alone = [generate_ids(model, torch.tensor([p]), config=c) for p, c in zip(prompts, configs)]
+    engine = DecodeEngine(model, max_batch_rows=8, draft_rows=8)
+    for i, (p, c) in enumerate(zip(prompts, configs)):
+        engine.submit(str(i), p, c)
+    done = {}
+    for _ in range(100):
+        for e in engine.step():
+            if e.finished:
+                done[e.request_id] = e
+        if len(done) == len(prompts):
+            break
+    for i, want in enumerate(alone):
+        assert done[str(i)].token_ids == want.token_lists()[0], i
+        if configs[i].draft_length:
+            assert done[str(i)].steps == want.steps, i

@@ -118,6 +118,11 @@ class DecodingConfig:
     showed its last token before) carries one block of draft_length + 1 masks after its token, whose predictions
     are the next call's drafts, so that every call has drafts to check: 1 + m positions instead of 2, which on a CPU
     at batch 1 cost no more (measured: docs/LOG.md). Like every draft only a guess: the answer is the same. Dropped with the model's drafts under load (rows above `speculative.DRAFT_ROWS`)"""
+    draft_branches: int = 1
+    """speculative decoding, greedy, with draft_model=false: a call checks up to this many different drafts at once
+    (the continuations of the latest matches of the n-gram, then the model's next-best first tokens from a
+    draft_fill call), merged into a tree whose shared beginnings are checked once: one more position per distinct
+    drafted token. The path the checks agree with is kept; the answer is the same (1 = one draft a call)"""
     draft_accept: float = 1.0
     """speculative decoding, greedy only: a drafted token is kept when its probability is at least this fraction of
     the most likely token's. 1 keeps only the token greedy decoding writes (the exact answer); lower keeps more
@@ -168,8 +173,14 @@ class DecodingConfig:
         if not 0.0 < self.draft_accept <= 1.0:
             raise DecodingError(f"draft_accept={self.draft_accept} must lie in (0, 1] (1 = exact).",
                                 option="draft_accept")
+        if self.draft_branches < 1:
+            raise DecodingError(f"draft_branches={self.draft_branches} must be >= 1 (1 = one draft a call).",
+                                option="draft_branches")
         if self.draft_length:
             self._check_speculative()
+        elif self.draft_branches != 1:
+            raise DecodingError("draft_branches applies to speculative decoding only: set draft_length >= 1 too.",
+                                option="draft_branches")
         elif self.draft_accept != 1.0:
             raise DecodingError("draft_accept applies to speculative decoding only: set draft_length >= 1 too.",
                                 option="draft_accept")
@@ -191,6 +202,14 @@ class DecodingConfig:
             if value is not None and value != ok:
                 raise DecodingError(f"{why}, with the append cache: {name}={value!r} does not apply; leave it "
                                     f"{'unset' if ok is None else repr(ok)}, or set draft_length=0.", option=name)
+        if self.draft_branches > 1 and self.temperature > 0.0:
+            raise DecodingError("draft_branches > 1 checks several drafts greedily; sampling (temperature > 0) keeps "
+                                "one draft a call, whose acceptance keeps the sampled answer's distribution: set "
+                                "draft_branches=1.", option="draft_branches")
+        if self.draft_branches > 1 and self.draft_model:
+            raise DecodingError("draft_branches > 1 builds its tree in calls without the model's mask blocks: set "
+                                "draft_model=false (the model's drafts then come from draft_fill's calls) and "
+                                "draft_ngram >= 1.", option="draft_branches")
         if self.draft_accept < 1.0 and self.temperature > 0.0:
             raise DecodingError("draft_accept < 1 is for greedy decoding; sampling (temperature > 0) accepts a draft "
                                 "with its probability, which keeps the sampled answer's distribution: set "

@@ -364,8 +364,8 @@ first loaded step (`DecodeEngine._one_per_call`)."""
 def _one_token_per_call(config: DecodingConfig, **changes) -> DecodingConfig:
     """A speculative request's settings as the plain decoding its drafts are checked under (confidence at blocks of 1,
     the append cache): the same answer greedy, the same distribution sampled. ``changes``: other fields to set."""
-    return dataclasses.replace(config, draft_length=0, draft_ngram=0, draft_model=True, block_length=1,
-                               block_cache="append", **changes)
+    return dataclasses.replace(config, draft_length=0, draft_ngram=0, draft_model=True, draft_branches=1,
+                               block_length=1, block_cache="append", **changes)
 
 
 DEFAULT_PROMPT_CACHE_MB = 256

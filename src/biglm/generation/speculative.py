@@ -133,19 +133,70 @@ def tree_predictions(*, pending: int, width: int, checks: bool = True, block: in
     return torch.cat((check[:, None], drafts), 1).reshape(-1)
 
 
-def ngram_draft(history: torch.Tensor, *, length: int, max_n: int, min_n: int = 1) -> torch.Tensor | None:
-    """Up to ``length`` tokens that followed the latest earlier occurrence of ``history``'s last n tokens, for the
-    largest n from ``max_n`` down to ``min_n`` that occurs (prompt lookup decoding, as vLLM's n-gram speculator: a
-    draft that costs no model work, strong where the answer repeats the prompt or itself); None when none occurs.
-    ``history`` (L,): the prompt's tokens, then the answer's so far."""
-    L = history.numel()
+def tree_layout(parents: torch.Tensor, *, checks: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layout of a call over a tree of drafts (``draft_branches`` > 1; no mask block): ``parents`` (B, n), each
+    pending token's parent among the pending tokens (-1 for the first, the last committed token c; a parent comes
+    before its children). Each pending token is a block of one that sees the cache, its ancestors and itself: the
+    keys/values one-token-per-call decoding computes for it if its path is the answer. Returns
+
+    - rule (B, L, L) bool, which of the call's rows each row sees;
+    - offsets (B, L) long, each row's position relative to the first unwritten slot (a token at depth d: d - 1);
+    - read (n,) long, the row whose logits are each pending token's check: with ``checks``, its check row n + i (a
+      mask at the slot after it, seeing what it sees and itself); without (a shift model), row i + 1, whose logits are
+      row i's hidden state (a carrier row after the tokens, read by no one).
+
+    A chain (parents i - 1) gives `tree_rule` / `tree_offsets` / `tree_predictions` with ``block`` 0."""
+    B, n = parents.shape
+    device = parents.device
+    eye = torch.eye(n, dtype=torch.bool, device=device)
+    seen = eye.expand(B, n, n).clone()  # seen[b, i, j]: j is i or an ancestor of i
+    depth = torch.zeros(B, n, dtype=torch.long, device=device)
+    up = parents.clone()
+    while bool((up >= 0).any()):
+        has = up >= 0
+        seen |= eye[up.clamp(min=0)] & has[..., None]
+        depth += has.long()
+        up = torch.where(has, parents.gather(1, up.clamp(min=0)), up)
+    L = 2 * n if checks else n + 1
+    rule = torch.zeros(B, L, L, dtype=torch.bool, device=device)
+    rule[:, :n, :n] = seen
+    if checks:
+        rule[:, n:, :n] = seen
+        rule[:, n:, n:] = eye
+        offsets = torch.cat((depth - 1, depth), 1)
+        read = n + torch.arange(n, device=device)
+    else:
+        rule[:, n, n] = True
+        offsets = torch.cat((depth - 1, depth.max(1, keepdim=True).values), 1)
+        read = torch.arange(1, n + 1, device=device)
+    return rule, offsets, read
+
+
+def ngram_drafts(history: torch.Tensor, *, length: int, max_n: int, count: int = 1, min_n: int = 1,
+                 ) -> list[torch.Tensor]:
+    """Up to ``count`` different drafts of up to ``length`` tokens: what followed earlier occurrences of
+    ``history``'s last n tokens, the latest first, for the largest n from ``max_n`` down to ``min_n`` first (prompt
+    lookup decoding, as vLLM's n-gram speculator: drafts that cost no model work, strong where the answer repeats the
+    prompt or itself). A draft that begins another one already found adds nothing and is skipped. ``history`` (L,):
+    the prompt's tokens, then the answer's so far."""
+    L, found = history.numel(), []
     for n in range(min(max_n, L - 1), min_n - 1, -1):
         starts = history[:L - 1].unfold(0, n, 1)  # windows followed by at least one token
-        hits = (starts == history[L - n:]).all(1).nonzero()
-        if hits.numel():
-            start = int(hits[-1]) + n
-            return history[start:start + length]
-    return None
+        hits = (starts == history[L - n:]).all(1).nonzero().squeeze(1).tolist()
+        for start in reversed(hits[-64:]):  # (the latest 64 occurrences: enough different continuations)
+            draft = history[start + n:start + n + length]
+            if not any(torch.equal(f[:draft.numel()], draft) for f in found):
+                found.append(draft)
+                if len(found) == count:
+                    return found
+    return found
+
+
+def ngram_draft(history: torch.Tensor, *, length: int, max_n: int, min_n: int = 1) -> torch.Tensor | None:
+    """Up to ``length`` tokens that followed the latest earlier occurrence of ``history``'s last n tokens, for the
+    largest n from ``max_n`` down to ``min_n`` that occurs (`ngram_drafts`' first); None when none occurs."""
+    found = ngram_drafts(history, length=length, max_n=max_n, min_n=min_n)
+    return found[0] if found else None
 
 
 class TreeCall(NamedTuple):
@@ -216,6 +267,7 @@ class SpeculativeDecode:
         # the mask blocks that draft the next call (``draft_model``; the engine may drop them for a step), and the one
         # a call without drafts to check carries (``draft_fill``; dropped alike)
         self.model_drafts, self.fill_drafts = cfg.draft_model, cfg.draft_fill
+        self.branches = cfg.draft_branches
         self.layouts = {(n, b): tuple(f(pending=n, width=W, checks=self.checks, block=b, device=device)
                                       for f in (tree_rule, tree_offsets, tree_predictions))
                         for n, b in ((0, W), (1, W), (W, W), (0, 0), (1, 0), (W, 0))}  # by pending tokens and mask block
@@ -247,6 +299,11 @@ class SpeculativeDecode:
         self.start = (base.next_positions(prompt_mask.bool()) if hasattr(base, "next_positions")
                       else torch.full((B,), P, dtype=torch.long, device=device))[:, None]
         self.pending = prompt_ids[:, :0]  # (B, 0) on the first call, then (B, W): the last token and m drafts
+        # ``draft_branches`` > 1: the pending tokens as a tree (`tree_layout`): each one's parent among them, whether it
+        # is a real draft (rows of a batch are padded to the largest tree) and where it came from (`SOURCES`); None
+        # while the pending tokens are a chain
+        self.parents: torch.Tensor | None = None
+        self.node_valid = self.node_source = None
         self.finished = False
 
     def drafts_pay(self, pays: bool) -> None:
@@ -261,9 +318,16 @@ class SpeculativeDecode:
         # this call's mask block (`answered` reads it): every call's with the model's drafts, else a call's that has
         # nothing to check (its last token alone, or the first call)
         self.block = self.W if self.model_drafts or (self.fill_drafts and n <= 1) else 0
-        tail, offsets, read = self.layouts[n, self.block]
-        B, L, C = self.B, tail.shape[0], self.cache.length
-        rule = torch.cat((tail.new_ones(L, C), tail), 1).expand(B, L, C + L)
+        B, C = self.B, self.cache.length
+        if self.parents is not None:  # a tree of drafts (never with a mask block: `_tree_drafts`)
+            tail, offsets, read = tree_layout(self.parents, checks=self.checks)
+            L = tail.shape[1]
+            rule = torch.cat((tail.new_ones(B, L, C), tail), 2)
+        else:
+            tail, offsets, read = self.layouts[n, self.block]
+            L = tail.shape[0]
+            rule = torch.cat((tail.new_ones(L, C), tail), 1).expand(B, L, C + L)
+        self.width = L
         ids = torch.cat((self.pending, self.pending.new_full((B, L - n), self.mask_id)), 1)
         return TreeCall(ids=ids, positions=self.start + self.written[:, None] + offsets, rule=rule,
                         read=(self.rows[:, None] * L + read).reshape(-1), lead=n)
@@ -288,17 +352,27 @@ class SpeculativeDecode:
         n = pending.shape[1]
         if n and block is None:
             raise ValueError("the pending tokens' keys/values join the cache: pass the call's cache for this decode.")
-        L, G = self.layouts[n, self.block][0].shape[0], max(n, 1)
+        L, G = self.width, max(n, 1)
         self.calls, self.forward_calls, self.positions = self.calls + 1, self.forward_calls + 1, self.positions + B * L
         logits = logits.float().view(B, G, max(self.block, 1), -1).index_fill_(-1, self.banned, float("-inf"))
         checks = logits[:, :, 0]  # (B, G, V): p_j, what one-token-per-call decoding writes after d_1..d_j
+        tree = self.parents is not None
+        shown = None  # the drafts `on_step` reports, where they differ from those checked along the kept path
+        if tree:  # the path the checks agree with, from the root; then as a chain along it
+            path, kept, first_rejected = self._walk(checks)
+            checks = checks.gather(1, path[..., None].expand(-1, -1, checks.shape[-1]))
+            m, drafts, rejected = self.m, pending.gather(1, path[:, 1:]), None
+            shown = torch.where(slots[:, 1:] <= kept[:, None], drafts, -1)
+            shown = shown.scatter(1, kept.clamp(max=m - 1)[:, None],
+                                  torch.where(kept < m, first_rejected, drafts[:, -1])[:, None])
         logp = checks.log_softmax(-1)
-        m = max(n - 1, 0)  # this call's drafts (none on the first call, or when nothing drafted)
-        if m:
-            drafts = pending[:, 1:]  # (B, m): d_1..d_m
-            kept, rejected = _accept(checks[:, :m], drafts, cfg, generator)
-        else:
-            kept, rejected = torch.zeros(B, dtype=torch.long, device=self.device), None
+        if not tree:
+            m = max(n - 1, 0)  # this call's drafts (none on the first call, or when nothing drafted)
+            if m:
+                drafts = pending[:, 1:]  # (B, m): d_1..d_m
+                kept, rejected = _accept(checks[:, :m], drafts, cfg, generator)
+            else:
+                kept, rejected = torch.zeros(B, dtype=torch.long, device=self.device), None
         bonus = _one_more(checks[rows, kept], cfg, generator, kept=kept, rejected=rejected, m=m)
         bonus_logp = logp[rows, kept, bonus][:, None]
         if m:  # this call's tokens: d_1..d_a, then the bonus at slot a (slots past a are not taken)
@@ -315,7 +389,7 @@ class SpeculativeDecode:
         self.logprobs.scatter_(1, cols, torch.where(take, new_logp, self.logprobs.gather(1, cols)))
         if n:  # pending tokens 0..a are final: their keys/values join the cache (a narrower row's extras: padding)
             width = int(kept[active].max()) + 1
-            block = block.first(width)
+            block = block.take(path[:, :width]) if tree else block.first(width)
             block.key_valid = (slots[:, :width] <= kept[:, None]) & active[:, None]
             block.padded = not bool(block.key_valid.all())
             self.cache = self.cache.extend(block)
@@ -324,7 +398,11 @@ class SpeculativeDecode:
         if m == self.m:
             for src in range(len(SOURCES)):
                 self.kept_counts[src] += torch.bincount(kept[active & (self.source == src)], minlength=W)
-        if m:
+        if m and tree:  # each kept draft by where it came from
+            along = self.node_source.gather(1, path[:, 1:])[(slots[:, 1:] <= kept[:, None]) & active[:, None]]
+            for src, name in enumerate(SOURCES):
+                self.kept_by_source[name] += int((along == src).sum())
+        elif m:
             for src, name in enumerate(SOURCES):
                 self.kept_by_source[name] += int(torch.where(active & (self.source == src), kept, 0).sum())
         written = self.written = self.written + count
@@ -338,7 +416,7 @@ class SpeculativeDecode:
             if m:  # d_1..d_m were checked at the slots after the tokens written before this call
                 cols_d = torch.where(active[:, None], (written - count)[:, None] + slots[:, :m], 0)
                 checked = answer.new_full((B, N + W), -1).scatter_(
-                    1, cols_d, torch.where(active[:, None], drafts, -1))[:, :N]
+                    1, cols_d, torch.where(active[:, None], drafts if shown is None else shown, -1))[:, :N]
                 kept_at = wrote.new_zeros(B, N + W).scatter_(
                     1, cols_d, (slots[:, :m] < kept[:, None]) & active[:, None])[:, :N]
             self.on_step(StepInfo(strategy=cfg.strategy, step=self.calls, total_steps=N, block=0, input_ids=before,
@@ -349,6 +427,9 @@ class SpeculativeDecode:
                                   drafts=checked, accepted=kept_at))
         self.active = active = active & ~done
         self.finished = not bool(active.any())
+        if self.branches > 1:
+            self._tree_drafts(bonus, logits[rows, kept, 1:] if self.block else None)
+            return
         if self.block:
             self.pending = torch.cat((bonus[:, None], logits[rows, kept, 1:].argmax(-1)), 1)  # group a's masks: drafts
         else:  # no mask drafted: the n-gram drafts, else none
@@ -370,6 +451,80 @@ class SpeculativeDecode:
             if found is not None:
                 self.pending[b, 1:1 + found.numel()] = found
                 self.source[b] = 1
+
+    def _walk(self, checks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The path through the tree of drafts that the checks agree with (greedy: each token on it is what the check
+        of its parent writes; ``draft_accept`` < 1: a child within that share of the check's best, the likeliest such
+        child). ``checks`` (B, n, V): each pending token's check. Returns the path (B, m + 1), pending indices from the
+        root, padded with its last node; the drafts kept (B,); and the first draft checked after the path and
+        rejected (B,), -1 where the path's last node has no child."""
+        cfg, pending, rows = self.config, self.pending, self.rows
+        children_of = self.parents[:, None, :] == torch.arange(pending.shape[1], device=self.device)[None, :, None]
+        children_of &= self.node_valid[:, None, :]  # (B, n, n): children_of[b, i, j], j is a child of i
+        node = torch.zeros(self.B, dtype=torch.long, device=self.device)
+        path = node.new_zeros(self.B, self.m + 1)
+        kept, rejected = node.clone(), torch.full_like(node, -1)
+        going = torch.ones(self.B, dtype=torch.bool, device=self.device)
+        for depth in range(1, self.m + 1):
+            check = checks[rows, node]  # (B, V)
+            children = children_of[rows, node]  # (B, n)
+            score = check.gather(1, pending)  # each token's logit under this check
+            if cfg.draft_accept == 1.0:
+                ok = children & (pending == check.argmax(-1, keepdim=True))
+            else:
+                ok = children & (score >= check.max(-1, keepdim=True).values + math.log(cfg.draft_accept))
+            best = score.masked_fill(~ok, float("-inf")).argmax(1)
+            take = going & ok.any(1)
+            missed = going & ~take & children.any(1)
+            rejected = torch.where(missed, pending.gather(1, children.int().argmax(1, keepdim=True)).squeeze(1),
+                                   rejected)
+            going = take
+            node = torch.where(take, best, node)
+            kept += take.long()
+            path[:, depth] = node
+        return path, kept, rejected
+
+    def _tree_drafts(self, bonus: torch.Tensor, model_logits: torch.Tensor | None) -> None:
+        """The next call's tree of drafts (``draft_branches`` > 1) after ``bonus`` (B,), each row's last token: up to
+        ``draft_branches`` drafts, the n-gram ones first (`ngram_drafts`), then, after a call that carried a mask block
+        (``model_logits`` (B, m, V), its predictions of the next slots), the model's: its best token at each slot, and
+        its next-best first tokens alone. They are merged into a tree (a shared beginning is one node); a row without
+        any has its token alone. No row with a draft: the next call writes one token (with ``draft_fill``, carrying a
+        mask block)."""
+        B, m, k = self.B, self.m, self.branches
+        trees = []
+        for b in range(B):
+            drafts: list[tuple[torch.Tensor, int]] = []
+            if bool(self.active[b]):
+                if self.config.draft_ngram:
+                    history = torch.cat((self.prompts[b], self.answer[b, :int(self.written[b])]))
+                    drafts = [(d, 1) for d in ngram_drafts(history, length=m, max_n=self.config.draft_ngram, count=k)]
+                if model_logits is not None and len(drafts) < k:
+                    first = model_logits[b, 0].topk(k - len(drafts)).indices
+                    drafts.append((torch.cat((first[:1], model_logits[b, 1:].argmax(-1))), 0))
+                    drafts += [(t[None], 0) for t in first[1:]]
+            tokens, parents, sources, at_node = [int(bonus[b])], [-1], [2], {}
+            for draft, src in drafts:
+                at = 0
+                for t in draft.tolist():
+                    if (at, t) not in at_node:
+                        at_node[at, t] = len(tokens)
+                        tokens.append(t), parents.append(at), sources.append(src)
+                    at = at_node[at, t]
+            trees.append((tokens, parents, sources, drafts[0][1] if drafts else 2))
+        n = max(len(t[0]) for t in trees)
+        self.source = torch.tensor([t[3] for t in trees], dtype=torch.long, device=self.device)
+        if n == 1:
+            self.pending, self.parents = bonus[:, None], None
+            return
+        pad = [n - len(t[0]) for t in trees]  # padding nodes: children of the root that no check accepts
+        as_tensor = lambda rows, fill: torch.tensor([r + [fill] * p for r, p in zip(rows, pad)],  # noqa: E731
+                                                    dtype=torch.long, device=self.device)
+        self.pending = as_tensor([t[0] for t in trees], self.fill)
+        self.parents = as_tensor([t[1] for t in trees], 0)
+        self.node_source = as_tensor([t[2] for t in trees], 2)
+        self.node_valid = torch.arange(n, device=self.device)[None, :] < torch.tensor(
+            [len(t[0]) for t in trees], device=self.device)[:, None]
 
     def written_ids(self, row: int = 0) -> list[int]:
         """Row ``row``'s committed tokens so far: final, never rewritten (what a server may stream)."""

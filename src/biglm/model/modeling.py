@@ -249,6 +249,18 @@ class PrefixCache:
                            key_valid=self.key_valid[:, :n], padded=self.padded and not bool(self.key_valid[:, :n].all()),
                            hidden=None if self.hidden is None else self.hidden[:, :n], _buffers=self._buffers)
 
+    def take(self, index: torch.Tensor) -> "PrefixCache":
+        """Each row's positions ``index`` (B, n), in that order (a speculative call's kept path through its tree of
+        drafts); copies."""
+        def pick(x: torch.Tensor) -> torch.Tensor:  # (B, Hkv, P, D)
+            return x.gather(2, index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]))
+
+        valid = self.key_valid.gather(1, index)
+        return PrefixCache(keys=[pick(k) for k in self.keys], values=[pick(v) for v in self.values], key_valid=valid,
+                           padded=not bool(valid.all()),
+                           hidden=None if self.hidden is None else self.hidden.gather(
+                               1, index[..., None].expand(-1, -1, self.hidden.shape[2])))
+
     def extend(self, other: "PrefixCache") -> "PrefixCache":
         """This cache followed by ``other`` (keys/values of later prefix tokens, encoded seeing this one).
 
