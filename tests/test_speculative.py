@@ -673,7 +673,7 @@ def test_each_draft_source_writes_one_token_per_calls_answer(ngram, model_drafts
     speculative.SpeculativeDecode.__init__ = spy
     try:
         out = generate_ids(model, ids, mask, draft_length=3, draft_ngram=ngram, draft_model=model_drafts,
-                           draft_fill=False, **kw)
+                           draft_fill=model_drafts, **kw)  # (draft_fill applies without the model's blocks only)
     finally:
         speculative.SpeculativeDecode.__init__ = real
     assert out.token_lists() == ref.token_lists()
@@ -916,6 +916,8 @@ def test_draft_branches_is_refused_where_it_cannot_apply():
             DecodingConfig(**{**ok, **bad})
     with pytest.raises(DecodingError, match="speculative decoding only"):
         DecodingConfig(strategy="confidence", draft_branches=2)
+    with pytest.raises(DecodingError, match="draft_fill"):  # (it would be ignored: every call carries mask blocks)
+        DecodingConfig(strategy="confidence", draft_length=3, draft_ngram=2, draft_fill=False)
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "flex", "eager"])

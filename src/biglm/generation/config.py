@@ -202,6 +202,10 @@ class DecodingConfig:
             if value is not None and value != ok:
                 raise DecodingError(f"{why}, with the append cache: {name}={value!r} does not apply; leave it "
                                     f"{'unset' if ok is None else repr(ok)}, or set draft_length=0.", option=name)
+        if self.draft_model and not self.draft_fill:
+            raise DecodingError("draft_fill=false applies to calls without the model's mask blocks (draft_model=false, "
+                                "n-gram drafts); with draft_model=true every call carries them: set draft_model=false "
+                                "too, or leave draft_fill unset.", option="draft_fill")
         if self.draft_branches > 1 and self.temperature > 0.0:
             raise DecodingError("draft_branches > 1 checks several drafts greedily; sampling (temperature > 0) keeps "
                                 "one draft a call, whose acceptance keeps the sampled answer's distribution: set "
