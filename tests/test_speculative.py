@@ -988,3 +988,36 @@ def test_engine_runs_trees_of_drafts_beside_other_requests_each_as_alone(shift):
         assert done[str(i)].token_ids == want.token_lists()[0], i
         if configs[i].draft_length:
             assert done[str(i)].steps == want.steps, i
+
+
+def test_a_tree_request_checks_one_draft_a_call_while_the_engine_is_loaded():
+    """Above ``draft_rows`` rows a running tree request (kept speculative: someone draws its canvas) goes on with one
+    draft a call (a tree's further drafts cost positions, as mask drafts do): the same answer as alone (float32
+    greedy), its calls under load without a tree."""
+    from biglm.generation import DecodeEngine
+    from biglm.generation import speculative
+
+    model = _blocks_model()
+    base = [50, 51, 52, 53, 54]
+    first = base * 2 + [50, 51, 60, 61] * 2 + base[:2]
+    cfg = DecodingConfig(strategy="confidence", draft_length=3, draft_ngram=2, draft_model=False, draft_branches=3,
+                         max_new_tokens=16)
+    want = generate_ids(model, torch.tensor([first]), config=cfg).token_lists()[0]
+    engine = DecodeEngine(model, max_batch_rows=8, draft_rows=1)
+    engine.submit("0", first, cfg, on_step=lambda info: None)
+    engine.step()
+    engine.step()  # alone: its tree rides
+    spec = engine._running["0"].decode
+    assert isinstance(spec, speculative.SpeculativeDecode) and spec.branches == 3
+    for i, p in enumerate(([9, 10, 11], [12, 13, 12, 13]), 1):
+        engine.submit(str(i), p, cfg)
+    trees_under_load, done = [], {}
+    for _ in range(100):
+        events = engine.step()
+        if "0" in engine._running:
+            trees_under_load.append(spec.parents is not None and spec.branches > 1)
+        done.update({e.request_id: e for e in events if e.finished})
+        if len(done) == 3:
+            break
+    assert done["0"].token_ids == want
+    assert spec.branches == 1 and not any(trees_under_load[1:])

@@ -307,10 +307,12 @@ class SpeculativeDecode:
         self.finished = False
 
     def drafts_pay(self, pays: bool) -> None:
-        """Whether the next call may carry the model's mask drafts (``draft_model``'s blocks, ``draft_fill``'s one):
-        while a call is bound by reading the weights (few rows), where they cost next to nothing (`DRAFT_ROWS`)."""
+        """Whether the next calls may carry the model's mask drafts (``draft_model``'s blocks, ``draft_fill``'s one)
+        and more than one draft (``draft_branches``): while a call is bound by reading the weights (few rows), where
+        they cost next to nothing (`DRAFT_ROWS`)."""
         self.model_drafts = self.config.draft_model and pays
         self.fill_drafts = self.config.draft_fill and pays
+        self.branches = self.config.draft_branches if pays else 1  # (a tree's further drafts: positions too)
 
     def segment(self) -> TreeCall:
         """The pending call over this decode's rows and its own cache (`TreeCall`)."""
@@ -430,6 +432,7 @@ class SpeculativeDecode:
         if self.branches > 1:
             self._tree_drafts(bonus, logits[rows, kept, 1:] if self.block else None)
             return
+        self.parents = None  # one draft a call (again, where a tree's drafts stopped paying)
         if self.block:
             self.pending = torch.cat((bonus[:, None], logits[rows, kept, 1:].argmax(-1)), 1)  # group a's masks: drafts
         else:  # no mask drafted: the n-gram drafts, else none
