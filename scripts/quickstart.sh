@@ -3,7 +3,7 @@
 # (the CUDA build only when an NVIDIA GPU is present, else the CPU build) and biglm with every extra,
 # then run
 #   scripts/quickstart.sh demo [ARGS]   `biglm pretrain` on its built-in default (the main job)
-#   scripts/quickstart.sh test [ARGS]   the test suite (`python -m pytest -q`, as CI runs it)
+#   scripts/quickstart.sh test [ARGS]   the test suite (`python -m pytest -q -n auto`, on up to 4 cores), as CI runs it
 #   scripts/quickstart.sh CMD [ARGS]    any command inside the environment, e.g. `biglm eval --help`
 # Re-running reuses the environment; set BIGLM_TORCH_INDEX to force a PyTorch wheel index.
 set -euo pipefail
@@ -82,6 +82,7 @@ what=${1:-demo}
 [ $# -gt 0 ] && shift
 case "$what" in
   demo) exec biglm pretrain "$@" ;;
-  test) exec python -m pytest -q "$@" ;;
+  # the suite on up to 4 cores (pytest-xdist; a file's tests stay in one worker, which shares its session fixtures)
+  test) exec python -m pytest -q -n auto --maxprocesses 4 --dist loadfile "$@" ;;
   *) exec "$what" "$@" ;;
 esac

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 from pathlib import Path
 
@@ -9,6 +10,14 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``-n N``, what scripts/quickstart.sh runs) each worker computes on its share of the cores,
+    so N workers do not each start a thread per core."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_collection_modifyitems(config, items):

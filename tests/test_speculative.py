@@ -914,8 +914,17 @@ def test_draft_branches_is_refused_where_it_cannot_apply():
                       (dict(draft_branches=2, draft_model=True), "draft_model=false")):
         with pytest.raises(DecodingError, match=word):
             DecodingConfig(**{**ok, **bad})
+    model = _blocks_model()
+    with pytest.raises(DecodingError, match="speculative decoding only"):  # (alone it adds to a model's default)
+        generate_ids(model, torch.tensor([[5, 6, 7]]), config=DecodingConfig(strategy="confidence", draft_branches=2))
+    from biglm.generation.config import drafting_default, model_decoding
+
+    assert drafting_default(model.config)  # (a drafting model: its default is speculative)
+    assert model_decoding(model.config, {"draft_branches": 2}).draft_branches == 2
+    model.config.prefix_attention = "bidirectional"  # (Mask-Predict by default: nothing to add the tree to)
+    assert not drafting_default(model.config)
     with pytest.raises(DecodingError, match="speculative decoding only"):
-        DecodingConfig(strategy="confidence", draft_branches=2)
+        model_decoding(model.config, {"draft_branches": 2})
     with pytest.raises(DecodingError, match="draft_fill"):  # (it would be ignored: every call carries mask blocks)
         DecodingConfig(strategy="confidence", draft_length=3, draft_ngram=2, draft_fill=False)
 

@@ -178,9 +178,6 @@ class DecodingConfig:
                                 option="draft_branches")
         if self.draft_length:
             self._check_speculative()
-        elif self.draft_branches != 1:
-            raise DecodingError("draft_branches applies to speculative decoding only: set draft_length >= 1 too.",
-                                option="draft_branches")
         elif self.draft_accept != 1.0:
             raise DecodingError("draft_accept applies to speculative decoding only: set draft_length >= 1 too.",
                                 option="draft_accept")
@@ -314,7 +311,7 @@ def model_decoding(model_config: Any, overrides: Mapping[str, Any] | None = None
     model_default = {name: value for name, value in drafting_default(model_config).items()
                      if name in model_default_fields(model_config, given)}
     try:
-        return DecodingConfig().override(**{**model_default, **saved, **given})
+        return _speculative_only(DecodingConfig().override(**{**model_default, **saved, **given}))
     except DecodingError as e:
         if e.option is None or decoding_origins(model_config, given)[e.option] != "model":
             raise
@@ -324,6 +321,17 @@ def model_decoding(model_config: Any, overrides: Mapping[str, Any] | None = None
         raise DecodingError(f"{e} {e.option}={saved[e.option]!r} is not an option given here but the model's saved "
                             f"decoding setting ({saved_where(model_config)}): "
                             f"{'clear' if default is None else 'override'} it with {how}.", option=e.option) from None
+
+
+def _speculative_only(config: DecodingConfig) -> DecodingConfig:
+    """``config``, refused where it asks for a tree of drafts (``draft_branches``) without speculative decoding. Checked
+    on the settings a decode runs with (`model_decoding`, `for_model`), not on each option alone: ``--draft_branches
+    2`` alone adds to a drafting model's default speculative decoding."""
+    if config.draft_branches != 1 and not config.draft_length:
+        raise DecodingError("draft_branches applies to speculative decoding only, which these settings do not run "
+                            "(draft_length 0): set draft_length >= 1 too, or leave draft_branches at 1.",
+                            option="draft_branches")
+    return config
 
 
 def for_model(config: DecodingConfig, model_config: Any) -> DecodingConfig:
@@ -338,6 +346,7 @@ def for_model(config: DecodingConfig, model_config: Any) -> DecodingConfig:
     and the exact (re-encoding) cache; asking it for the append cache warns that this is an approximation."""
     blocks_model = append_only_prefix(model_config)
     changes: dict[str, Any] = {}
+    _speculative_only(config)
     if config.draft_length:
         if not blocks_model:
             warnings.warn("speculative decoding (draft_length) checks each draft under the append cache at blocks of 1: "
