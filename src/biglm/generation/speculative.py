@@ -449,11 +449,14 @@ class SpeculativeDecode:
         guess that the next call checks, so the answer is the same."""
         m = self.m
         for b in self.active.nonzero().squeeze(1).tolist():
-            history = torch.cat((self.prompts[b], self.answer[b, :int(self.written[b])]))
-            found = ngram_draft(history, length=m, max_n=self.config.draft_ngram)
+            found = ngram_draft(self._history(b), length=m, max_n=self.config.draft_ngram)
             if found is not None:
                 self.pending[b, 1:1 + found.numel()] = found
                 self.source[b] = 1
+
+    def _history(self, row: int) -> torch.Tensor:
+        """Row ``row``'s text so far, what n-gram drafts are looked up in: its prompt's tokens, then its answer's."""
+        return torch.cat((self.prompts[row], self.answer[row, :int(self.written[row])]))
 
     def _walk(self, checks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The path through the tree of drafts that the checks agree with (greedy: each token on it is what the check
@@ -500,8 +503,8 @@ class SpeculativeDecode:
             drafts: list[tuple[torch.Tensor, int]] = []
             if bool(self.active[b]):
                 if self.config.draft_ngram:
-                    history = torch.cat((self.prompts[b], self.answer[b, :int(self.written[b])]))
-                    drafts = [(d, 1) for d in ngram_drafts(history, length=m, max_n=self.config.draft_ngram, count=k)]
+                    drafts = [(d, 1) for d in ngram_drafts(self._history(b), length=m, max_n=self.config.draft_ngram,
+                                                           count=k)]
                 if model_logits is not None and len(drafts) < k:
                     first = model_logits[b, 0].topk(k - len(drafts)).indices
                     drafts.append((torch.cat((first[:1], model_logits[b, 1:].argmax(-1))), 0))
