@@ -105,8 +105,9 @@ def test_mixed_batch_equals_each_request_alone(model):
 
 def test_the_pooled_cache_serves_calls_in_place_as_requests_come_and_go(model, monkeypatch):
     """The engine keeps its requests' caches as rows of one pool (`_CachePool`): a step's call reads them in place, no
-    request's cache is copied into a merged one (`PrefixCache.merge` is never called), and rows move when a request
-    before them finishes or is cancelled (length beams of 2 and 3 rows among them); every answer is its solo decode."""
+    request's cache is copied into a merged one (`PrefixCache.merge` is never called), the calls write their keys into
+    the rows' room (`PrefixCache.room`), and rows move when a request before them finishes or is cancelled (length
+    beams of 2 and 3 rows among them); every answer is its solo decode."""
     from biglm.model.modeling import PrefixCache
 
     def refuse(*a, **k):
@@ -116,6 +117,14 @@ def test_the_pooled_cache_serves_calls_in_place_as_requests_come_and_go(model, m
     configs = [CONFIGS[8], CONFIGS[0], CONFIGS[9], CONFIGS[1], CONFIGS[3], CONFIGS[10], CONFIGS[6]]
     prompts = [PROMPTS[i] for i in (0, 1, 2, 4, 0, 1, 2)]
     engine = DecodeEngine(model, max_batch_rows=8)
+    rooms, batch = [], engine._pool.batch
+
+    def seen(reqs, call):
+        cache = batch(reqs, call)
+        rooms.append(cache is not None and cache.room is not None)
+        return cache
+
+    engine._pool.batch = seen
     events: dict[str, list[EngineEvent]] = {}
     arrivals = {0: [0, 1, 2], 1: [3], 2: [4, 5], 4: [6]}
     t, moved = 0, 0
@@ -133,6 +142,7 @@ def test_the_pooled_cache_serves_calls_in_place_as_requests_come_and_go(model, m
         t += 1
         assert t < 200
     assert moved >= 2 and not engine._pool.members
+    assert sum(rooms) > len(rooms) // 2, rooms
     assert events["r1"][-1].finish_reason == "cancelled"
     for i, (p, c) in enumerate(zip(prompts, configs)):
         if i != 1:

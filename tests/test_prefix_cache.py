@@ -173,3 +173,56 @@ def test_an_encoded_prompts_keys_and_values_hold_no_more_than_themselves(pack):
         cache = model.encode_prefix(ids, mask)
     for t in cache.keys + cache.values:
         assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+@pytest.mark.parametrize("held", [0, 1, 2], ids=["suffix-only", "held-1", "held-2"])
+def test_a_call_into_the_rooms_of_right_padded_rows_equals_each_row_alone(model, held):
+    """The server engine's pooled layout (rows right-padded to the longest, each row's length in ``ends``) with the
+    rows' room (`PrefixCache.room`): a call writes its keys/values into each row's room right after its own keys and
+    attends to them there. Each row's logits equal that row alone with its own unpadded cache (float32, 1e-5), its
+    keys/values land at ``ends + j`` (equal to the ones the call returns), and no other column changes."""
+    g = torch.Generator().manual_seed(3)
+    L, spare = 3, 4
+    with torch.inference_mode():
+        alone = [model.encode_prefix(torch.tensor([p])) for p in PROMPTS]
+        lengths = [c.length for c in alone]
+        width, capacity = max(lengths), max(lengths) + L + spare
+        cfg = model.config
+        # what lies past a row's keys is no one's: large values there would show if read (finite, as a pool's are)
+        keys = [1e4 * torch.randn(3, cfg.num_key_value_heads, capacity, cfg.head_dim, generator=g) for _ in alone[0].keys]
+        values = [1e4 * torch.randn(k.shape, generator=g) for k in keys]
+        valid = torch.zeros(3, width, dtype=torch.bool)
+        for r, c in enumerate(alone):
+            for buf, src in zip(keys + values, c.keys + c.values):
+                buf[r, :, :c.length] = src[0]
+            valid[r, :c.length] = True
+        before = [k.clone() for k in keys]
+        ends = torch.tensor(lengths)
+        pooled = PrefixCache(keys=[k[:, :, :width] for k in keys], values=[v[:, :, :width] for v in values],
+                             key_valid=valid, padded=True, ends=ends, room=(keys, values))
+        ids = torch.randint(5, cfg.vocab_size, (3, L), generator=g)
+        ids[:, held:] = cfg.mask_token_id
+        pos = ends[:, None] + torch.arange(L)
+        prefix = torch.full((3,), width + held) if held else None  # (counted from the cache's start)
+        out = model.model(ids, prefix_cache=pooled, position_ids=pos, prefix_len=prefix, return_cache=True)
+        for r, c in enumerate(alone):
+            one = model.model(ids[r:r + 1], prefix_cache=c, prefix_len=None if prefix is None else c.length + held,
+                              return_cache=True)
+            torch.testing.assert_close(out.last_hidden_state[r], one.last_hidden_state[0], atol=1e-5, rtol=1e-5)
+            n = lengths[r]
+            for i, (k, old) in enumerate(zip(keys, before)):
+                assert torch.equal(k[r, :, n:n + L], out["cache"].keys[i][r])
+                assert torch.equal(k[r, :, :n], old[r, :, :n])
+                assert torch.equal(k[r, :, n + L:], old[r, :, n + L:])
+
+
+def test_a_call_larger_than_the_room_is_refused(model):
+    """Room too small for the call after the longest row: refused, naming what is missing (not written past it)."""
+    with torch.inference_mode():
+        c = model.encode_prefix(torch.tensor([PROMPTS[0]]))
+        keys = [torch.cat((k, torch.zeros_like(k[:, :, :1])), 2) for k in c.keys]
+        values = [torch.cat((v, torch.zeros_like(v[:, :, :1])), 2) for v in c.values]
+        pooled = PrefixCache(keys=c.keys, values=c.values, key_valid=c.key_valid, padded=True,
+                             ends=torch.tensor([c.length]), room=(keys, values))
+        with pytest.raises(ValueError, match="room for the call's 2 tokens"):
+            model.model(torch.tensor([[5, 6]]), prefix_cache=pooled)

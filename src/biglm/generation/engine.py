@@ -294,12 +294,14 @@ class _CachePool:
                 self._view(m, m.decode.denoise.cache)
         b.key_valid[end:] = False  # the rows freed at the end
 
-    def absorb(self, reqs: list[_Request], call: PrefixCache, leads: list[int]) -> list[PrefixCache | None] | None:
+    def absorb(self, reqs: list[_Request], call: PrefixCache, leads: list[int], *,
+               written: bool = False) -> list[PrefixCache | None] | None:
         """The held blocks a pooled call computed (each request's first ``leads`` positions of ``call``, its rows in
         pool order) written into the pool's rows in one indexed copy for the keys of every layer and one for the
         values, instead of a copy per request and layer (32 requests at one position per token: 1,920 small copies a
-        call). Returns each request's longer cache view (None where it held no block), or None where a block does not
-        fit the buffers (the caller extends each cache as usual)."""
+        call); ``written``: the call wrote its keys/values there itself (`batch`'s room), only the key mask and hidden
+        states are copied. Returns each request's longer cache view (None where it held no block), or None where a
+        block does not fit the buffers (the caller extends each cache as usual)."""
         rows, cols, src = [], [], []
         for req, lead in zip(reqs, leads):
             n = req.decode.denoise.cache.length
@@ -314,8 +316,9 @@ class _CachePool:
             return [None] * len(reqs)
         r, c, j = (torch.tensor(x, device=self.device) for x in (rows, cols, src))
         b = self.buffers
-        for buf, new in zip(self.stacked, (call.keys, call.values)):
-            buf[:, r, :, c] = torch.stack(new)[:, r, :, j]
+        if not written:
+            for buf, new in zip(self.stacked, (call.keys, call.values)):
+                buf[:, r, :, c] = torch.stack(new)[:, r, :, j]
         valid = call.key_valid[r, j]
         b.key_valid[r, c] = valid
         if b.hidden is not None:
@@ -339,9 +342,11 @@ class _CachePool:
             return list(self.members)
         return reqs
 
-    def batch(self, reqs: list[_Request]) -> PrefixCache | None:
-        """The cache of one call over ``reqs`` (the members, in row order: `order`): a view of the first rows, each
-        row's length in ``ends``; None when they are not exactly the members (the caller merges instead)."""
+    def batch(self, reqs: list[_Request], call: int) -> PrefixCache | None:
+        """The cache of one call of ``call`` positions a row over ``reqs`` (the members, in row order: `order`): a view
+        of the first rows, each row's length in ``ends``, and, where the call fits after the longest, the rows' room
+        (`PrefixCache.room`: the call writes its keys there, after each row's own); None when they are not exactly the
+        members (the caller merges instead)."""
         if reqs != self.members:
             return None
         total = sum(r.rows for r in reqs)
@@ -349,9 +354,10 @@ class _CachePool:
         width = max(lengths)
         ends = torch.tensor([n for r, n in zip(reqs, lengths) for _ in range(r.rows)], device=self.device)
         b = self.buffers
+        room = ([k[:total] for k in b.keys], [v[:total] for v in b.values]) if width + call <= self.columns else None
         return PrefixCache(keys=[k[:total, :, :width] for k in b.keys], values=[v[:total, :, :width] for v in b.values],
                            key_valid=b.key_valid[:total, :width], padded=True,
-                           hidden=None if b.hidden is None else b.hidden[:total, :width], ends=ends)
+                           hidden=None if b.hidden is None else b.hidden[:total, :width], ends=ends, room=room)
 
 
 LOAD_MEMORY_S = 3.0
@@ -726,7 +732,7 @@ class DecodeEngine:
             rows = seg_ids.shape[0]
             pos.append((req.decode.denoise.cache.length + torch.arange(width, device=self.device)).expand(rows, -1))
             lead.append(torch.full((rows,), h, dtype=torch.long, device=self.device))
-        pooled = self._pool.batch(reqs)
+        pooled = self._pool.batch(reqs, width)
         cache = pooled or PrefixCache.merge([r.decode.denoise.cache for r in reqs])
         where_all = torch.cat(where)
         self.positions += sum(x.shape[0] for x in ids) * width
@@ -736,7 +742,8 @@ class DecodeEngine:
                          position_ids=torch.cat(pos), logits_positions=where_all,
                          prefix_len=cache.length + torch.cat(lead) if folded else None, return_cache=folded)
         counts = torch.stack([w.sum() for w in where]).tolist()
-        absorbed = self._pool.absorb(reqs, out["cache"], held) if pooled is not None and folded else None
+        absorbed = (self._pool.absorb(reqs, out["cache"], held, written=pooled.room is not None)
+                    if pooled is not None and folded else None)
         self._hand_out(reqs, out, counts=counts, rows=[x.shape[0] for x in ids], leads=held, absorbed=absorbed)
 
     def _decode_rules(self, reqs: list[_Request]) -> None:

@@ -161,8 +161,7 @@ class AttentionMask:
                 if C + Lq == Lk and not gaps(kv[:, :C]) and not gaps(kv[:, C:]):
                     ends = kv[:, :C].sum(1, keepdim=True)  # (B, 1) each row's cache length
                     how, index = "move", ends + torch.arange(Lq, device=device)
-                    src = torch.where(cols < ends, cols, torch.where(cols < ends + Lq, cols - ends + C, 0))
-                    seen = cols < ends + Lq
+                    src, seen = moved_columns(ends, C, Lq, width)
                 else:
                     how, index = "gather", torch.argsort((~kv).to(torch.uint8), dim=1, stable=True)
                     index = torch.cat((index, index[:, :1].expand(B, width - Lk)), 1)
@@ -170,6 +169,21 @@ class AttentionMask:
                 dense = dense.gather(3, src[:, None, None, :].expand(-1, 1, Lq, -1)) & seen[:, None, None, :]
             self._compact = (how, index, dense)
         return self._compact
+
+    def moved(self, ends: torch.Tensor) -> "AttentionMask":
+        """This mask for a call whose keys sit right after each row's own cache, at columns ``ends`` (B,) onwards, not
+        after the cache's last column (``q_offset``): the server engine's pooled rows are right-padded to the longest,
+        and a call writes its keys into each row's room there (`PrefixCache.room`) instead of concatenating them to
+        the cache in every layer. The same attention: each query sees the same keys, moved; a column past a row's
+        keys is seen by no query. Given outright as a ``rule``, built once per call."""
+        device = ends.device
+        dense = self.dense(device)
+        if dense is None:
+            dense = torch.ones(self.batch, 1, self.q_len, self.k_len, dtype=torch.bool, device=device)
+        src, seen = moved_columns(ends[:, None], self.q_offset, self.q_len, self.k_len)
+        rule = dense[:, 0].gather(2, src[:, None, :].expand(-1, self.q_len, -1)) & seen[:, None, :]
+        return AttentionMask(batch=self.batch, q_len=self.q_len, k_len=self.k_len, q_offset=self.q_offset, rule=rule,
+                             batch_invariant=self.batch_invariant)
 
     def block_mask(self, device: torch.device):
         """FlexAttention BlockMask for this mask (None when attention is full)."""
@@ -186,6 +200,16 @@ class AttentionMask:
                 _compile=device.type == "cuda",
             )
         return self._block
+
+
+def moved_columns(ends: torch.Tensor, cache_len: int, q_len: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows whose cache is right-padded (each row's length ``ends`` (B, 1) of ``cache_len`` columns), their call's
+    ``q_len`` keys moved to just after each row's own keys: for each of ``width`` columns of that layout, the column of
+    the cache-then-call layout it holds (``src`` (B, width); 0 past the row's keys) and whether it holds a key at all
+    (``seen``)."""
+    cols = torch.arange(width, device=ends.device).expand(ends.shape[0], width)
+    src = torch.where(cols < ends, cols, torch.where(cols < ends + q_len, cols - ends + cache_len, 0))
+    return src, cols < ends + q_len
 
 
 def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
