@@ -118,3 +118,27 @@ def test_reduced_precision_kernels_answers_for_float32_always():
 
     assert reduced_precision_kernels(torch.float32)
     assert reduced_precision_kernels(torch.bfloat16) == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def test_a_mask_adapters_low_rank_products_stay_unpacked_and_the_logits_hold():
+    """`pack_linears` prepacks every linear layer but a mask adapter's low-rank ones (oneDNN's per-call cost outweighs
+    packing at rank 32: docs/LOG.md), and a call with mask tokens (the adapters on) gives the unpacked model's logits
+    (float32, 1e-4)."""
+    from biglm.model.modeling import BiGLMMaskAdapter
+
+    plain, packed = _model(mask_adapter_rank=4), _model(mask_adapter_rank=4)
+    for m in list(plain.modules()) + list(packed.modules()):  # adapters that change something (``up`` starts at 0)
+        if isinstance(m, BiGLMMaskAdapter):
+            torch.nn.init.normal_(m.up.weight, std=0.2, generator=torch.Generator().manual_seed(3))
+    adapters = sum(type(c) is nn.Linear for m in packed.modules() if isinstance(m, BiGLMMaskAdapter)
+                   for c in m.children())
+    linears = sum(type(m) is nn.Linear for m in packed.modules())
+    assert adapters == 4 * 2 * packed.config.num_hidden_layers
+    assert pack_linears(packed) == linears - adapters
+    assert all(type(c) is nn.Linear for m in packed.modules() if isinstance(m, BiGLMMaskAdapter) for c in m.children())
+    ids = torch.randint(5, plain.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    ids[:, 8:] = plain.config.mask_token_id
+    with torch.inference_mode():
+        a, b = plain(ids, prefix_len=8).logits, packed(ids, prefix_len=8).logits
+    assert not torch.equal(a, _model()(ids, prefix_len=8).logits)  # (the adapters act)
+    torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)

@@ -21,6 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .modeling import BiGLMMaskAdapter
+
 ROWS_HINT = 16  # the row count oneDNN tunes the layout for (any row count runs)
 
 
@@ -105,9 +107,12 @@ def _packable(linear: nn.Linear) -> bool:
 @torch.no_grad()
 def pack_linears(model: nn.Module, *, rows_hint: int = ROWS_HINT) -> int:
     """Swap every `nn.Linear` of an inference model on a CPU for a `PackedLinear` (the model's weights must not change
-    afterwards); returns how many were swapped (0 off a CPU, or without oneDNN)."""
+    afterwards); returns how many were swapped (0 off a CPU, or without oneDNN). A mask adapter's low-rank products
+    (`BiGLMMaskAdapter`) stay `F.linear`: oneDNN's per-call cost outweighs what packing saves there (SmolLM2-135M's
+    rank-32 adapters, float32, one thread, AMD EPYC: 576 -> 32 at 1 / 6 / 30 rows 51 / 63 / 64 us packed against
+    10 / 16 / 30 us; 32 -> 960 58 / 50 / 83 against 14 / 15 / 51; docs/LOG.md)."""
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is nn.Linear]
+             if type(child) is nn.Linear and not isinstance(parent, BiGLMMaskAdapter)]
     if not swaps or not torch.backends.mkldnn.is_available() or not _packable(swaps[0][2]):
         return 0
     for parent, name, child in swaps:

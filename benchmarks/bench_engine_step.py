@@ -1,0 +1,113 @@
+"""The server engine's step under load, in-process: a call that writes its keys/values into the pooled rows' room
+(`PrefixCache.room`, the engine's way) against one that concatenates each layer's cache with them (the way before),
+step by step on the same engine.
+
+    python benchmarks/bench_engine_step.py --model runs/smol-causal-a80g-bf16 --requests 32 --threads 1 \\
+        --out engine-step-smol-causal-a80g-bf16
+
+``--requests`` greedy requests of the held-out prompts (`bench_exact_drafts.prompt_rows`, chats rendered with the
+model's template) with the model's default decoding, ``--max-new-tokens`` each, end of text ignored, are submitted at
+once into a `DecodeEngine` (the model loaded as `biglm serve` loads it: prepacked, a bfloat16 export in float32 on a
+CPU without bfloat16 kernels). Once every prompt is encoded (the requests decode one token per call in the pool, as
+a server under load does), ``--steps`` pairs of steps are timed, each pair one step of each way in alternating order,
+so the machine's drift and the caches' growth hit both alike: the median of each way and of the paired differences.
+A step's time includes everything `DecodeEngine.step` does (the model call, drawing, bookkeeping). The answers are
+the same either way (tested: tests/test_prefix_cache.py, tests/test_generation_engine.py).
+
+Results: benchmarks/results/<out>.json and .md with the machine and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_exact_drafts import prompt_rows  # noqa: E402
+from common import machine, markdown_header, positive_int, write_report  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="an export or run folder")
+    ap.add_argument("--requests", type=positive_int, default=32)
+    ap.add_argument("--max-new-tokens", type=positive_int, default=128)
+    ap.add_argument("--steps", type=positive_int, default=40, help="timed pairs of steps")
+    ap.add_argument("--threads", type=positive_int, default=1)
+    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    ap.add_argument("--out", default="engine-step")
+    args = ap.parse_args()
+    if args.max_new_tokens < 2 * args.steps + 8:
+        raise SystemExit(f"--max-new-tokens {args.max_new_tokens} is too few for {args.steps} pairs of steps after "
+                         "the prompts: give at least 2 * steps + 8")
+    torch.set_num_threads(args.threads)
+    from biglm.checkpoint import load_model
+    from biglm.generation.chat import render_chat
+    from biglm.generation.config import model_decoding
+    from biglm.generation.engine import DecodeEngine
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the float32-compute notice of a bf16 export on an AVX2 CPU)
+        model, tok = load_model(args.model, pack=True)
+    rows = prompt_rows(Path(args.data), 4)
+    prompts = [tok(render_chat(tok, r["messages"]) if "messages" in r else r["prompt"],
+                   add_special_tokens=False)["input_ids"] for r in rows]
+    config = model_decoding(model.config, {"max_new_tokens": args.max_new_tokens, "ignore_eos": True})
+    engine = DecodeEngine(model, tokenizer=tok)
+    for i in range(args.requests):
+        engine.submit(f"r{i}", prompts[i % len(prompts)], config)
+    pool, batch = engine._pool, engine._pool.batch
+    way = {"room": True}
+
+    def batch_as(reqs, call):  # the pool's batch, without its room for the concatenating way
+        cache = batch(reqs, call)
+        if cache is not None and not way["room"]:
+            cache.room = None
+        return cache
+
+    pool.batch = batch_as
+    while engine.num_prefilling or engine.num_waiting:
+        engine.step()
+    for _ in range(2):
+        engine.step()
+    rows_decoded = sum(r.rows for r in engine._running.values())
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(args.steps):
+        for room in ((True, False) if i % 2 else (False, True)):
+            way["room"] = room
+            t0 = time.perf_counter()
+            engine.step()
+            times[room].append(time.perf_counter() - t0)
+    diffs = [a - b for a, b in zip(times[True], times[False])]
+    res = {w: {"median_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t)} for w, t in
+           (("room", times[True]), ("concatenate", times[False]))}
+    res["paired_difference_median_ms"] = 1e3 * statistics.median(diffs)
+    report = {"command": "python " + " ".join(sys.argv), "machine": machine(), "model": args.model,
+              "requests": args.requests, "rows": rows_decoded, "max_new_tokens": args.max_new_tokens,
+              "steps": args.steps, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+              "results": res,
+              "tokens_per_s_room": rows_decoded / (res["room"]["median_ms"] / 1e3),
+              "tokens_per_s_concatenate": rows_decoded / (res["concatenate"]["median_ms"] / 1e3)}
+    md = markdown_header("The engine's step under load: the call writing into the rows' room vs concatenating",
+                         report)
+    md += ["", f"{args.requests} requests ({rows_decoded} rows decoding, one token per call in the pool), "
+               f"{args.max_new_tokens} tokens each, {args.steps} pairs of steps in alternating order, "
+               f"{report['dtype']} compute", "",
+           "| the call's keys/values | step median ms | step min ms | tokens/s (median) |", "|---|---:|---:|---:|",
+           f"| written into the rows' room | {res['room']['median_ms']:.1f} | {res['room']['min_ms']:.1f} | "
+           f"{report['tokens_per_s_room']:.1f} |",
+           f"| concatenated with the cache in every layer | {res['concatenate']['median_ms']:.1f} | "
+           f"{res['concatenate']['min_ms']:.1f} | {report['tokens_per_s_concatenate']:.1f} |", "",
+           f"Paired difference (room - concatenate), median over the pairs: "
+           f"{res['paired_difference_median_ms']:+.1f} ms a step.", ""]
+    write_report(args.out, report, "\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
