@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_exact_drafts import prompt_rows  # noqa: E402
+from bench_exact_drafts import prompt_rows, prompt_text  # noqa: E402
 from common import machine, markdown_header, positive_int, write_report  # noqa: E402
 
 
@@ -42,7 +42,6 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from biglm.checkpoint import load_model
     from biglm.generation import generate_ids
-    from biglm.generation.chat import render_chat
     from biglm.generation.config import model_decoding
     from biglm.model.modeling import BiGLMMaskAdapter
     from biglm.model.packed import PackedLinear
@@ -62,8 +61,7 @@ def main() -> None:
             m.down, m.up = down, up
 
     rows = prompt_rows(Path(args.data), args.prompts)
-    prompts = [torch.tensor([tok(render_chat(tok, r["messages"]) if "messages" in r else r["prompt"],
-                                 add_special_tokens=False)["input_ids"]]) for r in rows]
+    prompts = [torch.tensor([tok(prompt_text(tok, r), add_special_tokens=False)["input_ids"]]) for r in rows]
     config = model_decoding(model.config, {"max_new_tokens": args.max_new_tokens, "ignore_eos": True})
     use("F.linear")
     generate_ids(model, prompts[0], config=config)  # (warm-up)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_exact_drafts import prompt_rows  # noqa: E402
+from bench_exact_drafts import prompt_rows, prompt_text  # noqa: E402
 from common import machine, markdown_header, positive_int, write_report  # noqa: E402
 
 
@@ -48,7 +48,6 @@ def main() -> None:
                          "the prompts: give at least 2 * steps + 8")
     torch.set_num_threads(args.threads)
     from biglm.checkpoint import load_model
-    from biglm.generation.chat import render_chat
     from biglm.generation.config import model_decoding
     from biglm.generation.engine import DecodeEngine
 
@@ -56,8 +55,7 @@ def main() -> None:
         warnings.simplefilter("ignore")  # (the float32-compute notice of a bf16 export on an AVX2 CPU)
         model, tok = load_model(args.model, pack=True)
     rows = prompt_rows(Path(args.data), 4)
-    prompts = [tok(render_chat(tok, r["messages"]) if "messages" in r else r["prompt"],
-                   add_special_tokens=False)["input_ids"] for r in rows]
+    prompts = [tok(prompt_text(tok, r), add_special_tokens=False)["input_ids"] for r in rows]
     config = model_decoding(model.config, {"max_new_tokens": args.max_new_tokens, "ignore_eos": True})
     engine = DecodeEngine(model, tokenizer=tok)
     for i in range(args.requests):

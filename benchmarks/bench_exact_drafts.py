@@ -62,6 +62,14 @@ def prompt_rows(data: Path, per_kind: int, words: int = 60) -> list[dict]:
     return rows
 
 
+def prompt_text(tokenizer, row: dict) -> str:
+    """A `prompt_rows` row as the text a model reads: a chat turn rendered with the tokenizer's chat template
+    (`biglm.generation.chat.render_chat`, as `biglm generate` renders it), else the prompt as it is."""
+    from biglm.generation.chat import render_chat
+
+    return render_chat(tokenizer, row["messages"]) if "messages" in row else row["prompt"]
+
+
 def run_generate(model: str, rows: Path, out: Path, n: int, flags: list[str], threads: int) -> float:
     out.unlink(missing_ok=True)
     Path(str(out) + ".meta.json").unlink(missing_ok=True)

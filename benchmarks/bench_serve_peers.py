@@ -71,7 +71,7 @@ import torch
 from biglm.model.packed import reduced_precision_kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_exact_drafts import prompt_rows  # noqa: E402
+from bench_exact_drafts import prompt_rows, prompt_text  # noqa: E402
 from bench_serve import _free_port, _percentile, level, wait_healthy  # noqa: E402
 from bench_serve_vs_vllm import PeakRSS, make_vllm_env  # noqa: E402
 from bench_source_identity import shared_chars, source_texts  # noqa: E402
@@ -439,13 +439,12 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from biglm.checkpoint import model_source
-    from biglm.generation.chat import render_chat
 
     hf_dir = hf_directory(source, work)
     rows = prompt_rows(Path(args.data), args.prompts)
     tok = AutoTokenizer.from_pretrained(model_source(str(biglm_dir)).tokenizer_dir)
     src_tok = AutoTokenizer.from_pretrained(hf_dir)
-    texts = [render_chat(tok, r["messages"]) if "messages" in r else r["prompt"] for r in rows]
+    texts = [prompt_text(tok, r) for r in rows]
     ids = [r["id"] for r in rows]
     mine = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     theirs = [src_tok(t, add_special_tokens=False)["input_ids"] for t in texts]

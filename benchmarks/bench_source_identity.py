@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_exact_drafts import KINDS, prompt_rows, run_generate  # noqa: E402
+from bench_exact_drafts import KINDS, prompt_rows, prompt_text, run_generate  # noqa: E402
 from common import RESULTS, machine, markdown_header, positive_int, write_report  # noqa: E402
 
 
@@ -36,7 +36,6 @@ def source_texts(source: str, model: str, rows: list[dict], n: int, threads: int
     tokenized as `biglm generate` does (the BiGLM's tokenizer: the source's plus the added mask token)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from biglm.generation.chat import render_chat
 
     torch.set_num_threads(threads)
     kw = {"gguf_file": Path(source).name} if source.endswith(".gguf") else {}
@@ -49,7 +48,7 @@ def source_texts(source: str, model: str, rows: list[dict], n: int, threads: int
     eos = json.loads((Path(where_model.config_dir) / "config.json").read_text())["eos_token_id"]
     out = {}
     for row in rows:
-        text = render_chat(tok, row["messages"]) if "messages" in row else row["prompt"]
+        text = prompt_text(tok, row)
         ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
         with torch.no_grad():
             gen = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
