@@ -362,8 +362,12 @@ def headline(identity: list[dict], drafts: list[dict], evals: list[dict], serves
         r = f["report"]
         ours = next((s for s in r["servers"] if s["server"] == "biglm"), {})
         q = ours.get("quality") or {}
+        kinds = {"llama": "llama.cpp `llama-server`", "vllm": "vLLM-CPU"}  # the peers this sitting ran
+        named = [name for k, name in kinds.items() if any(s["server"].startswith(k) for s in r["servers"])]
+        passes = r.get("passes", 1)
         rows.append([f"`biglm serve` of `{Path(r['biglm']).name}` ({ours.get('dtype', '-')})",
-                     "llama.cpp `llama-server` and vLLM-CPU serving the source, one thread each",
+                     f"{' and '.join(named) or '-'} serving the source, one thread each"
+                     + (f", {passes} passes merged" if passes > 1 else ""),
                      "tokens/s, biglm / the best peer: " + "; ".join(f["cells"]),
                      f"{q.get('same_text', '-')}/{q.get('prompts', '-')} answers equal to the source's greedy text",
                      *run_cells(f["path"], r)])
