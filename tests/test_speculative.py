@@ -1030,3 +1030,30 @@ def test_a_tree_request_checks_one_draft_a_call_while_the_engine_is_loaded():
             break
     assert done["0"].token_ids == want
     assert spec.branches == 1 and not any(trees_under_load[1:])
+
+
+def test_a_shift_models_calls_without_mask_drafts_run_no_mask_adapter():
+    """A drafting model (mask adapters) decoding with n-gram drafts alone: its calls carry no mask token (a shift
+    model's carrier row, read by no one, holds a plain token), so no adapter runs in any call, and the text is one
+    token per call's (float32). With the model's own drafts the adapters run (the count can fail)."""
+    from biglm.model.modeling import BiGLMMaskAdapter
+
+    model = _blocks_model(shift_logits=True, mask_adapter_rank=4)
+    for m in model.modules():
+        if isinstance(m, BiGLMMaskAdapter):
+            torch.nn.init.normal_(m.up.weight, std=0.2, generator=torch.Generator().manual_seed(3))
+    runs = [0]
+    hooks = [m.register_forward_hook(lambda *a: runs.__setitem__(0, runs[0] + 1))
+             for m in model.modules() if isinstance(m, BiGLMMaskAdapter)]
+    ids, mask = _batch(model, lengths=(9,))
+    ids = torch.cat((ids, ids), 1)  # a repeated text: n-gram drafts to check
+    plain = generate_ids(model, ids, strategy="confidence", block_length=1, max_new_tokens=12, draft_length=0)
+    runs[0] = 0
+    ngram = generate_ids(model, ids, strategy="confidence", max_new_tokens=12, draft_length=3, draft_ngram=3,
+                         draft_model=False, draft_fill=False)
+    assert ngram.token_lists() == plain.token_lists() and runs[0] == 0
+    generate_ids(model, ids, strategy="confidence", max_new_tokens=12, draft_length=3, draft_ngram=0,
+                 draft_model=True)
+    assert runs[0] > 0
+    for h in hooks:
+        h.remove()

@@ -449,6 +449,8 @@ class DecodeEngine:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.tokenizer = tokenizer
         self.suppress = list(range(len(tokenizer), model.config.vocab_size)) if tokenizer is not None else []
+        pad, eos = model.config.pad_token_id, model.config.eos_token_id
+        self._plain_id = pad if pad is not None else eos if eos is not None else 0  # what pads a merged call's rows
         self.positions = 0  # query positions the merged calls have computed (padding included): a cost counter
         self.prefill_chunk = prefill_chunk
         if isinstance(draft_rows, bool) or not isinstance(draft_rows, int) or draft_rows < 0:
@@ -764,7 +766,8 @@ class DecodeEngine:
             rows, w = call.ids.shape
             own = call.rule.shape[2] - w  # the request's own cache length
             pad = (0, width - w)
-            ids.append(torch.nn.functional.pad(call.ids, pad, value=self.model.config.mask_token_id))
+            # (padding queries are read by no one: a plain token, so the mask adapters run only where masks are)
+            ids.append(torch.nn.functional.pad(call.ids, pad, value=self._plain_id))
             keys = torch.ones_like(call.ids, dtype=torch.bool) if keys is None else keys
             valid.append(torch.nn.functional.pad(keys, pad, value=False))
             pos.append(torch.nn.functional.pad(call.positions, pad))

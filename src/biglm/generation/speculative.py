@@ -330,7 +330,11 @@ class SpeculativeDecode:
             L = tail.shape[0]
             rule = torch.cat((tail.new_ones(L, C), tail), 1).expand(B, L, C + L)
         self.width = L
-        ids = torch.cat((self.pending, self.pending.new_full((B, L - n), self.mask_id)), 1)
+        # the rows after the pending tokens: masks (checks and blocks), or only a shift model's carrier row (no block),
+        # which sees itself alone and is read by no one: a plain token there, so that such a call runs no mask adapter
+        # (they act where a mask token stands: `BiGLMModel.forward`'s gate)
+        carrier = not self.checks and not self.block
+        ids = torch.cat((self.pending, self.pending.new_full((B, L - n), self.fill if carrier else self.mask_id)), 1)
         return TreeCall(ids=ids, positions=self.start + self.written[:, None] + offsets, rule=rule,
                         read=(self.rows[:, None] * L + read).reshape(-1), lead=n)
 
