@@ -1,0 +1,98 @@
+"""Decoding settings of one model at batch 1, timed in-process: milliseconds a model call, tokens a call, tokens/s.
+
+    python benchmarks/bench_batch1_decoding.py --model runs/smol-causal-a80g --threads 1 \\
+        --setting "one-per-call=strategy=confidence,block_length=1,steps=96,draft_length=0" --setting default= \\
+        --setting "ngram-only=strategy=confidence,draft_length=4,draft_ngram=3,draft_model=false,draft_fill=false" \\
+        --out batch1-decoding-smol-causal-a80g
+
+The model loads as `biglm generate` loads it (`load_model(..., pack=True)`); each ``--setting NAME=FIELD=VALUE,...``
+(empty: the model's default decoding) is `model_decoding` of those fields over ``--max-new-tokens`` greedy tokens, end
+of text ignored, and decodes each held-out prompt (`bench_exact_drafts.prompt_rows`, chats rendered with the model's
+template) alone with `generate_ids`, after one untimed warm-up answer. The time is the decoding's only (no load, no
+tokenizing), so the settings compare as a server at batch 1 would run them.
+
+Results: benchmarks/results/<out>.json and .md with the machine and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_exact_drafts import prompt_rows, prompt_text  # noqa: E402
+from common import machine, markdown_header, positive_int, write_report  # noqa: E402
+
+
+def parse_setting(text: str) -> tuple[str, dict]:
+    name, _, fields = text.partition("=")
+    values = {}
+    for item in filter(None, fields.split(",")):
+        key, _, raw = item.partition("=")
+        low = raw.lower()
+        values[key] = (True if low == "true" else False if low == "false" else None if low == "none"
+                       else int(raw) if raw.lstrip("-").isdigit() else float(raw) if raw.replace(".", "", 1).isdigit()
+                       else raw)
+    if not name:
+        raise argparse.ArgumentTypeError(f"--setting {text!r}: give NAME=FIELD=VALUE,... (NAME= for the default)")
+    return name, values
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="an export or run folder")
+    ap.add_argument("--setting", type=parse_setting, action="append", required=True)
+    ap.add_argument("--max-new-tokens", type=positive_int, default=96)
+    ap.add_argument("--prompts", type=positive_int, default=4, help="prompts of each kind (3 kinds)")
+    ap.add_argument("--threads", type=positive_int, default=1)
+    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    ap.add_argument("--out", default="batch1-decoding")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from biglm.checkpoint import load_model
+    from biglm.generation import generate_ids
+    from biglm.generation.config import model_decoding
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, tok = load_model(args.model, pack=True)
+    rows = prompt_rows(Path(args.data), args.prompts)
+    prompts = [torch.tensor([tok(prompt_text(tok, r), add_special_tokens=False)["input_ids"]]) for r in rows]
+    results = []
+    for name, fields in args.setting:
+        config = model_decoding(model.config, {"max_new_tokens": args.max_new_tokens, "ignore_eos": True, **fields})
+        generate_ids(model, prompts[0], config=config)  # (warm-up)
+        calls, texts, t0 = 0, [], time.perf_counter()
+        for ids in prompts:
+            out = generate_ids(model, ids, config=config)
+            calls += sum(out.calls_per_row())
+            texts.append(out.token_lists()[0])
+        seconds = time.perf_counter() - t0
+        tokens = args.max_new_tokens * len(prompts)
+        results.append({"setting": name, "fields": fields, "seconds": seconds, "calls": calls,
+                        "ms_per_call": 1e3 * seconds / calls, "tokens_per_call": tokens / calls,
+                        "tokens_per_s": tokens / seconds, "texts": texts})
+        print(f"{name}: {tokens / seconds:.1f} tok/s, {tokens / calls:.2f} tokens a call, "
+              f"{1e3 * seconds / calls:.1f} ms a call", flush=True)
+    first = results[0]["texts"]
+    for r in results:
+        r["same_text_as_first"] = sum(a == b for a, b in zip(r.pop("texts"), first))
+    report = {"command": "python " + " ".join(sys.argv), "machine": machine(), "model": args.model,
+              "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "results": results}
+    md = markdown_header("Decoding settings at batch 1, in-process", report)
+    md += ["", f"{len(prompts)} held-out prompts alone, {args.max_new_tokens} greedy tokens each, end of text ignored",
+           "", f"| setting | tok/s | tokens a call | ms a call | the same text as {results[0]['setting']} |",
+           "|---|---:|---:|---:|---|"]
+    md += [f"| {r['setting']} (`{', '.join(f'{k}={v}' for k, v in r['fields'].items()) or 'the default'}`) | "
+           f"{r['tokens_per_s']:.1f} | {r['tokens_per_call']:.2f} | {r['ms_per_call']:.1f} | "
+           f"{r['same_text_as_first']}/{len(prompts)} |" for r in results]
+    write_report(args.out, report, "\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()
