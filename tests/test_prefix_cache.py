@@ -217,7 +217,8 @@ def test_a_call_into_the_rooms_of_right_padded_rows_equals_each_row_alone(model,
 
 
 def test_a_call_larger_than_the_room_is_refused(model):
-    """Room too small for the call after the longest row: refused, naming what is missing (not written past it)."""
+    """Room too small for the call after the longest row: refused, naming what is missing (not written past it); room
+    in the batch-invariant mode (which lays the keys out itself): refused, not ignored."""
     with torch.inference_mode():
         c = model.encode_prefix(torch.tensor([PROMPTS[0]]))
         keys = [torch.cat((k, torch.zeros_like(k[:, :, :1])), 2) for k in c.keys]
@@ -226,3 +227,9 @@ def test_a_call_larger_than_the_room_is_refused(model):
                              ends=torch.tensor([c.length]), room=(keys, values))
         with pytest.raises(ValueError, match="room for the call's 2 tokens"):
             model.model(torch.tensor([[5, 6]]), prefix_cache=pooled)
+        model.model.batch_invariant = True  # (its attention lays the keys out itself)
+        try:
+            with pytest.raises(ValueError, match="not for the batch-invariant mode"):
+                model.model(torch.tensor([[5]]), prefix_cache=pooled)
+        finally:
+            model.model.batch_invariant = False

@@ -342,11 +342,11 @@ class _CachePool:
             return list(self.members)
         return reqs
 
-    def batch(self, reqs: list[_Request], call: int) -> PrefixCache | None:
+    def batch(self, reqs: list[_Request], call: int, *, room: bool = True) -> PrefixCache | None:
         """The cache of one call of ``call`` positions a row over ``reqs`` (the members, in row order: `order`): a view
-        of the first rows, each row's length in ``ends``, and, where the call fits after the longest, the rows' room
-        (`PrefixCache.room`: the call writes its keys there, after each row's own); None when they are not exactly the
-        members (the caller merges instead)."""
+        of the first rows, each row's length in ``ends``, and, with ``room`` where the call fits after the longest, the
+        rows' room (`PrefixCache.room`: the call writes its keys there, after each row's own); None when they are not
+        exactly the members (the caller merges instead)."""
         if reqs != self.members:
             return None
         total = sum(r.rows for r in reqs)
@@ -354,7 +354,8 @@ class _CachePool:
         width = max(lengths)
         ends = torch.tensor([n for r, n in zip(reqs, lengths) for _ in range(r.rows)], device=self.device)
         b = self.buffers
-        room = ([k[:total] for k in b.keys], [v[:total] for v in b.values]) if width + call <= self.columns else None
+        fits = room and width + call <= self.columns
+        room = ([k[:total] for k in b.keys], [v[:total] for v in b.values]) if fits else None
         return PrefixCache(keys=[k[:total, :, :width] for k in b.keys], values=[v[:total, :, :width] for v in b.values],
                            key_valid=b.key_valid[:total, :width], padded=True,
                            hidden=None if b.hidden is None else b.hidden[:total, :width], ends=ends, room=room)
@@ -734,7 +735,8 @@ class DecodeEngine:
             rows = seg_ids.shape[0]
             pos.append((req.decode.denoise.cache.length + torch.arange(width, device=self.device)).expand(rows, -1))
             lead.append(torch.full((rows,), h, dtype=torch.long, device=self.device))
-        pooled = self._pool.batch(reqs, width)
+        # (the batch-invariant mode lays each row's keys out itself: its calls get no room)
+        pooled = self._pool.batch(reqs, width, room=not getattr(self.model.model, "batch_invariant", False))
         cache = pooled or PrefixCache.merge([r.decode.denoise.cache for r in reqs])
         where_all = torch.cat(where)
         self.positions += sum(x.shape[0] for x in ids) * width

@@ -635,8 +635,11 @@ class BiGLMModel(BiGLMPreTrainedModel):
                              block_len=block_len, causal=causal, lookahead=lookahead, rule=attention_rule,
                              batch_invariant=self.batch_invariant)
         write = None
-        if prefix_cache is not None and prefix_cache.room is not None and not self.batch_invariant:
+        if prefix_cache is not None and prefix_cache.room is not None:
             # the call's keys/values written into each row's room after its own keys (`PrefixCache.room`)
+            if self.batch_invariant:  # (its attention lays the keys out itself: `batch_invariant_attention`)
+                raise ValueError("a prefix_cache with room is not for the batch-invariant mode: pass the cache "
+                                 "without room (room=None).")
             if prefix_cache.ends is None or offset + L > prefix_cache.room[0][0].shape[2]:
                 raise ValueError(f"a prefix_cache with room needs each row's length (ends) and room for the call's {L} "
                                  f"tokens after its {offset} columns (it has {prefix_cache.room[0][0].shape[2]}).")
