@@ -63,8 +63,8 @@ def main() -> None:
     pool, batch = engine._pool, engine._pool.batch
     way = {"room": True}
 
-    def batch_as(reqs, call):  # the pool's batch, without its room for the concatenating way
-        cache = batch(reqs, call)
+    def batch_as(reqs, call, **kw):  # the pool's batch, without its room for the concatenating way
+        cache = batch(reqs, call, **kw)
         if cache is not None and not way["room"]:
             cache.room = None
         return cache

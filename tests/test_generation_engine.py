@@ -119,8 +119,8 @@ def test_the_pooled_cache_serves_calls_in_place_as_requests_come_and_go(model, m
     engine = DecodeEngine(model, max_batch_rows=8)
     rooms, batch = [], engine._pool.batch
 
-    def seen(reqs, call):
-        cache = batch(reqs, call)
+    def seen(reqs, call, **kw):
+        cache = batch(reqs, call, **kw)
         rooms.append(cache is not None and cache.room is not None)
         return cache
 
