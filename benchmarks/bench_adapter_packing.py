@@ -46,6 +46,12 @@ def main() -> None:
     from biglm.model.modeling import BiGLMMaskAdapter
     from biglm.model.packed import PackedLinear
 
+    from biglm.checkpoint import check_model_path
+
+    try:  # (bad input: one line, before any work)
+        check_model_path(args.model)
+    except FileNotFoundError as e:
+        raise SystemExit(f"{Path(__file__).name}: {e}") from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, tok = load_model(args.model, pack=True)

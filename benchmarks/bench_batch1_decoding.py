@@ -58,14 +58,26 @@ def main() -> None:
     from biglm.generation import generate_ids
     from biglm.generation.config import model_decoding
 
+    from biglm.checkpoint import check_model_path
+
+    try:  # (bad input: one line, before any work)
+        check_model_path(args.model)
+    except FileNotFoundError as e:
+        raise SystemExit(f"{Path(__file__).name}: {e}") from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, tok = load_model(args.model, pack=True)
     rows = prompt_rows(Path(args.data), args.prompts)
     prompts = [torch.tensor([tok(prompt_text(tok, r), add_special_tokens=False)["input_ids"]]) for r in rows]
+    configs = []
+    for name, fields in args.setting:  # every setting checked before any is timed
+        try:
+            configs.append(model_decoding(model.config, {"max_new_tokens": args.max_new_tokens, "ignore_eos": True,
+                                                         **fields}))
+        except (TypeError, ValueError) as e:
+            raise SystemExit(f"bench_batch1_decoding.py: --setting {name}: {e}") from None
     results = []
-    for name, fields in args.setting:
-        config = model_decoding(model.config, {"max_new_tokens": args.max_new_tokens, "ignore_eos": True, **fields})
+    for (name, fields), config in zip(args.setting, configs):
         generate_ids(model, prompts[0], config=config)  # (warm-up)
         calls, texts, t0 = 0, [], time.perf_counter()
         for ids in prompts:

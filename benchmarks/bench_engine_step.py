@@ -51,6 +51,12 @@ def main() -> None:
     from biglm.generation.config import model_decoding
     from biglm.generation.engine import DecodeEngine
 
+    from biglm.checkpoint import check_model_path
+
+    try:  # (bad input: one line, before any work)
+        check_model_path(args.model)
+    except FileNotFoundError as e:
+        raise SystemExit(f"{Path(__file__).name}: {e}") from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the float32-compute notice of a bf16 export on an AVX2 CPU)
         model, tok = load_model(args.model, pack=True)
