@@ -637,7 +637,7 @@ def test_cli_options_are_the_decoding_config_fields(saved, capsys, monkeypatch):
     assert {f.name for f in dataclasses.fields(DecodingConfig)} == {
         "max_new_tokens", "steps", "strategy", "temperature", "top_k", "top_p", "seed", "length_beam", "block_length",
         "threshold", "stop", "use_cache", "early_stop", "block_suffix", "block_cache", "length_head", "ignore_eos",
-        "draft_length", "draft_ngram", "draft_model", "draft_fill", "draft_branches", "draft_accept"}
+        "draft_length", "draft_ngram", "draft_model", "draft_fill", "draft_measure", "draft_branches", "draft_accept"}
 
 
 # --- the strategy registry ----------------------------------------------------------------------------------

@@ -1057,3 +1057,127 @@ def test_a_shift_models_calls_without_mask_drafts_run_no_mask_adapter():
     assert runs[0] > 0
     for h in hooks:
         h.remove()
+
+
+# --- draft_fill's block while it pays (`DraftCosts`) -----------------------------------------------------------
+
+
+def test_draft_costs_carry_the_block_while_its_drafts_pay_for_it():
+    """The table's decision, call by call: a block first, then a call without (each kind measured, its first call
+    skipped as a warm-up), the block until its drafts' yield is known, then (1 + kept per check) * t_plain >= t_block;
+    a block found not paying rides again every `FILL_PROBE_EVERY` calls; each row count is measured apart."""
+    from biglm.generation.speculative import FILL_MIN_CHECKS, FILL_PROBE_EVERY, DraftCosts
+
+    costs = DraftCosts()
+    assert costs.pays(1)
+    costs.timed(1, True, 50.0)  # (a warm-up: not counted)
+    assert costs.pays(1)
+    costs.timed(1, True, 2.0)
+    assert not costs.pays(1)  # the block measured: now a call without it
+    costs.timed(1, False, 50.0)
+    costs.timed(1, False, 1.0)
+    assert costs.seconds == {(1, True): 2.0, (1, False): 1.0}
+    assert costs.pays(1)  # no checks of its drafts yet
+    costs.gave(1, FILL_MIN_CHECKS)  # a quarter of a token a check: 1.25 * 1.0 < 2.0
+    assert not costs.pays(1)
+    probes = [costs.pays(1) for _ in range(2 * FILL_PROBE_EVERY)]
+    assert sum(probes) == 2 and probes.index(True) == FILL_PROBE_EVERY - 2  # (the call above waited once)
+    costs.gave(5 * FILL_MIN_CHECKS, FILL_MIN_CHECKS)  # now 2.6 tokens a check (decayed sums): it pays
+    assert costs.kept / costs.checked > 1.0 and all(costs.pays(1) for _ in range(3))
+    assert costs.pays(2)  # two rows: measured afresh, a block first
+    costs.timed(2, True, 1.0)
+    costs.timed(2, True, 1.0)
+    assert not costs.pays(2)  # then a call without
+
+
+def _fill_calls(monkeypatch) -> tuple[list[tuple[int, int]], list]:
+    """Each speculative call's pending tokens and mask block, and each decode made."""
+    from biglm.generation import speculative
+
+    calls, decodes = [], []
+    real_segment, real_init = speculative.SpeculativeDecode.segment, speculative.SpeculativeDecode.__init__
+
+    def segment(self):
+        call = real_segment(self)
+        calls.append((self.pending.shape[1], self.block))
+        return call
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        decodes.append(self)
+
+    monkeypatch.setattr(speculative.SpeculativeDecode, "segment", segment)
+    monkeypatch.setattr(speculative.SpeculativeDecode, "__init__", init)
+    return calls, decodes
+
+
+def _frozen_costs(*, pays: bool, rows: int = 1):
+    """A table that says the block pays (or not) at ``rows`` rows and does not move with the calls' real times."""
+    from biglm.generation.speculative import FILL_MIN_CHECKS, DraftCosts
+
+    costs = DraftCosts(smoothing=0.0, decay=1.0)
+    costs.seconds = {(rows, True): 1.0 if pays else 10.0, (rows, False): 1.0}
+    costs.seen = {(rows, True): 2, (rows, False): 2}
+    costs.gave(0, 100 * FILL_MIN_CHECKS)
+    return costs
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
+@pytest.mark.parametrize("case", ["pays", "does-not-pay", "measure-off", "sampled", "not-loaded"])
+def test_draft_fill_rides_where_the_models_table_says_it_pays(case, shift, monkeypatch):
+    """A model loaded for inference (``measure_drafts``) carries draft_fill's block in a call with nothing to check
+    only where its table (`DraftCosts`) says it pays; with ``draft_measure=false``, sampling, or a model not loaded
+    for inference, in every such call. The answer is one token per call's either way (float32 greedy), and the calls
+    with one pending token are timed into the table."""
+    model = _blocks_model(shift_logits=shift)
+    g = torch.Generator().manual_seed(4)
+    base = torch.randint(5, model.config.vocab_size, (5,), generator=g).tolist()
+    ids = torch.tensor([base * 2 + [11, 12, 13, 14, 15, 16]])
+    kw = dict(max_new_tokens=20, strategy="confidence", suppress_ids=[7],
+              temperature=0.7 if case == "sampled" else 0.0)
+    ref = generate_ids(model, ids, block_length=1, **kw)
+    model.measure_drafts = case != "not-loaded"
+    model.draft_costs = costs = _frozen_costs(pays=case != "does-not-pay")
+    calls, decodes = _fill_calls(monkeypatch)
+    out = generate_ids(model, ids, draft_length=3, draft_ngram=2, draft_model=False,
+                       draft_measure=case != "measure-off", **kw)
+    bare = [block for n, block in calls if n <= 1]  # calls with nothing to check
+    assert bare
+    if case != "sampled":
+        assert out.token_lists() == ref.token_lists()
+    if case == "does-not-pay":
+        assert not any(bare) and decodes[0].kept_by_source["model"] == 0
+    else:
+        assert all(bare)  # the block in every one (the first call's included)
+    timed = costs.seen.get((1, True), 0) + costs.seen.get((1, False), 0) - 4
+    assert timed == (sum(n == 1 for n, _ in calls) if case in ("pays", "does-not-pay") else 0)
+
+
+def test_the_engine_carries_draft_fill_where_the_table_says_it_pays_and_times_its_calls(monkeypatch):
+    """The server's engine asks the same table, for a call of all its rows, and times its calls with nothing to check
+    into it: a fresh table measures a block, then a call without; a table that says the block does not pay keeps it
+    out; the answer is `generate_ids`' (float32 greedy)."""
+    from biglm.generation import DecodeEngine
+    from biglm.generation.speculative import DraftCosts
+
+    model = _blocks_model(shift_logits=True)
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(5, model.config.vocab_size, (5,), generator=g).tolist() * 2 + [11, 12, 13]
+    config = DecodingConfig(strategy="confidence", max_new_tokens=16, draft_length=3, draft_ngram=2, draft_model=False)
+    want = generate_ids(model, torch.tensor([prompt]), config=config).token_lists()[0]
+    model.measure_drafts = True
+    for table, carried in ((DraftCosts(), None), (_frozen_costs(pays=False), False)):
+        model.draft_costs = table
+        calls, _ = _fill_calls(monkeypatch)
+        engine = DecodeEngine(model, draft_rows=4)
+        engine.submit("r", prompt, config)
+        events = []
+        while engine.num_running or engine.num_waiting or engine.num_prefilling:
+            events += engine.step()
+        assert events[-1].finished and events[-1].token_ids == want
+        bare = [block for n, block in calls if n <= 1]
+        if carried is None:  # a fresh table: a block first, then one call without (each kind's first is a warm-up)
+            assert bare[:2] == [4, 4] and table.seen.get((1, True), 0) >= 1
+            assert sum(table.seen.values()) == sum(n == 1 for n, _ in calls)
+        else:
+            assert not any(bare)

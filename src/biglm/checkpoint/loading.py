@@ -179,6 +179,9 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
                           f"--dtype {str(held).removeprefix('torch.')}, to keep them)", stacklevel=2)
             model = model.float()
         pack_linears(model)
+    # a model loaded to serve or generate: decoding may time its calls to choose its drafts (`generation.speculative
+    # .DraftCosts`; greedy float32, where the answer does not depend on them); not compiled (a new shape compiles)
+    model.measure_drafts = not compile and not batch_invariant
     if batch_invariant:
         held = next(model.parameters()).dtype
         if held != torch.bfloat16:

@@ -116,8 +116,14 @@ class DecodingConfig:
     draft_fill: bool = True
     """speculative decoding with draft_model=false: a call that has no n-gram draft to check (the text so far never
     showed its last token before) carries one block of draft_length + 1 masks after its token, whose predictions
-    are the next call's drafts, so that every call has drafts to check: 1 + m positions instead of 2, which on a CPU
-    at batch 1 cost no more (measured: docs/LOG.md). Like every draft only a guess: the answer is the same. Dropped with the model's drafts under load (rows above `speculative.DRAFT_ROWS`)"""
+    are the next call's drafts, so that every call has drafts to check: 1 + m positions instead of 2 (their cost is
+    the machine's: see draft_measure). Like every draft only a guess: the answer is the same. Dropped with the model's
+    drafts under load (rows above `speculative.DRAFT_ROWS`)"""
+    draft_measure: bool = True
+    """speculative decoding with draft_fill, greedy (draft_accept 1), float32, on a model loaded for inference
+    (`checkpoint.load_model`): draft_fill's block rides only while it pays on this machine, measured as decoding goes
+    (`speculative.DraftCosts`: calls with the block timed against calls without it, and the tokens its drafts gave);
+    false: in every call that has nothing to check. The answer is the same either way"""
     draft_branches: int = 1
     """speculative decoding, greedy, with draft_model=false: a call checks up to this many different drafts at once
     (the continuations of the latest matches of the n-gram, then the model's next-best first tokens from a
@@ -203,6 +209,10 @@ class DecodingConfig:
             raise DecodingError("draft_fill=false applies to calls without the model's mask blocks (draft_model=false, "
                                 "n-gram drafts); with draft_model=true every call carries them: set draft_model=false "
                                 "too, or leave draft_fill unset.", option="draft_fill")
+        if not self.draft_measure and (self.draft_model or not self.draft_fill):
+            raise DecodingError("draft_measure=false keeps draft_fill's block in every call that has nothing to check; "
+                                "it applies with draft_model=false and draft_fill=true: set those, or leave "
+                                "draft_measure unset.", option="draft_measure")
         if self.draft_branches > 1 and self.temperature > 0.0:
             raise DecodingError("draft_branches > 1 checks several drafts greedily; sampling (temperature > 0) keeps "
                                 "one draft a call, whose acceptance keeps the sampled answer's distribution: set "

@@ -34,7 +34,7 @@ from .api import cut_at_stop
 from .config import DecodingConfig
 from .decoding import (Decode, DecodeRun, Query, StepCallback, _unchecked, check_prompt_ids, check_speculative,
                        draw_greedy, require_mask_token, uses_length_head)
-from .speculative import DRAFT_ROWS, SpeculativeDecode, TreeCall
+from .speculative import DRAFT_ROWS, SpeculativeDecode, TreeCall, draft_costs
 
 DEFAULT_PREFILL_CHUNK = 64
 """`DecodeEngine`'s default ``prefill_chunk``: a step's prompt encoding, in prompt tokens through every layer. Lower
@@ -755,10 +755,11 @@ class DecodeEngine:
         branches need an explicit attention rule, and the model takes a rule or a prefix split, not both, so every
         row is said as a rule (`_as_tree`). Rows are right-padded to the widest (masked keys, queries that see
         everything, read by no one); each request's cache columns sit at the right end of the merged cache's."""
-        model_drafts = self._drafts_pay()
-        for r in reqs:  # the mask blocks that draft the next call cost (m + 1)^2 positions: only while drafts pay
-            if isinstance(r.decode, SpeculativeDecode):
-                r.decode.drafts_pay(model_drafts)
+        start = time.perf_counter()
+        model_drafts, n_rows = self._drafts_pay(), sum(r.rows for r in reqs)
+        speculative = [r.decode for r in reqs if isinstance(r.decode, SpeculativeDecode)]
+        for decode in speculative:  # the mask blocks that draft the next call cost (m + 1)^2 positions: only while
+            decode.drafts_pay(model_drafts, rows=n_rows)  # drafts pay (and draft_fill's, while measured to pay)
         calls = [self._as_tree(r) if isinstance(r.decode, Decode) else (r.decode.segment(), None) for r in reqs]
         cache = PrefixCache.merge([r.decode.cache for r in reqs])
         C, width = cache.length, max(call.ids.shape[1] for call, _ in calls)
@@ -787,6 +788,10 @@ class DecodeEngine:
                          logits_positions=torch.cat(read), return_cache=lead > 0)
         self._hand_out(reqs, out, counts=[call.read.numel() for call, _ in calls],
                        rows=[call.ids.shape[0] for call, _ in calls], leads=[call.lead for call, _ in calls])
+        costs = draft_costs(self.model)
+        if costs is not None and len(speculative) == len(reqs) and all(d.called_pending == 1 for d in speculative):
+            # a call with nothing to check, whole: its time feeds the model's table of costs (`DraftCosts`)
+            costs.timed(n_rows, any(bool(d.block) for d in speculative), time.perf_counter() - start)
 
     def _hand_out(self, reqs: list[_Request], out, *, counts: list[int], rows: list[int], leads: list[int],
                   absorbed: list[PrefixCache | None] | None = None) -> None:

@@ -47,6 +47,7 @@ float32; in bfloat16 only with a batch-invariant model, `load_model(..., batch_i
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -199,6 +200,85 @@ def ngram_draft(history: torch.Tensor, *, length: int, max_n: int, min_n: int = 
     return found[0] if found else None
 
 
+FILL_MIN_CHECKS = 4
+"""Checks of the model's drafts a `DraftCosts` counts before it may find ``draft_fill``'s block not paying."""
+FILL_PROBE_EVERY = 32
+"""Calls with nothing to check after which a block found not paying rides once again, so that a change in the drafts
+or the machine is seen (`DraftCosts.pays`)."""
+
+
+class DraftCosts:
+    """Whether ``draft_fill``'s mask block pays on this machine, measured as decoding goes: the table of a model
+    loaded for inference (`draft_costs`), shared by every decode of it.
+
+    A call with nothing to check (one pending token) either carries the block of W masks, and the next call checks its
+    drafts, or carries none. With t_block and t_plain the time of such a call each way (at the call's row count:
+    a moving average of the calls as they run, the first of each kind skipped as a warm-up) and g the model's drafts
+    kept per check (decayed sums over the calls that checked them), the block pays when (1 + g) * t_plain >= t_block:
+    its call plus the tokens its drafts save cost no more than plain calls writing them. Where a call of W more
+    positions costs what one of 2 does (a GPU, a CPU bound by reading the weights) it rides; where each position costs
+    (this project's AVX2 CPU: a mask block also runs the mask adapters) it does not. Each kind is measured before the
+    first decision (a block, then a call without), the drafts' yield after `FILL_MIN_CHECKS` checks; a block found
+    not paying rides again every `FILL_PROBE_EVERY` calls with nothing to check. Only for greedy exact decoding in
+    float32, whose answer does not depend on the drafts (a sampled answer's draws, or a bfloat16 call's rounding, would
+    then follow the clock)."""
+
+    def __init__(self, *, smoothing: float = 0.3, decay: float = 0.98) -> None:
+        self.smoothing, self.decay = smoothing, decay
+        self.seconds: dict[tuple[int, bool], float] = {}  # (rows, block) -> moving average of a call's seconds
+        self.seen: dict[tuple[int, bool], int] = {}  # calls of each kind timed (the first skipped)
+        self.kept = self.checked = 0.0  # the model's drafts kept, and checks of them (decayed sums)
+        self.checks = 0  # checks of them counted
+        self.waited = 0  # calls with nothing to check since a block last rode while found not paying
+
+    def timed(self, rows: int, block: bool, seconds: float) -> None:
+        """A call with one pending token, of ``rows`` rows, with or without the block, took ``seconds``."""
+        key = (rows, block)
+        self.seen[key] = self.seen.get(key, 0) + 1
+        if self.seen[key] == 1:
+            return  # (a first call of a shape: the kernels' set-up)
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None else old + self.smoothing * (seconds - old)
+
+    def gave(self, kept: int, checked: int) -> None:
+        """A call checked ``checked`` rows' drafts from the model and kept ``kept`` of their tokens."""
+        if checked:
+            self.checks += checked
+            self.kept = self.kept * self.decay + kept
+            self.checked = self.checked * self.decay + checked
+
+    def gain(self) -> float | None:
+        """The model's drafts kept per check, None before `FILL_MIN_CHECKS` checks."""
+        return self.kept / self.checked if self.checks >= FILL_MIN_CHECKS else None
+
+    def pays(self, rows: int) -> bool:
+        """Whether the next call with nothing to check, of ``rows`` rows, carries the block."""
+        block, plain = self.seconds.get((rows, True)), self.seconds.get((rows, False))
+        if block is None:
+            return True  # (measured first: a call with the block)
+        if plain is None:
+            return False  # (then one without)
+        g = self.gain()
+        if g is None or (1.0 + g) * plain >= block:
+            return True
+        self.waited += 1
+        if self.waited >= FILL_PROBE_EVERY:
+            self.waited = 0
+            return True
+        return False
+
+
+def draft_costs(model: torch.nn.Module) -> DraftCosts | None:
+    """The model's table of draft costs (made on first use), or None for a model not loaded for inference by
+    `checkpoint.load_model` (its ``measure_drafts``): a model built or trained in-process keeps every block."""
+    if not getattr(model, "measure_drafts", False):
+        return None
+    costs = model.__dict__.get("draft_costs")
+    if costs is None:
+        costs = model.__dict__["draft_costs"] = DraftCosts()
+    return costs
+
+
 class TreeCall(NamedTuple):
     """One speculative call's input for the rows of a `SpeculativeDecode`, as `SpeculativeDecode.segment` gives it
     (whoever makes the call may merge it with other requests' rows)."""
@@ -267,6 +347,11 @@ class SpeculativeDecode:
         # the mask blocks that draft the next call (``draft_model``; the engine may drop them for a step), and the one
         # a call without drafts to check carries (``draft_fill``; dropped alike)
         self.model_drafts, self.fill_drafts = cfg.draft_model, cfg.draft_fill
+        # where the model's table of costs says whether draft_fill's block pays (greedy exact float32 only)
+        exact = cfg.temperature == 0.0 and cfg.draft_accept == 1.0
+        self.costs = (draft_costs(model) if cfg.draft_measure and cfg.draft_fill and not cfg.draft_model and exact
+                      and next(model.parameters()).dtype == torch.float32 else None)
+        self.called_pending = 0  # the pending tokens of the call `segment` last gave
         self.branches = cfg.draft_branches
         self.layouts = {(n, b): tuple(f(pending=n, width=W, checks=self.checks, block=b, device=device)
                                       for f in (tree_rule, tree_offsets, tree_predictions))
@@ -306,13 +391,21 @@ class SpeculativeDecode:
         self.node_valid = self.node_source = None
         self.finished = False
 
-    def drafts_pay(self, pays: bool) -> None:
-        """Whether the next calls may carry the model's mask drafts (``draft_model``'s blocks, ``draft_fill``'s one)
+    def drafts_pay(self, pays: bool, *, rows: int | None = None) -> None:
+        """Whether the next call may carry the model's mask drafts (``draft_model``'s blocks, ``draft_fill``'s one)
         and more than one draft (``draft_branches``): while a call is bound by reading the weights (few rows), where
-        they cost next to nothing (`DRAFT_ROWS`)."""
+        they cost next to nothing (`DRAFT_ROWS`); ``draft_fill``'s block also only while it pays on this machine
+        (`DraftCosts`, for a call of ``rows`` rows: default this decode's)."""
         self.model_drafts = self.config.draft_model and pays
-        self.fill_drafts = self.config.draft_fill and pays
+        self.fill_drafts = self.config.draft_fill and pays and (
+            self.costs is None or self.pending.shape[1] > 1 or self.costs.pays(self.B if rows is None else rows))
         self.branches = self.config.draft_branches if pays else 1  # (a tree's further drafts: positions too)
+
+    def timed(self, seconds: float, *, rows: int | None = None) -> None:
+        """The call `segment` last gave took ``seconds`` (a call of ``rows`` rows, default this decode's): one with
+        nothing to check feeds the model's table of costs (`DraftCosts`)."""
+        if self.costs is not None and self.called_pending == 1:
+            self.costs.timed(self.B if rows is None else rows, bool(self.block), seconds)
 
     def segment(self) -> TreeCall:
         """The pending call over this decode's rows and its own cache (`TreeCall`)."""
@@ -320,6 +413,7 @@ class SpeculativeDecode:
         # this call's mask block (`answered` reads it): every call's with the model's drafts, else a call's that has
         # nothing to check (its last token alone, or the first call)
         self.block = self.W if self.model_drafts or (self.fill_drafts and n <= 1) else 0
+        self.called_pending = n
         B, C = self.B, self.cache.length
         if self.parents is not None:  # a tree of drafts (never with a mask block: `_tree_drafts`)
             tail, offsets, read = tree_layout(self.parents, checks=self.checks)
@@ -404,6 +498,9 @@ class SpeculativeDecode:
         if m == self.m:
             for src in range(len(SOURCES)):
                 self.kept_counts[src] += torch.bincount(kept[active & (self.source == src)], minlength=W)
+            if self.costs is not None and not tree:  # what the model's drafts gave (`DraftCosts`)
+                checked = active & (self.source == 0)
+                self.costs.gave(int(kept[checked].sum()), int(checked.sum()))
         if m and tree:  # each kept draft by where it came from
             along = self.node_source.gather(1, path[:, 1:])[(slots[:, 1:] <= kept[:, None]) & active[:, None]]
             for src, name in enumerate(SOURCES):
@@ -573,7 +670,9 @@ def speculative_generate(model: torch.nn.Module, prompt_ids: torch.Tensor, promp
         while not decode.finished:
             if not invariant:
                 decode.drafts_pay(int(decode.active.sum()) <= DRAFT_ROWS)
+            start = time.perf_counter()
             decode.step()
+            decode.timed(time.perf_counter() - start)
     return decode.output()
 
 
