@@ -1,9 +1,13 @@
-"""The server engine's step under load, in-process: a call that writes its keys/values into the pooled rows' room
-(`PrefixCache.room`, the engine's way) against one that concatenates each layer's cache with them (the way before),
-step by step on the same engine.
+"""The server engine's step under load, in-process: one of the engine's choices against the way before it, step by
+step on the same engine.
 
     python benchmarks/bench_engine_step.py --model runs/smol-causal-a80g-bf16 --requests 32 --threads 1 \\
-        --out engine-step-smol-causal-a80g-bf16
+        [--compare room|grouped] --out engine-step-smol-causal-a80g-bf16
+
+``--compare room`` (default): a call that writes its keys/values into the pooled rows' room (`PrefixCache.room`, the
+engine's way) against one that concatenates each layer's cache with them. ``--compare grouped``: float32 attention of
+the pooled call through `attention.grouped_attention` (the sdpa backend's choice from
+`GROUPED_MIN_QUERY_ROWS_FLOAT32` query rows) against PyTorch's flash kernel.
 
 ``--requests`` greedy requests of the held-out prompts (`bench_exact_drafts.prompt_rows`, chats rendered with the
 model's template) with the model's default decoding, ``--max-new-tokens`` each, end of text ignored, are submitted at
@@ -12,7 +16,7 @@ CPU without bfloat16 kernels). Once every prompt is encoded (the requests decode
 a server under load does), ``--steps`` pairs of steps are timed, each pair one step of each way in alternating order,
 so the machine's drift and the caches' growth hit both alike: the median of each way and of the paired differences.
 A step's time includes everything `DecodeEngine.step` does (the model call, drawing, bookkeeping). The answers are
-the same either way (tested: tests/test_prefix_cache.py, tests/test_generation_engine.py).
+the same either way (tested: tests/test_prefix_cache.py, tests/test_generation_engine.py, tests/test_model.py).
 
 Results: benchmarks/results/<out>.json and .md with the machine and commit.
 """
@@ -41,6 +45,9 @@ def main() -> None:
     ap.add_argument("--steps", type=positive_int, default=40, help="timed pairs of steps")
     ap.add_argument("--threads", type=positive_int, default=1)
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    ap.add_argument("--compare", choices=("room", "grouped"), default="room",
+                    help="room: the call's keys/values into the rows' room vs concatenated; grouped: float32 pooled "
+                         "attention through grouped_attention vs the flash kernel")
     ap.add_argument("--out", default="engine-step")
     args = ap.parse_args()
     if args.max_new_tokens < 2 * args.steps + 8:
@@ -67,12 +74,17 @@ def main() -> None:
     for i in range(args.requests):
         engine.submit(f"r{i}", prompts[i % len(prompts)], config)
     pool, batch = engine._pool, engine._pool.batch
-    way = {"room": True}
+    way = {"room": True}  # (True: the engine's way)
+    from biglm.model import attention
+
+    grouped_from = attention.GROUPED_MIN_QUERY_ROWS_FLOAT32
 
     def batch_as(reqs, call, **kw):  # the pool's batch, without its room for the concatenating way
         cache = batch(reqs, call, **kw)
-        if cache is not None and not way["room"]:
+        if cache is not None and not way["room"] and args.compare == "room":
             cache.room = None
+        attention.GROUPED_MIN_QUERY_ROWS_FLOAT32 = (grouped_from if way["room"] or args.compare != "grouped"
+                                                    else float("inf"))
         return cache
 
     pool.batch = batch_as
@@ -89,27 +101,30 @@ def main() -> None:
             engine.step()
             times[room].append(time.perf_counter() - t0)
     diffs = [a - b for a, b in zip(times[True], times[False])]
+    # each way's name in the report, the engine's first ("room"/"concatenate": the keys of the first results)
+    names, rows_md, title = {
+        "room": (("room", "concatenate"), ("written into the rows' room", "concatenated with the cache in every layer"),
+                 "the call writing into the rows' room vs concatenating"),
+        "grouped": (("grouped", "flash"), ("`grouped_attention` (two products, float32 softmax)",
+                                           "PyTorch's flash kernel (`scaled_dot_product_attention`)"),
+                    "float32 pooled attention through grouped_attention vs the flash kernel")}[args.compare]
     res = {w: {"median_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t)} for w, t in
-           (("room", times[True]), ("concatenate", times[False]))}
+           ((names[0], times[True]), (names[1], times[False]))}
     res["paired_difference_median_ms"] = 1e3 * statistics.median(diffs)
     report = {"command": "python " + " ".join(sys.argv), "machine": machine(), "model": args.model,
-              "requests": args.requests, "rows": rows_decoded, "max_new_tokens": args.max_new_tokens,
-              "steps": args.steps, "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-              "results": res,
-              "tokens_per_s_room": rows_decoded / (res["room"]["median_ms"] / 1e3),
-              "tokens_per_s_concatenate": rows_decoded / (res["concatenate"]["median_ms"] / 1e3)}
-    md = markdown_header("The engine's step under load: the call writing into the rows' room vs concatenating",
-                         report)
+              "compare": args.compare, "requests": args.requests, "rows": rows_decoded,
+              "max_new_tokens": args.max_new_tokens, "steps": args.steps,
+              "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "results": res,
+              **{f"tokens_per_s_{w}": rows_decoded / (res[w]["median_ms"] / 1e3) for w in names}}
+    md = markdown_header(f"The engine's step under load: {title}", report)
     md += ["", f"{args.requests} requests ({rows_decoded} rows decoding, one token per call in the pool), "
                f"{args.max_new_tokens} tokens each, {args.steps} pairs of steps in alternating order, "
                f"{report['dtype']} compute", "",
-           "| the call's keys/values | step median ms | step min ms | tokens/s (median) |", "|---|---:|---:|---:|",
-           f"| written into the rows' room | {res['room']['median_ms']:.1f} | {res['room']['min_ms']:.1f} | "
-           f"{report['tokens_per_s_room']:.1f} |",
-           f"| concatenated with the cache in every layer | {res['concatenate']['median_ms']:.1f} | "
-           f"{res['concatenate']['min_ms']:.1f} | {report['tokens_per_s_concatenate']:.1f} |", "",
-           f"Paired difference (room - concatenate), median over the pairs: "
-           f"{res['paired_difference_median_ms']:+.1f} ms a step.", ""]
+           "| way | step median ms | step min ms | tokens/s (median) |", "|---|---:|---:|---:|"]
+    md += [f"| {label} | {res[w]['median_ms']:.1f} | {res[w]['min_ms']:.1f} | {report[f'tokens_per_s_{w}']:.1f} |"
+           for w, label in zip(names, rows_md)]
+    md += ["", f"Paired difference ({names[0]} - {names[1]}), median over the pairs: "
+               f"{res['paired_difference_median_ms']:+.1f} ms a step.", ""]
     write_report(args.out, report, "\n".join(md))
 
 

@@ -108,6 +108,30 @@ def test_grouped_attention_matches_eager_for_few_queries(queries, dtype, monkeyp
         torch.testing.assert_close(kernel.float(), A.eager_attention(q[:1].float(), k[:1].float(), v[:1].float(), one),
                                    **tol)
 
+@pytest.mark.parametrize("rows,queries", [(16, 1), (4, 4), (3, 1), (2, 4)])
+def test_float32_sdpa_takes_grouped_attention_from_enough_query_rows(rows, queries, monkeypatch):
+    """In float32 on a CPU the sdpa backend runs `grouped_attention` for a call of several rows whose rows x queries
+    reach `GROUPED_MIN_QUERY_ROWS_FLOAT32` (the server's pooled calls under load), PyTorch's kernel below it; either
+    way the attention is eager attention's (1e-5), with padding keys and the prefix rule."""
+    from biglm.model import attention as A
+
+    g = torch.Generator().manual_seed(1)
+    H, Hkv, D, Lk = 6, 2, 16, 24
+    q = torch.randn(rows, queries, H, D, generator=g).transpose(1, 2)
+    k, v = (torch.randn(rows, Hkv, Lk, D, generator=g) for _ in range(2))
+    valid = torch.ones(rows, Lk, dtype=torch.bool)
+    valid[1, :5] = False
+    mask = A.AttentionMask(batch=rows, q_len=queries, k_len=Lk, q_offset=Lk - queries,
+                           prefix_len=torch.full((rows,), Lk - queries), key_valid=valid)
+    want = A.eager_attention(q, k, v, mask)
+    grouped = rows * queries >= A.GROUPED_MIN_QUERY_ROWS_FLOAT32
+    if grouped:  # (the kernel would fail if called)
+        monkeypatch.setattr(A.F, "scaled_dot_product_attention", None)
+    else:
+        monkeypatch.setattr(A, "_grouped", None)
+    torch.testing.assert_close(A.sdpa_attention(q, k, v, mask), want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_grouped_attention_adds_the_mask_once_bitwise_as_it_filled_it(dtype):
     """`grouped_attention` adds the mask as float32 scores built once a call (`AttentionMask.bias`: 0 or -inf) in the

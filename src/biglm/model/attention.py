@@ -237,6 +237,11 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Att
 # docs/LOG.md). A single row takes the kernel with its query heads folded (`folded_attention`, faster still there).
 # Batched decoding calls are such calls; training and prompt encoding are not.
 GROUPED_MAX_QUERIES = 8
+# In float32 the flash kernel is the faster for few rows and `grouped_attention` from about this many query rows
+# (rows x queries) on: SmolLM2-135M's heads, one thread, AMD EPYC (AVX2): 32 rows of one query over ~250 keys, the
+# server's engine under load, -9 to -15 ms of a ~275 ms step; 1-4 rows of one query, the kernel 20-90% faster
+# (docs/LOG.md)
+GROUPED_MIN_QUERY_ROWS_FLOAT32 = 16
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
@@ -329,14 +334,17 @@ def folded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: At
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask,
                    dropout_p: float = 0.0) -> torch.Tensor:
     """PyTorch scaled_dot_product_attention with a boolean mask and native GQA; a few queries in bfloat16/float16 on a
-    CPU (decoding calls) go through `grouped_attention` for several rows and `folded_attention` for one, the same
-    attention, faster there."""
-    if (q.shape[2] <= GROUPED_MAX_QUERIES and dropout_p == 0.0 and q.device.type == "cpu"
-            and q.dtype in (torch.bfloat16, torch.float16)):
-        if q.shape[0] > 1:
+    CPU (decoding calls) go through `grouped_attention` for several rows and `folded_attention` for one, and in
+    float32 through `grouped_attention` for many rows (`GROUPED_MIN_QUERY_ROWS_FLOAT32`): the same attention, faster
+    there."""
+    if q.shape[2] <= GROUPED_MAX_QUERIES and dropout_p == 0.0 and q.device.type == "cpu":
+        if q.dtype in (torch.bfloat16, torch.float16):
+            if q.shape[0] > 1:
+                return grouped_attention(q, k, v, mask)
+            if q.shape[1] > k.shape[1]:
+                return folded_attention(q, k, v, mask)
+        elif q.shape[0] > 1 and q.shape[0] * q.shape[2] >= GROUPED_MIN_QUERY_ROWS_FLOAT32:
             return grouped_attention(q, k, v, mask)
-        if q.shape[1] > k.shape[1]:
-            return folded_attention(q, k, v, mask)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask.dense(q.device), dropout_p=dropout_p, is_causal=False, enable_gqa=True
     )
