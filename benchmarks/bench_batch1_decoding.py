@@ -50,6 +50,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=positive_int, default=96)
     ap.add_argument("--prompts", type=positive_int, default=4, help="prompts of each kind (3 kinds)")
     ap.add_argument("--threads", type=positive_int, default=1)
+    ap.add_argument("--compile", action="store_true",
+                    help="load as `biglm generate --compile` does (each decoder layer torch.compiled, dynamic shapes; "
+                         "float32), the compilation in the warm-up answers")
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     ap.add_argument("--out", default="batch1-decoding")
     args = ap.parse_args()
@@ -66,7 +69,8 @@ def main() -> None:
         raise SystemExit(f"{Path(__file__).name}: {e}") from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model, tok = load_model(args.model, pack=True)
+        model, tok = (load_model(args.model, compile=True, dtype=torch.float32) if args.compile
+                      else load_model(args.model, pack=True))
     rows = prompt_rows(Path(args.data), args.prompts)
     prompts = [torch.tensor([tok(prompt_text(tok, r), add_special_tokens=False)["input_ids"]]) for r in rows]
     configs = []
@@ -78,7 +82,8 @@ def main() -> None:
             raise SystemExit(f"bench_batch1_decoding.py: --setting {name}: {e}") from None
     results = []
     for (name, fields), config in zip(args.setting, configs):
-        generate_ids(model, prompts[0], config=config)  # (warm-up)
+        for ids in prompts[:2 if args.compile else 1]:  # (warm-up; compiled: the shapes of a second prompt too)
+            generate_ids(model, ids, config=config)
         calls, texts, t0 = 0, [], time.perf_counter()
         for ids in prompts:
             out = generate_ids(model, ids, config=config)
@@ -95,8 +100,9 @@ def main() -> None:
     for r in results:
         r["same_text_as_first"] = sum(a == b for a, b in zip(r.pop("texts"), first))
     report = {"command": "python " + " ".join(sys.argv), "machine": machine(), "model": args.model,
-              "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "results": results}
-    md = markdown_header("Decoding settings at batch 1, in-process", report)
+              "compiled": args.compile, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "results": results}
+    md = markdown_header("Decoding settings at batch 1, in-process"
+                         + (" (each decoder layer torch.compiled)" if args.compile else ""), report)
     md += ["", f"{len(prompts)} held-out prompts alone, {args.max_new_tokens} greedy tokens each, end of text ignored",
            "", f"| setting | tok/s | tokens a call | ms a call | the same text as {results[0]['setting']} |",
            "|---|---:|---:|---:|---|"]
