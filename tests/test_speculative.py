@@ -692,7 +692,6 @@ def test_a_call_with_nothing_to_check_carries_the_models_drafts_with_draft_fill(
     never showed its last token before) carries one block of m + 1 masks whose predictions are the next call's drafts;
     every other call carries none. Token for token one token per call's answer either way (float32 greedy, a batch of
     a repetitive and a plain prompt); without ``draft_fill`` no call carries a block and no model draft is kept."""
-    from biglm.generation import speculative
 
     model = _blocks_model(shift_logits=shift)
     g = torch.Generator().manual_seed(4)
@@ -700,20 +699,7 @@ def test_a_call_with_nothing_to_check_carries_the_models_drafts_with_draft_fill(
     ids, mask = left_pad([base * 3, [11, 12, 13, 14, 15, 16]], pad_id=model.config.pad_token_id)
     kw = dict(max_new_tokens=20, strategy="confidence", suppress_ids=[7])
     ref = generate_ids(model, ids, mask, block_length=1, **kw)
-    calls, decodes = [], []
-    real_segment, real_init = speculative.SpeculativeDecode.segment, speculative.SpeculativeDecode.__init__
-
-    def segment(self):
-        call = real_segment(self)
-        calls.append((self.pending.shape[1], self.block, call.ids.shape[1]))
-        return call
-
-    def init(self, *a, **k):
-        real_init(self, *a, **k)
-        decodes.append(self)
-
-    monkeypatch.setattr(speculative.SpeculativeDecode, "segment", segment)
-    monkeypatch.setattr(speculative.SpeculativeDecode, "__init__", init)
+    calls, decodes = _fill_calls(monkeypatch)
     W = 4
     out = generate_ids(model, ids, mask, draft_length=W - 1, draft_ngram=2, draft_model=False, draft_fill=fill, **kw)
     assert out.token_lists() == ref.token_lists()
@@ -1090,8 +1076,8 @@ def test_draft_costs_carry_the_block_while_its_drafts_pay_for_it():
     assert not costs.pays(2)  # then a call without
 
 
-def _fill_calls(monkeypatch) -> tuple[list[tuple[int, int]], list]:
-    """Each speculative call's pending tokens and mask block, and each decode made."""
+def _fill_calls(monkeypatch) -> tuple[list[tuple[int, int, int]], list]:
+    """Each speculative call's pending tokens, mask block and width, and each decode made."""
     from biglm.generation import speculative
 
     calls, decodes = [], []
@@ -1099,7 +1085,7 @@ def _fill_calls(monkeypatch) -> tuple[list[tuple[int, int]], list]:
 
     def segment(self):
         call = real_segment(self)
-        calls.append((self.pending.shape[1], self.block))
+        calls.append((self.pending.shape[1], self.block, call.ids.shape[1]))
         return call
 
     def init(self, *a, **k):
@@ -1141,7 +1127,7 @@ def test_draft_fill_rides_where_the_models_table_says_it_pays(case, shift, monke
     calls, decodes = _fill_calls(monkeypatch)
     out = generate_ids(model, ids, draft_length=3, draft_ngram=2, draft_model=False,
                        draft_measure=case != "measure-off", **kw)
-    bare = [block for n, block in calls if n <= 1]  # calls with nothing to check
+    bare = [block for n, block, _ in calls if n <= 1]  # calls with nothing to check
     assert bare
     if case != "sampled":
         assert out.token_lists() == ref.token_lists()
@@ -1150,7 +1136,7 @@ def test_draft_fill_rides_where_the_models_table_says_it_pays(case, shift, monke
     else:
         assert all(bare)  # the block in every one (the first call's included)
     timed = costs.seen.get((1, True), 0) + costs.seen.get((1, False), 0) - 4
-    assert timed == (sum(n == 1 for n, _ in calls) if case in ("pays", "does-not-pay") else 0)
+    assert timed == (sum(n == 1 for n, _, _ in calls) if case in ("pays", "does-not-pay") else 0)
 
 
 def test_the_engine_carries_draft_fill_where_the_table_says_it_pays_and_times_its_calls(monkeypatch):
@@ -1175,9 +1161,9 @@ def test_the_engine_carries_draft_fill_where_the_table_says_it_pays_and_times_it
         while engine.num_running or engine.num_waiting or engine.num_prefilling:
             events += engine.step()
         assert events[-1].finished and events[-1].token_ids == want
-        bare = [block for n, block in calls if n <= 1]
+        bare = [block for n, block, _ in calls if n <= 1]
         if carried is None:  # a fresh table: a block first, then one call without (each kind's first is a warm-up)
             assert bare[:2] == [4, 4] and table.seen.get((1, True), 0) >= 1
-            assert sum(table.seen.values()) == sum(n == 1 for n, _ in calls)
+            assert sum(table.seen.values()) == sum(n == 1 for n, _, _ in calls)
         else:
             assert not any(bare)
