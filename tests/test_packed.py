@@ -108,6 +108,11 @@ def test_bfloat16_weights_compute_in_float32_where_the_cpu_has_no_bfloat16_kerne
             held = load_model(tmp_path / "bf16", pack=True)[0]
         assert next(held.parameters()).dtype == torch.float32
         assert any(isinstance(m, PackedLinear) and m.packed is not None for m in held.modules())
+        from biglm.model.cpu_kernels import bf16_linear_kernel
+
+        # the weights, bfloat16 values, read as bfloat16 by biglm's kernel where it runs (`cpu_kernels`)
+        products = [m.packed for m in held.modules() if getattr(m, "packed", None) is not None]
+        assert all(p.bf16 for p in products) == (bf16_linear_kernel() is not None)
     asked = load_model(tmp_path / "bf16", pack=True, dtype=torch.bfloat16)[0]
     assert next(asked.parameters()).dtype == torch.bfloat16
     assert next(load_model(tmp_path / "bf16")[0].parameters()).dtype == torch.bfloat16  # (no pack: the weights as held)

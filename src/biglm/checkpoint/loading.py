@@ -173,12 +173,14 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
         from ..model.packed import pack_linears, reduced_precision_kernels
 
         held = next(model.parameters()).dtype
-        if dtype is None and not reduced_precision_kernels(held):
+        widened = dtype is None and not reduced_precision_kernels(held)
+        if widened:
             warnings.warn(f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no {held} matrix kernels: the "
                           f"model's {held} weights compute in float32, the faster here (pass dtype {held}, "
                           f"--dtype {str(held).removeprefix('torch.')}, to keep them)", stacklevel=2)
             model = model.float()
-        pack_linears(model)
+        # bfloat16 weights computed in float32: read as bfloat16 by biglm's own kernel where it runs (`cpu_kernels`)
+        pack_linears(model, bf16_weights=widened and held == torch.bfloat16)
     # a model loaded to serve or generate: decoding may time its calls to choose its drafts (`generation.speculative
     # .DraftCosts`; greedy float32, where the answer does not depend on them); not compiled (a new shape compiles)
     model.measure_drafts = not compile and not batch_invariant

@@ -1,4 +1,4 @@
-"""Linear layers for CPU inference: prepacked oneDNN kernels, and the row-by-row fallback batch invariance needs.
+"""Linear layers for CPU inference: prepacked kernels, and the row-by-row fallback batch invariance needs.
 
 A decoding call multiplies a few rows (the masks of one block, 1-64 per request) by every weight matrix, so on a CPU
 it is bound by reading the weights. `F.linear` repacks the weight into the kernels' blocked layout on every call for
@@ -6,6 +6,10 @@ small row counts; `pack_linears` packs it once (``torch.ops.mkldnn._linear_point
 on CPU), which `load_model(..., pack=True)` applies. The results equal `F.linear`'s in bfloat16 and differ by summation
 order in float32. Only for inference: the packed copy does not follow later changes to the weight. Where oneDNN is
 missing or refuses the layout, the model stays as it is.
+
+A bfloat16 model on a CPU without bfloat16 matrix kernels computes in float32 (`reduced_precision_kernels`); its
+weights, bfloat16 values, are then packed for biglm's own kernel (`cpu_kernels`, ``pack_linears(bf16_weights=True)``)
+instead of oneDNN's float32 layout: half the bytes a call reads, the same products summed in float32.
 
 Batch invariance (`BiGLMModel.batch_invariant`, bfloat16 only: float32 kernels change with the row count) needs a
 row's result not to depend on the rows beside it, which a kernel need not give with real activations even where it
@@ -26,21 +30,50 @@ from .modeling import BiGLMMaskAdapter
 ROWS_HINT = 16  # the row count oneDNN tunes the layout for (any row count runs)
 
 
-class PackedLinear(nn.Module):
-    """An `nn.Linear` whose weight is also held prepacked for oneDNN; ``weight`` and ``bias`` stay the original
-    parameters (state_dict, dtype and device queries see them unchanged)."""
+class Prepacked:
+    """A weight (N, K) and bias held for one inference kernel: oneDNN's blocked layout of the weight as it is, or, with
+    ``bf16`` (float32 weights of bfloat16 values), bfloat16 panels for `cpu_kernels.bf16_linear`. Called on rows of
+    ``dtype`` (the kernel's input dtype)."""
 
-    def __init__(self, linear: nn.Linear, *, rows_hint: int = ROWS_HINT) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, rows_hint: int = ROWS_HINT,
+                 bf16: bool = False) -> None:
+        self.bf16, self.out_features = bf16, weight.shape[0]
+        self.dtype = torch.float32 if bf16 else weight.dtype
+        if bf16:
+            from .cpu_kernels import PANEL, bf16_linear_kernel, bf16_panels
+
+            self.kernel = bf16_linear_kernel()  # (held: the call needs no lookup, and a later setting cannot unset it)
+            if self.kernel is None:
+                raise RuntimeError("biglm's bfloat16 CPU kernel does not run on this machine (`cpu_kernels`)")
+            self.weight = bf16_panels(weight)
+            self.bias = None if bias is None else F.pad(bias.detach().float(), (0, self.weight.shape[0] * PANEL
+                                                                                 - weight.shape[0]))
+        else:
+            self.weight, self.bias = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows_hint), bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bf16:
+            from .cpu_kernels import bf16_linear
+
+            return bf16_linear(x, self.weight, self.bias, self.out_features, self.kernel)
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+class PackedLinear(nn.Module):
+    """An `nn.Linear` whose weight is also held prepacked (`Prepacked`: for oneDNN, or bfloat16 panels with ``bf16``);
+    ``weight`` and ``bias`` stay the original parameters (state_dict, dtype and device queries see them unchanged)."""
+
+    def __init__(self, linear: nn.Linear, *, rows_hint: int = ROWS_HINT, bf16: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.packed: torch.Tensor | None = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows_hint)
+        self.packed: Prepacked | None = Prepacked(linear.weight, linear.bias, rows_hint=rows_hint, bf16=bf16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.packed is None or x.dtype != self.packed.dtype
                 or torch.is_grad_enabled() and self.weight.requires_grad):
             return F.linear(x, self.weight, self.bias)  # autocast, a gradient asked for, or part of a fused product
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return self.packed(x)
 
 
 class FusedPackedLinear(nn.Module):
@@ -57,7 +90,7 @@ class FusedPackedLinear(nn.Module):
         biases = [p.bias for p in parts]
         self.bias = None if all(b is None for b in biases) else torch.cat(
             [b.detach() if b is not None else weight.new_zeros(p.out_features) for b, p in zip(biases, parts)])
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint)
+        self.packed = Prepacked(weight, self.bias, rows_hint=rows_hint, bf16=all(p.packed.bf16 for p in parts))
         self._parts = tuple(parts)  # (a tuple: not registered as submodules twice)
         for p in parts:
             p.packed = None
@@ -65,7 +98,7 @@ class FusedPackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.packed.dtype or torch.is_grad_enabled() and self._parts[0].weight.requires_grad:
             return torch.cat([p(x) for p in self._parts], dim=-1)  # autocast or a gradient asked for: the parts
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return self.packed(x)
 
 
 def _fuse(model: nn.Module, rows_hint: int) -> None:
@@ -105,9 +138,12 @@ def _packable(linear: nn.Linear) -> bool:
 
 
 @torch.no_grad()
-def pack_linears(model: nn.Module, *, rows_hint: int = ROWS_HINT) -> int:
+def pack_linears(model: nn.Module, *, rows_hint: int = ROWS_HINT, bf16_weights: bool = False) -> int:
     """Swap every `nn.Linear` of an inference model on a CPU for a `PackedLinear` (the model's weights must not change
-    afterwards); returns how many were swapped (0 off a CPU, or without oneDNN). A mask adapter's low-rank products
+    afterwards); returns how many were swapped (0 off a CPU, or without oneDNN). ``bf16_weights``: the float32 weights
+    hold bfloat16 values (a bfloat16 model computed in float32), packed for biglm's bfloat16 kernel where this machine
+    runs it (`cpu_kernels`: half the bytes a call reads; a float32 layer of other values stays oneDNN's). A mask
+    adapter's low-rank products
     (`BiGLMMaskAdapter`) stay `F.linear`: oneDNN's per-call cost outweighs what packing saves there (SmolLM2-135M's
     rank-32 adapters, float32, one thread, AMD EPYC: 576 -> 32 at 1 / 6 / 30 rows 51 / 63 / 64 us packed against
     10 / 16 / 30 us; 32 -> 960 58 / 50 / 83 against 14 / 15 / 51; docs/LOG.md)."""
@@ -115,8 +151,14 @@ def pack_linears(model: nn.Module, *, rows_hint: int = ROWS_HINT) -> int:
              if type(child) is nn.Linear and not isinstance(parent, BiGLMMaskAdapter)]
     if not swaps or not torch.backends.mkldnn.is_available() or not _packable(swaps[0][2]):
         return 0
+    if bf16_weights:
+        from .cpu_kernels import bf16_linear_kernel
+
+        bf16_weights = bf16_linear_kernel() is not None
     for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child, rows_hint=rows_hint))
+        bf16 = (bf16_weights and child.weight.dtype == torch.float32
+                and torch.equal(child.weight, child.weight.to(torch.bfloat16).float()))
+        setattr(parent, name, PackedLinear(child, rows_hint=rows_hint, bf16=bf16))
     _fuse(model, rows_hint)
     return len(swaps)
 

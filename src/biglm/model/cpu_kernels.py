@@ -1,0 +1,128 @@
+"""The project's own CPU kernel: bfloat16 weights multiplied in float32 on CPUs without bfloat16 matrix kernels.
+
+On an AVX2 CPU (no AVX512-BF16 or AMX) PyTorch has no fast bfloat16 product, so `load_model` computes a bfloat16
+model in float32 (`packed.reduced_precision_kernels`), and a decoding call, bound by reading the weights, reads twice
+the bytes the bfloat16 file holds. ``kernels/bf16_linear.c`` reads them as bfloat16 and widens them in registers
+(exact: a bfloat16 is a float32's top 16 bits), summing in float32: the same products as float32 weights of the same
+values, in another summation order. `packed.Bf16Linear` uses it.
+
+It is built once per machine with the system's C compiler (``$CC``, else ``cc``) into
+``$XDG_CACHE_HOME/biglm/kernels`` (``~/.cache`` by default; ``BIGLM_KERNEL_CACHE`` overrides) and loaded with ctypes:
+no PyTorch headers, so the build takes about a second. Where it cannot be (not x86-64 with AVX2, no compiler, a
+failed build) `bf16_linear_kernel` returns None, says why once, and the float32 kernels stay. ``BIGLM_CPU_KERNELS=0``
+turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+PANEL = 16  # outputs per panel of the packed weight (NR in the C source)
+SOURCE = Path(__file__).with_name("kernels") / "bf16_linear.c"
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+
+
+def kernel_cache() -> Path:
+    """Where built kernels are kept."""
+    if os.environ.get("BIGLM_KERNEL_CACHE"):
+        return Path(os.environ["BIGLM_KERNEL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "biglm" / "kernels"
+
+
+def unavailable_reason() -> str | None:
+    """Why this machine cannot run the kernel (None: it can, if it builds)."""
+    if os.environ.get("BIGLM_CPU_KERNELS", "1") == "0":
+        return "BIGLM_CPU_KERNELS=0"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"not an x86-64 CPU ({platform.machine()})"
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return f"no AVX2 ({torch.backends.cpu.get_cpu_capability()})"
+    if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+        return "no C compiler (set CC, or install gcc)"
+    return None
+
+
+def _build() -> Path:
+    source = SOURCE.read_bytes()
+    compiler = os.environ.get("CC") or shutil.which("cc") or "gcc"
+    key = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
+    target = kernel_cache() / f"bf16_linear-{key}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # built beside, then renamed: a concurrent load
+    os.close(fd)                                                  # never reads a half-written library
+    try:
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@functools.cache
+def bf16_linear_kernel():
+    """The built kernel's C function, or None where this machine cannot run it (the reason warned once)."""
+    reason = unavailable_reason()
+    if reason is None:
+        try:
+            library = ctypes.CDLL(str(_build()))
+        except (OSError, RuntimeError) as error:
+            reason = f"its build failed ({error})"
+    if reason is not None:
+        if reason != "BIGLM_CPU_KERNELS=0":
+            warnings.warn(f"biglm's bfloat16 CPU kernel is off: {reason}; bfloat16 weights compute as float32 "
+                          "(twice the bytes a decoding call reads)", stacklevel=2)
+        return None
+    fn = library.bf16_linear
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    fn.restype = None
+    return fn
+
+
+def bf16_panels(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (N, K), bfloat16 values (any float dtype), as the kernel reads it: (ceil(N / 16), K, 16)
+    bfloat16, outputs past N zero. Raises where a value is not a bfloat16 (rounding would change the model)."""
+    w = weight.detach()
+    held = w.to(torch.bfloat16)
+    if w.dtype != torch.bfloat16 and not torch.equal(held.to(w.dtype), w):
+        raise ValueError("these weights are not bfloat16 values: the bfloat16 kernel would round them")
+    N, K = held.shape
+    padded = -(-N // PANEL) * PANEL
+    if padded != N:
+        held = torch.cat((held, held.new_zeros(padded - N, K)))
+    return held.view(padded // PANEL, PANEL, K).transpose(1, 2).contiguous()
+
+
+def bf16_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+                kernel=None) -> torch.Tensor:
+    """``x`` (..., K) float32 times the weight held in ``panels`` (`bf16_panels`), plus ``bias`` (float32, padded to
+    the panels' outputs, or None): (..., out_features) float32. Uses torch's thread count. ``kernel``: the function
+    `bf16_linear_kernel` gave (looked up when not given; raises where there is none)."""
+    fn = kernel or bf16_linear_kernel()
+    if fn is None:
+        raise RuntimeError(f"biglm's bfloat16 CPU kernel does not run here: {unavailable_reason() or 'its build failed'}")
+    K = panels.shape[1]
+    rows = x.reshape(-1, K).contiguous()
+    width = panels.shape[0] * PANEL
+    y = torch.empty(rows.shape[0], width, dtype=torch.float32)
+    if rows.shape[0]:
+        fn(rows.data_ptr(), panels.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
+           rows.shape[0], width, K, torch.get_num_threads())
+    if width != out_features:
+        y = y[:, :out_features].contiguous()
+    return y.view(*x.shape[:-1], out_features)

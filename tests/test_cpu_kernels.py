@@ -1,0 +1,140 @@
+"""biglm's bfloat16 CPU kernel (`biglm.model.cpu_kernels`) and the packed layers that use it (`packed.Prepacked`):
+bfloat16 weights read as bfloat16, the products of float32 weights of the same values."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from biglm import BiGLMConfig, BiGLMForMaskedLM
+from biglm.generation import generate_ids, left_pad
+from biglm.model import cpu_kernels
+from biglm.model.packed import FusedPackedLinear, PackedLinear, pack_linears
+
+pytestmark = pytest.mark.skipif(cpu_kernels.unavailable_reason() is not None or not torch.backends.mkldnn.is_available(),
+                                reason=f"the kernel does not run here: {cpu_kernels.unavailable_reason()}")
+
+
+def _bf16_values(*shape, generator) -> torch.Tensor:
+    return torch.randn(*shape, generator=generator).to(torch.bfloat16).float()
+
+
+@pytest.fixture(autouse=True)
+def _kernel_cache_restored():
+    yield
+    cpu_kernels.bf16_linear_kernel.cache_clear()  # (a test that turned it off leaves the next one a fresh lookup)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_kernel_gives_float32_products_of_the_same_weights(threads, bias):
+    """Every row count (0, one tile, the in-register limit and past it: the widened-buffer path), outputs not a multiple
+    of the panel (padded) and inner sizes past one chunk: the float32 product of the same values, to summation order
+    (float32: 1e-5 of the summed magnitudes)."""
+    assert cpu_kernels.bf16_linear_kernel() is not None
+    g = torch.Generator().manual_seed(0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows in (0, 1, 5, 6, 7, 12, 13, 40):
+            for out_features, in_features in ((16, 1), (48, 17), (50, 300), (96, 600)):
+                w = _bf16_values(out_features, in_features, generator=g)
+                b = torch.randn(out_features, generator=g) if bias else None
+                x = torch.randn(2, rows, in_features, generator=g)  # (leading dims kept)
+                panels = cpu_kernels.bf16_panels(w)
+                assert panels.dtype == torch.bfloat16 and panels.shape == (-(-out_features // 16), in_features, 16)
+                padded = None if b is None else F.pad(b, (0, panels.shape[0] * 16 - out_features))
+                y = cpu_kernels.bf16_linear(x, panels, padded, out_features)
+                want = F.linear(x.double(), w.double(), None if b is None else b.double())
+                scale = (x.abs().double() @ w.abs().double().T) + (0 if b is None else b.abs().double())
+                assert y.shape == want.shape and y.dtype == torch.float32 and y.is_contiguous()
+                assert ((y.double() - want).abs() <= 1e-5 * scale + 1e-6).all(), (rows, out_features, in_features)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_panels_refuse_weights_that_are_not_bfloat16_values():
+    w = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match="not bfloat16 values"):
+        cpu_kernels.bf16_panels(w)
+    panels = cpu_kernels.bf16_panels(w.to(torch.bfloat16))  # bfloat16 itself: as held
+    assert torch.equal(panels.transpose(1, 2).reshape(16, 8), w.to(torch.bfloat16))
+
+
+def _model(bf16_values: bool = True, **overrides) -> BiGLMForMaskedLM:
+    torch.manual_seed(0)
+    config = BiGLMConfig.from_preset("tiny", initializer_range=0.2, prefix_attention="blocks",
+                                     prefix_block_lengths=[1, 4, 8], **overrides)
+    model = BiGLMForMaskedLM(config).eval()
+    if bf16_values:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+    return model
+
+
+def test_a_bfloat16_valued_model_packs_for_the_kernel_with_the_same_logits_and_answers():
+    """`pack_linears(bf16_weights=True)`: every linear layer (fused q/k/v and gate/up, o, down, the tied head) read by
+    the kernel; the logits those of the unpacked model (float32, 1e-4) and the greedy answers the same."""
+    plain, packed = _model(), _model()
+    pack_linears(packed, bf16_weights=True)
+    products = [m.packed for m in packed.modules() if isinstance(m, (PackedLinear, FusedPackedLinear))
+                and m.packed is not None]
+    assert products and all(p.bf16 for p in products)
+    assert isinstance(packed.model.layers[0].self_attn.qkv_proj, FusedPackedLinear)
+    assert packed.lm_head.weight is packed.model.embed_tokens.weight and \
+        packed.state_dict().keys() == plain.state_dict().keys()
+    ids = torch.randint(5, plain.config.vocab_size, (3, 20), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(ids, prefix_len=8).logits, plain(ids, prefix_len=8).logits,
+                                   atol=1e-4, rtol=1e-4)
+    prompts, mask = left_pad([[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]], pad_id=plain.config.pad_token_id)
+    for kw in (dict(strategy="confidence", block_length=1), dict(strategy="confidence", steps=8, block_length=4)):
+        want = generate_ids(plain, prompts, mask, max_new_tokens=16, **kw).token_lists()
+        assert generate_ids(packed, prompts, mask, max_new_tokens=16, **kw).token_lists() == want
+
+
+def test_layers_of_other_values_and_machines_without_the_kernel_keep_onednn(monkeypatch):
+    """A float32 layer whose values are not bfloat16 stays oneDNN's (rounding would change the model); with the kernel
+    off (``BIGLM_CPU_KERNELS=0``) every layer does, and with a compiler that fails the build it is off with a warning
+    naming the failure."""
+    model = _model()
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.add_(1e-3)  # (no longer bfloat16 values)
+    pack_linears(model, bf16_weights=True)
+    assert not model.model.layers[0].mlp.down_proj.packed.bf16 and model.model.layers[1].mlp.down_proj.packed.bf16
+
+    monkeypatch.setenv("BIGLM_CPU_KERNELS", "0")
+    cpu_kernels.bf16_linear_kernel.cache_clear()
+    off = _model()
+    pack_linears(off, bf16_weights=True)
+    assert not any(m.packed.bf16 for m in off.modules() if isinstance(m, (PackedLinear, FusedPackedLinear))
+                   and m.packed is not None)
+
+
+def test_a_failed_build_turns_the_kernel_off_with_a_warning(monkeypatch, tmp_path):
+    monkeypatch.setenv("BIGLM_KERNEL_CACHE", str(tmp_path))  # (nothing built there yet)
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    cpu_kernels.bf16_linear_kernel.cache_clear()
+    with pytest.warns(UserWarning, match="kernel is off: its build failed"):
+        assert cpu_kernels.bf16_linear_kernel() is None
+    model = _model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pack_linears(model, bf16_weights=True)
+    assert all(not m.packed.bf16 for m in model.modules() if isinstance(m, PackedLinear) and m.packed is not None)
+    assert not list(tmp_path.glob("*.so"))  # (no half-built library left)
+
+
+def test_the_kernel_is_built_once_into_its_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("BIGLM_KERNEL_CACHE", str(tmp_path))
+    cpu_kernels.bf16_linear_kernel.cache_clear()
+    assert cpu_kernels.bf16_linear_kernel() is not None
+    built = list(tmp_path.glob("bf16_linear-*.so"))
+    assert len(built) == 1 and not [p for p in tmp_path.iterdir() if p not in built]
+    stamp = built[0].stat().st_mtime_ns
+    cpu_kernels.bf16_linear_kernel.cache_clear()
+    assert cpu_kernels.bf16_linear_kernel() is not None and built[0].stat().st_mtime_ns == stamp
