@@ -11,6 +11,10 @@ of text ignored, and decodes each held-out prompt (`bench_exact_drafts.prompt_ro
 template) alone with `generate_ids`, after one untimed warm-up answer. The time is the decoding's only (no load, no
 tokenizing), so the settings compare as a server at batch 1 would run them.
 
+``--compare-bf16-kernel`` (a bfloat16 export on a CPU without bfloat16 matrix kernels, where `load_model` packs its
+linear layers for biglm's bfloat16 kernel, `cpu_kernels`): each setting twice, the kernel against oneDNN's prepacked
+float32 of the same values (`bench_engine_step.kernel_switch`), alternating which goes first prompt by prompt.
+
 Results: benchmarks/results/<out>.json and .md with the machine and commit.
 """
 
@@ -53,6 +57,9 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true",
                     help="load as `biglm generate --compile` does (each decoder layer torch.compiled, dynamic shapes; "
                          "float32), the compilation in the warm-up answers")
+    ap.add_argument("--compare-bf16-kernel", action="store_true",
+                    help="each setting with biglm's bfloat16 kernel and with oneDNN float32 of the same weights "
+                         "(a bfloat16 export on a CPU without bfloat16 matrix kernels)")
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     ap.add_argument("--out", default="batch1-decoding")
     args = ap.parse_args()
@@ -71,6 +78,15 @@ def main() -> None:
         warnings.simplefilter("ignore")
         model, tok = (load_model(args.model, compile=True, dtype=torch.float32) if args.compile
                       else load_model(args.model, pack=True))
+    if args.compare_bf16_kernel and args.compile:
+        raise SystemExit("bench_batch1_decoding.py: --compare-bf16-kernel compares packed kernels; drop --compile")
+    if args.compare_bf16_kernel:
+        from bench_engine_step import kernel_switch
+
+        use_kernel = kernel_switch(model)
+        ways = [("bf16-kernel", lambda: use_kernel(True)), ("onednn-float32", lambda: use_kernel(False))]
+    else:
+        ways = [("", lambda: None)]
     rows = prompt_rows(Path(args.data), args.prompts)
     prompts = [torch.tensor([tok(prompt_text(tok, r), add_special_tokens=False)["input_ids"]]) for r in rows]
     configs = []
@@ -82,20 +98,27 @@ def main() -> None:
             raise SystemExit(f"bench_batch1_decoding.py: --setting {name}: {e}") from None
     results = []
     for (name, fields), config in zip(args.setting, configs):
-        for ids in prompts[:2 if args.compile else 1]:  # (warm-up; compiled: the shapes of a second prompt too)
-            generate_ids(model, ids, config=config)
-        calls, texts, t0 = 0, [], time.perf_counter()
-        for ids in prompts:
-            out = generate_ids(model, ids, config=config)
-            calls += sum(out.calls_per_row())
-            texts.append(out.token_lists()[0])
-        seconds = time.perf_counter() - t0
+        for _, use in ways:
+            use()
+            for ids in prompts[:2 if args.compile else 1]:  # (warm-up; compiled: the shapes of a second prompt too)
+                generate_ids(model, ids, config=config)
+        calls, texts, seconds = ({w: 0 for w, _ in ways}, {w: [] for w, _ in ways}, {w: 0.0 for w, _ in ways})
+        for i, ids in enumerate(prompts):
+            for way, use in (ways if i % 2 == 0 else ways[::-1]):
+                use()
+                t0 = time.perf_counter()
+                out = generate_ids(model, ids, config=config)
+                seconds[way] += time.perf_counter() - t0
+                calls[way] += sum(out.calls_per_row())
+                texts[way].append(out.token_lists()[0])
         tokens = args.max_new_tokens * len(prompts)
-        results.append({"setting": name, "fields": fields, "seconds": seconds, "calls": calls,
-                        "ms_per_call": 1e3 * seconds / calls, "tokens_per_call": tokens / calls,
-                        "tokens_per_s": tokens / seconds, "texts": texts})
-        print(f"{name}: {tokens / seconds:.1f} tok/s, {tokens / calls:.2f} tokens a call, "
-              f"{1e3 * seconds / calls:.1f} ms a call", flush=True)
+        for way, _ in ways:
+            label = f"{name} ({way})" if way else name
+            results.append({"setting": label, "fields": fields, "seconds": seconds[way], "calls": calls[way],
+                            "ms_per_call": 1e3 * seconds[way] / calls[way], "tokens_per_call": tokens / calls[way],
+                            "tokens_per_s": tokens / seconds[way], "texts": texts[way]})
+            print(f"{label}: {tokens / seconds[way]:.1f} tok/s, {tokens / calls[way]:.2f} tokens a call, "
+                  f"{1e3 * seconds[way] / calls[way]:.1f} ms a call", flush=True)
     first = results[0]["texts"]
     for r in results:
         r["same_text_as_first"] = sum(a == b for a, b in zip(r.pop("texts"), first))

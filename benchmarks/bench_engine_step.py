@@ -2,12 +2,14 @@
 step on the same engine.
 
     python benchmarks/bench_engine_step.py --model runs/smol-causal-a80g-bf16 --requests 32 --threads 1 \\
-        [--compare room|grouped] --out engine-step-smol-causal-a80g-bf16
+        [--compare room|grouped|bf16-kernel] --out engine-step-smol-causal-a80g-bf16
 
 ``--compare room`` (default): a call that writes its keys/values into the pooled rows' room (`PrefixCache.room`, the
 engine's way) against one that concatenates each layer's cache with them. ``--compare grouped``: float32 attention of
 the pooled call through `attention.grouped_attention` (the sdpa backend's choice from
-`GROUPED_MIN_QUERY_ROWS_FLOAT32` query rows) against PyTorch's flash kernel.
+`GROUPED_MIN_QUERY_ROWS_FLOAT32` query rows) against PyTorch's flash kernel. ``--compare bf16-kernel``: a bfloat16
+export's linear layers through biglm's bfloat16 kernel (`cpu_kernels`, what `load_model` packs them for on a CPU
+without bfloat16 matrix kernels) against oneDNN's prepacked float32 of the same values (`kernel_switch`).
 
 ``--requests`` greedy requests of the held-out prompts (`bench_exact_drafts.prompt_rows`, chats rendered with the
 model's template) with the model's default decoding, ``--max-new-tokens`` each, end of text ignored, are submitted at
@@ -37,6 +39,36 @@ from bench_exact_drafts import prompt_rows, prompt_text  # noqa: E402
 from common import machine, markdown_header, positive_int, write_report  # noqa: E402
 
 
+def kernel_switch(model):
+    """For a model whose linear layers `pack_linears` packed for biglm's bfloat16 kernel: a function ``use(kernel)``
+    that puts every such product on that kernel (True) or on oneDNN's prepacked float32 of the same weights (False).
+    Each way keeps its own table of draft costs (`speculative.draft_costs`: the timings that choose draft_fill's block
+    are the kernel's own)."""
+    from biglm.model.packed import FusedPackedLinear, PackedLinear, Prepacked
+
+    ways = []
+    for m in model.modules():
+        if isinstance(m, (PackedLinear, FusedPackedLinear)) and m.packed is not None and m.packed.bf16:
+            weight = (m.weight if isinstance(m, PackedLinear)
+                      else torch.cat([p.weight.detach() for p in m._parts]))
+            ways.append((m, m.packed, Prepacked(weight, m.bias, bf16=False)))
+    if not ways:
+        raise SystemExit("this model's linear layers are not packed for the bfloat16 kernel: pass a bfloat16 export "
+                         "on a CPU without bfloat16 matrix kernels, where the kernel builds (biglm.model.cpu_kernels)")
+
+    tables, now = {}, [None]
+
+    def use(kernel: bool) -> None:
+        for m, bf16, onednn in ways:
+            m.packed = bf16 if kernel else onednn
+        if now[0] is not None:
+            tables[now[0]] = model.__dict__.pop("draft_costs", None)
+        if tables.get(kernel) is not None:
+            model.__dict__["draft_costs"] = tables[kernel]
+        now[0] = kernel
+    return use
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="an export or run folder")
@@ -45,9 +77,10 @@ def main() -> None:
     ap.add_argument("--steps", type=positive_int, default=40, help="timed pairs of steps")
     ap.add_argument("--threads", type=positive_int, default=1)
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
-    ap.add_argument("--compare", choices=("room", "grouped"), default="room",
+    ap.add_argument("--compare", choices=("room", "grouped", "bf16-kernel"), default="room",
                     help="room: the call's keys/values into the rows' room vs concatenated; grouped: float32 pooled "
-                         "attention through grouped_attention vs the flash kernel")
+                         "attention through grouped_attention vs the flash kernel; bf16-kernel: a bfloat16 export's "
+                         "linear layers through biglm's bfloat16 kernel vs oneDNN's prepacked float32")
     ap.add_argument("--out", default="engine-step")
     args = ap.parse_args()
     if args.max_new_tokens < 2 * args.steps + 8:
@@ -78,6 +111,7 @@ def main() -> None:
     from biglm.model import attention
 
     grouped_from = attention.GROUPED_MIN_QUERY_ROWS_FLOAT32
+    use_kernel = kernel_switch(model) if args.compare == "bf16-kernel" else None
 
     def batch_as(reqs, call, **kw):  # the pool's batch, without its room for the concatenating way
         cache = batch(reqs, call, **kw)
@@ -85,6 +119,8 @@ def main() -> None:
             cache.room = None
         attention.GROUPED_MIN_QUERY_ROWS_FLOAT32 = (grouped_from if way["room"] or args.compare != "grouped"
                                                     else float("inf"))
+        if use_kernel is not None:
+            use_kernel(way["room"])
         return cache
 
     pool.batch = batch_as
@@ -97,6 +133,8 @@ def main() -> None:
     for i in range(args.steps):
         for room in ((True, False) if i % 2 else (False, True)):
             way["room"] = room
+            if use_kernel is not None:
+                use_kernel(room)
             t0 = time.perf_counter()
             engine.step()
             times[room].append(time.perf_counter() - t0)
@@ -107,7 +145,11 @@ def main() -> None:
                  "the call writing into the rows' room vs concatenating"),
         "grouped": (("grouped", "flash"), ("`grouped_attention` (two products, float32 softmax)",
                                            "PyTorch's flash kernel (`scaled_dot_product_attention`)"),
-                    "float32 pooled attention through grouped_attention vs the flash kernel")}[args.compare]
+                    "float32 pooled attention through grouped_attention vs the flash kernel"),
+        "bf16-kernel": (("bf16-kernel", "onednn-float32"), ("biglm's bfloat16 kernel (`cpu_kernels`)",
+                                                            "oneDNN prepacked float32 of the same values"),
+                        "a bfloat16 export's linear layers through biglm's bfloat16 kernel vs oneDNN float32")
+    }[args.compare]
     res = {w: {"median_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t)} for w, t in
            ((names[0], times[True]), (names[1], times[False]))}
     res["paired_difference_median_ms"] = 1e3 * statistics.median(diffs)
