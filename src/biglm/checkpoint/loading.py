@@ -175,9 +175,11 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
         held = next(model.parameters()).dtype
         widened = dtype is None and not reduced_precision_kernels(held)
         if widened:
+            read = (" (read as bfloat16 by biglm's own kernel where it builds: biglm.model.cpu_kernels)"
+                    if held == torch.bfloat16 else "")
             warnings.warn(f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no {held} matrix kernels: the "
-                          f"model's {held} weights compute in float32, the faster here (pass dtype {held}, "
-                          f"--dtype {str(held).removeprefix('torch.')}, to keep them)", stacklevel=2)
+                          f"model's {held} weights compute in float32{read}, the faster here (pass dtype {held}, "
+                          f"--dtype {str(held).removeprefix('torch.')}, to keep PyTorch's {held})", stacklevel=2)
             model = model.float()
         # bfloat16 weights computed in float32: read as bfloat16 by biglm's own kernel where it runs (`cpu_kernels`)
         pack_linears(model, bf16_weights=widened and held == torch.bfloat16)
