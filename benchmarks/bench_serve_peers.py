@@ -185,8 +185,12 @@ def make_servers(args, *, source: Path, hf_dir: Path, biglm_dir: Path, slots: in
                      json.loads((biglm_dir / "config.json").read_text()).get("dtype", "?")
                      if (biglm_dir / "config.json").is_file() else "the checkpoint's")
             held = getattr(torch, dtype, None) if "--dtype" not in biglm_args else None
-            if isinstance(held, torch.dtype) and not reduced_precision_kernels(held):
-                dtype += " weights, float32 compute (no bf16 kernels here)"  # what `load_model(pack=True)` does
+            if isinstance(held, torch.dtype) and not reduced_precision_kernels(held):  # what `load_model(pack=True)` does
+                from biglm.model.cpu_kernels import bf16_linear_kernel
+
+                read = (" read by biglm's bf16 kernel" if held == torch.bfloat16 and bf16_linear_kernel() is not None
+                        else "")
+                dtype += f" weights{read}, float32 compute (no bf16 matrix kernels here)"
             from importlib.metadata import version
 
             out.append(Server(name, cmd, dict(OMP_NUM_THREADS="1"), model="biglm",
