@@ -31,7 +31,8 @@ def _kernel_cache_restored():
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_kernel_gives_float32_products_of_the_same_weights(threads, bias):
-    """Every row count (0, one tile, the in-register limit and past it: the widened-buffer path), outputs not a multiple
+    """Every row count (0, one tile, the in-register limit and past it: the widened-buffer path, uneven tiles, more than
+    one block of rows), outputs not a multiple
     of the panel (padded) and inner sizes past one chunk: the float32 product of the same values, to summation order
     (float32: 1e-5 of the summed magnitudes)."""
     assert cpu_kernels.bf16_linear_kernel() is not None
@@ -39,7 +40,7 @@ def test_the_kernel_gives_float32_products_of_the_same_weights(threads, bias):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for rows in (0, 1, 5, 6, 7, 12, 13, 40):
+        for rows in (0, 1, 5, 6, 7, 8, 12, 13, 40, 130):
             for out_features, in_features in ((16, 1), (48, 17), (50, 300), (96, 600)):
                 w = _bf16_values(out_features, in_features, generator=g)
                 b = torch.randn(out_features, generator=g) if bias else None

@@ -6,9 +6,9 @@
  * W is held in panels of NR = 16 outputs, each panel (K, 16): packed[p][k][j] = W[16 p + j][k] (N padded to a multiple
  * of 16 with zero rows by the caller). A tile of up to MR = 6 rows by one panel keeps its 6 x 16 sums in 12 registers.
  * Up to FEW rows (a decoding call at batch 1) each panel is read once, start to end, and widened in registers; past
- * that (many requests' rows) the panel is taken KC values of k at a time, widened once into a float32 buffer that
- * every row tile then reads from L1. Panels are split over `threads` OpenMP threads (the libgomp torch itself
- * loads). */
+ * that (many requests' rows, a long prompt) the panel is taken KC values of k at a time, widened once into a float32
+ * buffer that every row tile of a block of MC rows then reads from L1 (the block's chunk of x stays in L2). Panels
+ * are split over `threads` OpenMP threads (the libgomp torch itself loads). */
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -16,6 +16,7 @@
 #define MR 6
 #define KC 256
 #define FEW (2 * MR)
+#define MC 120
 
 static inline __m256 widen8(const uint16_t *p) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
@@ -69,16 +70,22 @@ void bf16_linear(const float *x, const uint16_t *packed, const float *bias, floa
             }
         return;
     }
+    /* many rows: K in chunks of KC, rows in blocks of MC (a block's chunk of x stays in L2 while every panel passes) */
     for (long k0 = 0; k0 < K; k0 += KC) {
         long kn = K - k0 < KC ? K - k0 : KC;
-        #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (long p = 0; p < panels; p++) {
-            float wide[KC * NR] __attribute__((aligned(32)));
-            const uint16_t *w = packed + (p * K + k0) * NR;
-            for (long i = 0; i < kn * NR; i += 8) _mm256_store_ps(wide + i, widen8(w + i));
-            for (long m = 0; m < M; m += MR) {
-                int r = M - m < MR ? (int)(M - m) : MR;
-                tiles_f32[r](x + m * K + k0, K, wide, kn, y + m * N + p * NR, N, k0 == 0, bias ? bias + p * NR : 0);
+        for (long m0 = 0; m0 < M; m0 += MC) {
+            long mn = M - m0 < MC ? M - m0 : MC;
+            #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+            for (long p = 0; p < panels; p++) {
+                float wide[KC * NR] __attribute__((aligned(32)));
+                const uint16_t *w = packed + (p * K + k0) * NR;
+                for (long i = 0; i < kn * NR; i += 8) _mm256_store_ps(wide + i, widen8(w + i));
+                for (long m = m0; m < m0 + mn;) {
+                    long left = m0 + mn - m;  /* tiles as even as the rows allow: 8 = 4 + 4, not 6 + 2 */
+                    int r = left <= MR ? (int)left : left < 2 * MR ? (int)((left + 1) / 2) : MR;
+                    tiles_f32[r](x + m * K + k0, K, wide, kn, y + m * N + p * NR, N, k0 == 0, bias ? bias + p * NR : 0);
+                    m += r;
+                }
             }
         }
     }
