@@ -4,7 +4,7 @@ On an AVX2 CPU (no AVX512-BF16 or AMX) PyTorch has no fast bfloat16 product, so 
 model in float32 (`packed.reduced_precision_kernels`), and a decoding call, bound by reading the weights, reads twice
 the bytes the bfloat16 file holds. ``kernels/bf16_linear.c`` reads them as bfloat16 and widens them in registers
 (exact: a bfloat16 is a float32's top 16 bits), summing in float32: the same products as float32 weights of the same
-values, in another summation order. `packed.Bf16Linear` uses it.
+values, in another summation order. `packed.Prepacked` uses it.
 
 It is built once per machine with the system's C compiler (``$CC``, else ``cc``) into
 ``$XDG_CACHE_HOME/biglm/kernels`` (``~/.cache`` by default; ``BIGLM_KERNEL_CACHE`` overrides) and loaded with ctypes:

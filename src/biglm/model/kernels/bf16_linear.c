@@ -1,5 +1,5 @@
 /* y = x . W^T + b on an x86-64 CPU with AVX2 and FMA: x (M, K) float32, W (N, K) of bfloat16 values, summed in
- * float32. What `biglm.model.cpu_kernels` builds and `biglm.model.packed.Bf16Linear` calls (through ctypes): where
+ * float32. What `biglm.model.cpu_kernels` builds and `biglm.model.packed.Prepacked` calls (through ctypes): where
  * the CPU has no bfloat16 matrix kernels, a bfloat16 model's weights are read as bfloat16 (half float32's bytes, and a
  * decoding call is bound by reading them) and widened in registers, exactly (a bfloat16 is a float32's top 16 bits).
  *
