@@ -139,3 +139,24 @@ def test_the_kernel_is_built_once_into_its_cache(monkeypatch, tmp_path):
     stamp = built[0].stat().st_mtime_ns
     cpu_kernels.bf16_linear_kernel.cache_clear()
     assert cpu_kernels.bf16_linear_kernel() is not None and built[0].stat().st_mtime_ns == stamp
+
+
+def test_calls_of_many_rows_go_to_the_float32_weights(monkeypatch):
+    """Past `BF16_KERNEL_MAX_ROWS` rows (a long prompt, a scoring batch) a packed layer multiplies the float32 weights
+    with `F.linear` instead of the kernel (faster there), the same logits (float32, 1e-4); up to it, the kernel."""
+    import biglm.model.packed as packed
+
+    plain, model = _model(), _model()
+    pack_linears(model, bf16_weights=True)
+    calls = []
+    real = cpu_kernels.bf16_linear
+    monkeypatch.setattr(cpu_kernels, "bf16_linear", lambda x, *a, **k: calls.append(x.numel() // x.shape[-1])
+                        or real(x, *a, **k))
+    monkeypatch.setattr(packed, "BF16_KERNEL_MAX_ROWS", 12)
+    with torch.inference_mode():
+        for length, kernel in ((12, True), (13, False)):
+            ids = torch.randint(5, plain.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(4))
+            calls.clear()
+            torch.testing.assert_close(model(ids, prefix_len=4).logits, plain(ids, prefix_len=4).logits,
+                                       atol=1e-4, rtol=1e-4)
+            assert bool(calls) == kernel and all(rows <= 12 for rows in calls)

@@ -28,6 +28,10 @@ import torch.nn.functional as F
 from .modeling import BiGLMMaskAdapter
 
 ROWS_HINT = 16  # the row count oneDNN tunes the layout for (any row count runs)
+BF16_KERNEL_MAX_ROWS = 256
+"""The most rows a call gives biglm's bfloat16 kernel (`cpu_kernels`); more (a long prompt, a scoring batch) go to
+`F.linear` on the float32 weights, faster there (SmolLM2-135M's products, one thread, AMD EPYC: about even at 160
+rows, 1.1-1.5x slower from 512; `benchmarks/bench_bf16_kernel.py`, docs/LOG.md)."""
 
 
 class Prepacked:
@@ -71,9 +75,10 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.packed is None or x.dtype != self.packed.dtype
-                or torch.is_grad_enabled() and self.weight.requires_grad):
-            return F.linear(x, self.weight, self.bias)  # autocast, a gradient asked for, or part of a fused product
-        return self.packed(x)
+                or torch.is_grad_enabled() and self.weight.requires_grad
+                or self.packed.bf16 and x.numel() > BF16_KERNEL_MAX_ROWS * self.in_features):
+            return F.linear(x, self.weight, self.bias)  # autocast, a gradient asked for, part of a fused product, or
+        return self.packed(x)                           # too many rows for the bfloat16 kernel
 
 
 class FusedPackedLinear(nn.Module):
@@ -96,9 +101,10 @@ class FusedPackedLinear(nn.Module):
             p.packed = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != self.packed.dtype or torch.is_grad_enabled() and self._parts[0].weight.requires_grad:
-            return torch.cat([p(x) for p in self._parts], dim=-1)  # autocast or a gradient asked for: the parts
-        return self.packed(x)
+        if (x.dtype != self.packed.dtype or torch.is_grad_enabled() and self._parts[0].weight.requires_grad
+                or self.packed.bf16 and x.numel() > BF16_KERNEL_MAX_ROWS * x.shape[-1]):
+            return torch.cat([p(x) for p in self._parts], dim=-1)  # autocast, a gradient asked for, or too many
+        return self.packed(x)                                       # rows for the bfloat16 kernel: the parts'
 
 
 def _fuse(model: nn.Module, rows_hint: int) -> None:
