@@ -8,12 +8,13 @@
 The model loads as `biglm generate` loads it (`load_model(..., pack=True)`); each ``--setting NAME=FIELD=VALUE,...``
 (empty: the model's default decoding) is `model_decoding` of those fields over ``--max-new-tokens`` greedy tokens, end
 of text ignored, and decodes each held-out prompt (`bench_exact_drafts.prompt_rows`, chats rendered with the model's
-template) alone with `generate_ids`, after one untimed warm-up answer. The time is the decoding's only (no load, no
+template) alone with `generate_ids`, after one untimed warm-up answer; prompt by prompt every setting runs in turn
+(the order rotating), so the machine's drift hits them alike. The time is the decoding's only (no load, no
 tokenizing), so the settings compare as a server at batch 1 would run them.
 
 ``--compare-bf16-kernel`` (a bfloat16 export on a CPU without bfloat16 matrix kernels, where `load_model` packs its
 linear layers for biglm's bfloat16 kernel, `cpu_kernels`): each setting twice, the kernel against oneDNN's prepacked
-float32 of the same values (`bench_engine_step.kernel_switch`), alternating which goes first prompt by prompt.
+float32 of the same values (`bench_engine_step.kernel_switch`), both in the rotation.
 
 Results: benchmarks/results/<out>.json and .md with the machine and commit.
 """
@@ -96,29 +97,32 @@ def main() -> None:
                                                          **fields}))
         except (TypeError, ValueError) as e:
             raise SystemExit(f"bench_batch1_decoding.py: --setting {name}: {e}") from None
-    results = []
-    for (name, fields), config in zip(args.setting, configs):
-        for _, use in ways:
+    # every (setting, way) runs each prompt in turn, the order rotating prompt by prompt, so that the machine's drift
+    # over the run hits them alike
+    runs = [(f"{name} ({way})" if way else name, fields, config, use)
+            for (name, fields), config in zip(args.setting, configs) for way, use in ways]
+    for _, _, config, use in runs:
+        use()
+        for ids in prompts[:2 if args.compile else 1]:  # (warm-up; compiled: the shapes of a second prompt too)
+            generate_ids(model, ids, config=config)
+    calls, texts, seconds = [0] * len(runs), [[] for _ in runs], [0.0] * len(runs)
+    for i, ids in enumerate(prompts):
+        for j in (list(range(len(runs)))[i % len(runs):] + list(range(len(runs)))[:i % len(runs)]):
+            use = runs[j][3]
             use()
-            for ids in prompts[:2 if args.compile else 1]:  # (warm-up; compiled: the shapes of a second prompt too)
-                generate_ids(model, ids, config=config)
-        calls, texts, seconds = ({w: 0 for w, _ in ways}, {w: [] for w, _ in ways}, {w: 0.0 for w, _ in ways})
-        for i, ids in enumerate(prompts):
-            for way, use in (ways if i % 2 == 0 else ways[::-1]):
-                use()
-                t0 = time.perf_counter()
-                out = generate_ids(model, ids, config=config)
-                seconds[way] += time.perf_counter() - t0
-                calls[way] += sum(out.calls_per_row())
-                texts[way].append(out.token_lists()[0])
-        tokens = args.max_new_tokens * len(prompts)
-        for way, _ in ways:
-            label = f"{name} ({way})" if way else name
-            results.append({"setting": label, "fields": fields, "seconds": seconds[way], "calls": calls[way],
-                            "ms_per_call": 1e3 * seconds[way] / calls[way], "tokens_per_call": tokens / calls[way],
-                            "tokens_per_s": tokens / seconds[way], "texts": texts[way]})
-            print(f"{label}: {tokens / seconds[way]:.1f} tok/s, {tokens / calls[way]:.2f} tokens a call, "
-                  f"{1e3 * seconds[way] / calls[way]:.1f} ms a call", flush=True)
+            t0 = time.perf_counter()
+            out = generate_ids(model, ids, config=runs[j][2])
+            seconds[j] += time.perf_counter() - t0
+            calls[j] += sum(out.calls_per_row())
+            texts[j].append(out.token_lists()[0])
+    tokens = args.max_new_tokens * len(prompts)
+    results = []
+    for j, (label, fields, _, _) in enumerate(runs):
+        results.append({"setting": label, "fields": fields, "seconds": seconds[j], "calls": calls[j],
+                        "ms_per_call": 1e3 * seconds[j] / calls[j], "tokens_per_call": tokens / calls[j],
+                        "tokens_per_s": tokens / seconds[j], "texts": texts[j]})
+        print(f"{label}: {tokens / seconds[j]:.1f} tok/s, {tokens / calls[j]:.2f} tokens a call, "
+              f"{1e3 * seconds[j] / calls[j]:.1f} ms a call", flush=True)
     first = results[0]["texts"]
     for r in results:
         r["same_text_as_first"] = sum(a == b for a, b in zip(r.pop("texts"), first))
