@@ -117,12 +117,12 @@ def bf16_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None
     if fn is None:
         raise RuntimeError(f"biglm's bfloat16 CPU kernel does not run here: {unavailable_reason() or 'its build failed'}")
     K = panels.shape[1]
-    rows = x.reshape(-1, K).contiguous()
+    rows = x.reshape(-1, K)  # (a view where x is contiguous: nothing copied)
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
     width = panels.shape[0] * PANEL
-    y = torch.empty(rows.shape[0], width, dtype=torch.float32)
+    y = torch.empty((*x.shape[:-1], width), dtype=torch.float32)  # (rows, width) row-major, in x's leading shape
     if rows.shape[0]:
         fn(rows.data_ptr(), panels.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
            rows.shape[0], width, K, torch.get_num_threads())
-    if width != out_features:
-        y = y[:, :out_features].contiguous()
-    return y.view(*x.shape[:-1], out_features)
+    return y if width == out_features else y[..., :out_features].contiguous()
