@@ -13,8 +13,9 @@ template) alone with `generate_ids`, after one untimed warm-up answer; prompt by
 tokenizing), so the settings compare as a server at batch 1 would run them.
 
 ``--compare-bf16-kernel`` (a bfloat16 export on a CPU without bfloat16 matrix kernels, where `load_model` packs its
-linear layers for biglm's bfloat16 kernel, `cpu_kernels`): each setting twice, the kernel against oneDNN's prepacked
-float32 of the same values (`bench_engine_step.kernel_switch`), both in the rotation.
+linear layers and norms for biglm's CPU kernels, `cpu_kernels`): each setting twice, the kernels against oneDNN's
+prepacked float32 of the same values and PyTorch's `rms_norm` (`bench_engine_step.kernel_switch`), both in the
+rotation.
 
 Results: benchmarks/results/<out>.json and .md with the machine and commit.
 """

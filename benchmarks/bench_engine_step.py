@@ -8,8 +8,9 @@ step on the same engine.
 engine's way) against one that concatenates each layer's cache with them. ``--compare grouped``: float32 attention of
 the pooled call through `attention.grouped_attention` (the sdpa backend's choice from
 `GROUPED_MIN_QUERY_ROWS_FLOAT32` query rows) against PyTorch's flash kernel. ``--compare bf16-kernel``: a bfloat16
-export's linear layers through biglm's bfloat16 kernel (`cpu_kernels`, what `load_model` packs them for on a CPU
-without bfloat16 matrix kernels) against oneDNN's prepacked float32 of the same values (`kernel_switch`).
+export's linear layers and norms through biglm's CPU kernels (`cpu_kernels`, what `load_model` packs them for on a
+CPU without bfloat16 matrix kernels) against oneDNN's prepacked float32 of the same values and PyTorch's `rms_norm`
+(`kernel_switch`).
 
 ``--requests`` greedy requests of the held-out prompts (`bench_exact_drafts.prompt_rows`, chats rendered with the
 model's template) with the model's default decoding, ``--max-new-tokens`` each, end of text ignored, are submitted at
@@ -41,11 +42,14 @@ from common import machine, markdown_header, positive_int, write_report  # noqa:
 
 def kernel_switch(model):
     """For a model whose linear layers `pack_linears` packed for biglm's bfloat16 kernel: a function ``use(kernel)``
-    that puts every such product on that kernel (True) or on oneDNN's prepacked float32 of the same weights (False).
+    that puts every such product on that kernel and every norm on its one-call kernel (`KernelRMSNorm`) (True), or
+    the products on oneDNN's prepacked float32 of the same weights and the norms on PyTorch's `rms_norm` (False).
     Each way keeps its own table of draft costs (`speculative.draft_costs`: the timings that choose draft_fill's block
     are the kernel's own)."""
-    from biglm.model.packed import FusedPackedLinear, PackedLinear, Prepacked
+    from biglm.model.packed import FusedPackedLinear, KernelRMSNorm, PackedLinear, Prepacked
 
+    norms = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if isinstance(child, KernelRMSNorm)]
     ways = []
     for m in model.modules():
         if isinstance(m, (PackedLinear, FusedPackedLinear)) and m.packed is not None and m.packed.bf16:
@@ -61,6 +65,8 @@ def kernel_switch(model):
     def use(kernel: bool) -> None:
         for m, bf16, onednn in ways:
             m.packed = bf16 if kernel else onednn
+        for parent, name, norm in norms:
+            setattr(parent, name, norm if kernel else norm._norm[0])
         if now[0] is not None:
             tables[now[0]] = model.__dict__.pop("draft_costs", None)
         if tables.get(kernel) is not None:
@@ -146,9 +152,10 @@ def main() -> None:
         "grouped": (("grouped", "flash"), ("`grouped_attention` (two products, float32 softmax)",
                                            "PyTorch's flash kernel (`scaled_dot_product_attention`)"),
                     "float32 pooled attention through grouped_attention vs the flash kernel"),
-        "bf16-kernel": (("bf16-kernel", "onednn-float32"), ("biglm's bfloat16 kernel (`cpu_kernels`)",
-                                                            "oneDNN prepacked float32 of the same values"),
-                        "a bfloat16 export's linear layers through biglm's bfloat16 kernel vs oneDNN float32")
+        "bf16-kernel": (("bf16-kernel", "onednn-float32"), ("biglm's CPU kernels (`cpu_kernels`: products, norms)",
+                                                            "oneDNN prepacked float32 of the same values, torch's "
+                                                            "rms_norm"),
+                        "a bfloat16 export through biglm's CPU kernels vs oneDNN float32")
     }[args.compare]
     res = {w: {"median_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t)} for w, t in
            ((names[0], times[True]), (names[1], times[False]))}

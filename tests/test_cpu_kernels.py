@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from biglm import BiGLMConfig, BiGLMForMaskedLM
 from biglm.generation import generate_ids, left_pad
 from biglm.model import cpu_kernels
-from biglm.model.packed import FusedPackedLinear, PackedLinear, pack_linears
+from biglm.model.packed import FusedPackedLinear, KernelRMSNorm, PackedLinear, pack_linears
 
 pytestmark = pytest.mark.skipif(cpu_kernels.unavailable_reason() is not None or not torch.backends.mkldnn.is_available(),
                                 reason=f"the kernel does not run here: {cpu_kernels.unavailable_reason()}")
@@ -25,7 +25,7 @@ def _bf16_values(*shape, generator) -> torch.Tensor:
 @pytest.fixture(autouse=True)
 def _kernel_cache_restored():
     yield
-    cpu_kernels.bf16_linear_kernel.cache_clear()  # (a test that turned it off leaves the next one a fresh lookup)
+    cpu_kernels.load_kernels.cache_clear()  # (a test that turned it off leaves the next one a fresh lookup)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -57,6 +57,19 @@ def test_the_kernel_gives_float32_products_of_the_same_weights(threads, bias):
         torch.set_num_threads(before)
 
 
+def test_the_rms_norm_kernel_gives_llamas_formula():
+    """The one-call RMSNorm: Llama's formula in float32 to summation order (every row count, widths with and without a
+    tail past the 32 lanes), leading dimensions kept."""
+    g = torch.Generator().manual_seed(5)
+    for rows in (0, 1, 7):
+        for dim in (3, 40, 576):
+            x, w = torch.randn(2, rows, dim, generator=g) * 3, torch.randn(dim, generator=g)
+            y = cpu_kernels.rms_norm(x, w, 1e-5)
+            want = w.double() * (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5))
+            assert y.shape == x.shape and y.dtype == torch.float32
+            torch.testing.assert_close(y.double(), want, atol=1e-6, rtol=1e-5)
+
+
 def test_panels_refuse_weights_that_are_not_bfloat16_values():
     w = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
     with pytest.raises(ValueError, match="not bfloat16 values"):
@@ -85,6 +98,8 @@ def test_a_bfloat16_valued_model_packs_for_the_kernel_with_the_same_logits_and_a
     products = [m.packed for m in packed.modules() if isinstance(m, (PackedLinear, FusedPackedLinear))
                 and m.packed is not None]
     assert products and all(p.bf16 for p in products)
+    norms = [m for m in packed.modules() if isinstance(m, KernelRMSNorm)]  # every norm: one C call
+    assert len(norms) == 2 * packed.config.num_hidden_layers + 1 and packed.model.norm in norms
     assert isinstance(packed.model.layers[0].self_attn.qkv_proj, FusedPackedLinear)
     assert packed.lm_head.weight is packed.model.embed_tokens.weight and \
         packed.state_dict().keys() == plain.state_dict().keys()
@@ -109,7 +124,7 @@ def test_layers_of_other_values_and_machines_without_the_kernel_keep_onednn(monk
     assert not model.model.layers[0].mlp.down_proj.packed.bf16 and model.model.layers[1].mlp.down_proj.packed.bf16
 
     monkeypatch.setenv("BIGLM_CPU_KERNELS", "0")
-    cpu_kernels.bf16_linear_kernel.cache_clear()
+    cpu_kernels.load_kernels.cache_clear()
     off = _model()
     pack_linears(off, bf16_weights=True)
     assert not any(m.packed.bf16 for m in off.modules() if isinstance(m, (PackedLinear, FusedPackedLinear))
@@ -119,7 +134,7 @@ def test_layers_of_other_values_and_machines_without_the_kernel_keep_onednn(monk
 def test_a_failed_build_turns_the_kernel_off_with_a_warning(monkeypatch, tmp_path):
     monkeypatch.setenv("BIGLM_KERNEL_CACHE", str(tmp_path))  # (nothing built there yet)
     monkeypatch.setenv("CC", "false")  # a compiler that fails
-    cpu_kernels.bf16_linear_kernel.cache_clear()
+    cpu_kernels.load_kernels.cache_clear()
     with pytest.warns(UserWarning, match="kernel is off: its build failed"):
         assert cpu_kernels.bf16_linear_kernel() is None
     model = _model()
@@ -132,12 +147,12 @@ def test_a_failed_build_turns_the_kernel_off_with_a_warning(monkeypatch, tmp_pat
 
 def test_the_kernel_is_built_once_into_its_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("BIGLM_KERNEL_CACHE", str(tmp_path))
-    cpu_kernels.bf16_linear_kernel.cache_clear()
+    cpu_kernels.load_kernels.cache_clear()
     assert cpu_kernels.bf16_linear_kernel() is not None
     built = list(tmp_path.glob("bf16_linear-*.so"))
     assert len(built) == 1 and not [p for p in tmp_path.iterdir() if p not in built]
     stamp = built[0].stat().st_mtime_ns
-    cpu_kernels.bf16_linear_kernel.cache_clear()
+    cpu_kernels.load_kernels.cache_clear()
     assert cpu_kernels.bf16_linear_kernel() is not None and built[0].stat().st_mtime_ns == stamp
 
 

@@ -4,7 +4,9 @@ On an AVX2 CPU (no AVX512-BF16 or AMX) PyTorch has no fast bfloat16 product, so 
 model in float32 (`packed.reduced_precision_kernels`), and a decoding call, bound by reading the weights, reads twice
 the bytes the bfloat16 file holds. ``kernels/bf16_linear.c`` reads them as bfloat16 and widens them in registers
 (exact: a bfloat16 is a float32's top 16 bits), summing in float32: the same products as float32 weights of the same
-values, in another summation order. `packed.Prepacked` uses it.
+values, in another summation order. `packed.Prepacked` uses it. The same library holds a float32 RMSNorm in one call
+(`rms_norm`; `packed.KernelRMSNorm`), for the layers between those products: PyTorch's CPU `rms_norm` dispatches six
+element-wise ops for it, about a tenth of a batch-1 call once the products read half the bytes.
 
 It is built once per machine with the system's C compiler (``$CC``, else ``cc``) into
 ``$XDG_CACHE_HOME/biglm/kernels`` (``~/.cache`` by default; ``BIGLM_KERNEL_CACHE`` overrides) and loaded with ctypes:
@@ -30,7 +32,7 @@ import torch
 
 PANEL = 16  # outputs per panel of the packed weight (NR in the C source)
 SOURCE = Path(__file__).with_name("kernels") / "bf16_linear.c"
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
 
 
 def kernel_cache() -> Path:
@@ -75,8 +77,8 @@ def _build() -> Path:
 
 
 @functools.cache
-def bf16_linear_kernel():
-    """The built kernel's C function, or None where this machine cannot run it (the reason warned once)."""
+def load_kernels() -> ctypes.CDLL | None:
+    """The built library (its C functions typed), or None where this machine cannot run it (the reason warned once)."""
     reason = unavailable_reason()
     if reason is None:
         try:
@@ -88,10 +90,24 @@ def bf16_linear_kernel():
             warnings.warn(f"biglm's bfloat16 CPU kernel is off: {reason}; bfloat16 weights compute as float32 "
                           "(twice the bytes a decoding call reads)", stacklevel=2)
         return None
-    fn = library.bf16_linear
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
-    fn.restype = None
-    return fn
+    library.bf16_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    library.bf16_linear.restype = None
+    library.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_long,
+                                 ctypes.c_long]
+    library.rms_norm.restype = None
+    return library
+
+
+def bf16_linear_kernel():
+    """The bfloat16 product's C function, or None where this machine cannot run the kernels (`load_kernels`)."""
+    library = load_kernels()
+    return None if library is None else library.bf16_linear
+
+
+def rms_norm_kernel():
+    """The float32 RMSNorm's C function, or None where this machine cannot run the kernels (`load_kernels`)."""
+    library = load_kernels()
+    return None if library is None else library.rms_norm
 
 
 def bf16_panels(weight: torch.Tensor) -> torch.Tensor:
@@ -126,3 +142,18 @@ def bf16_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None
         fn(rows.data_ptr(), panels.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(),
            rows.shape[0], width, K, torch.get_num_threads())
     return y if width == out_features else y[..., :out_features].contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kernel=None) -> torch.Tensor:
+    """RMSNorm of ``x`` (..., D) float32 with ``weight`` (D,) float32, in one C call (`rms_norm_kernel`): Llama's
+    formula, the mean summed in another order than PyTorch's (float32: to about 1e-7 of the result)."""
+    fn = kernel or rms_norm_kernel()
+    if fn is None:
+        raise RuntimeError(f"biglm's CPU kernels do not run here: {unavailable_reason() or 'their build failed'}")
+    D = x.shape[-1]
+    rows = x.reshape(-1, D)
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
+    y = torch.empty(x.shape, dtype=torch.float32)
+    fn(rows.data_ptr(), weight.data_ptr(), eps, y.data_ptr(), rows.shape[0], D)
+    return y

@@ -9,7 +9,8 @@ missing or refuses the layout, the model stays as it is.
 
 A bfloat16 model on a CPU without bfloat16 matrix kernels computes in float32 (`reduced_precision_kernels`); its
 weights, bfloat16 values, are then packed for biglm's own kernel (`cpu_kernels`, ``pack_linears(bf16_weights=True)``)
-instead of oneDNN's float32 layout: half the bytes a call reads, the same products summed in float32.
+instead of oneDNN's float32 layout: half the bytes a call reads, the same products summed in float32; its RMSNorms
+then run the same library's one-call norm (`KernelRMSNorm`).
 
 Batch invariance (`BiGLMModel.batch_invariant`, bfloat16 only: float32 kernels change with the row count) needs a
 row's result not to depend on the rows beside it, which a kernel need not give with real activations even where it
@@ -25,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .modeling import BiGLMMaskAdapter
+from .modeling import BiGLMMaskAdapter, BiGLMRMSNorm
 
 ROWS_HINT = 16  # the row count oneDNN tunes the layout for (any row count runs)
 BF16_KERNEL_MAX_ROWS = 256
@@ -107,6 +108,23 @@ class FusedPackedLinear(nn.Module):
         return self.packed(x)                                       # rows for the bfloat16 kernel: the parts'
 
 
+class KernelRMSNorm(nn.Module):
+    """A `BiGLMRMSNorm` computed by biglm's CPU kernel (`cpu_kernels.rms_norm`: one C call) for float32 inference;
+    ``weight`` stays the original parameter. Other dtypes, or a gradient asked for, take the module's own forward."""
+
+    def __init__(self, norm: BiGLMRMSNorm, kernel) -> None:
+        super().__init__()
+        self.weight, self.eps, self._norm, self._kernel = norm.weight, norm.eps, (norm,), kernel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.dtype != torch.float32 or self.weight.dtype != torch.float32 or x.device.type != "cpu"
+                or torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+            return self._norm[0](x)
+        from .cpu_kernels import rms_norm
+
+        return rms_norm(x, self.weight, self.eps, self._kernel)
+
+
 def _fuse(model: nn.Module, rows_hint: int) -> None:
     """Give each attention layer a `FusedPackedLinear` of q/k/v and each MLP one of gate/up (``qkv_proj``,
     ``gate_up_proj``, read by their forward) where the parts are all prepacked."""
@@ -158,7 +176,7 @@ def pack_linears(model: nn.Module, *, rows_hint: int = ROWS_HINT, bf16_weights: 
     if not swaps or not torch.backends.mkldnn.is_available() or not _packable(swaps[0][2]):
         return 0
     if bf16_weights:
-        from .cpu_kernels import bf16_linear_kernel
+        from .cpu_kernels import bf16_linear_kernel, rms_norm_kernel
 
         bf16_weights = bf16_linear_kernel() is not None
     for parent, name, child in swaps:
@@ -166,6 +184,11 @@ def pack_linears(model: nn.Module, *, rows_hint: int = ROWS_HINT, bf16_weights: 
                 and torch.equal(child.weight, child.weight.to(torch.bfloat16).float()))
         setattr(parent, name, PackedLinear(child, rows_hint=rows_hint, bf16=bf16))
     _fuse(model, rows_hint)
+    if bf16_weights:  # the norms between the products: one C call each (`KernelRMSNorm`)
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is BiGLMRMSNorm and child.weight.dtype == torch.float32:
+                    setattr(parent, name, KernelRMSNorm(child, rms_norm_kernel()))
     return len(swaps)
 
 
