@@ -66,6 +66,8 @@ def main() -> None:
     ap.add_argument("--out", default="batch1-decoding")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.compare_bf16_kernel and args.compile:
+        raise SystemExit("bench_batch1_decoding.py: --compare-bf16-kernel compares packed kernels; drop --compile")
     from biglm.checkpoint import load_model
     from biglm.generation import generate_ids
     from biglm.generation.config import model_decoding
@@ -80,8 +82,6 @@ def main() -> None:
         warnings.simplefilter("ignore")
         model, tok = (load_model(args.model, compile=True, dtype=torch.float32) if args.compile
                       else load_model(args.model, pack=True))
-    if args.compare_bf16_kernel and args.compile:
-        raise SystemExit("bench_batch1_decoding.py: --compare-bf16-kernel compares packed kernels; drop --compile")
     if args.compare_bf16_kernel:
         from bench_engine_step import kernel_switch
 
