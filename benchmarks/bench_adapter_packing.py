@@ -20,14 +20,13 @@ import argparse
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_exact_drafts import prompt_rows, prompt_text  # noqa: E402
-from common import machine, markdown_header, positive_int, write_report  # noqa: E402
+from common import load_packed, machine, markdown_header, positive_int, write_report  # noqa: E402
 
 
 def main() -> None:
@@ -40,21 +39,12 @@ def main() -> None:
     ap.add_argument("--out", default="adapter-packing")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from biglm.checkpoint import load_model
     from biglm.generation import generate_ids
     from biglm.generation.config import model_decoding
     from biglm.model.modeling import BiGLMMaskAdapter
     from biglm.model.packed import PackedLinear
 
-    from biglm.checkpoint import check_model_path
-
-    try:  # (bad input: one line, before any work)
-        check_model_path(args.model)
-    except FileNotFoundError as e:
-        raise SystemExit(f"{Path(__file__).name}: {e}") from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, tok = load_model(args.model, pack=True)
+    model, tok = load_packed(args.model, Path(__file__).name)
     adapters = [m for m in model.modules() if isinstance(m, BiGLMMaskAdapter)]
     if not adapters:
         raise SystemExit(f"{args.model} has no mask adapters (mask_adapter_rank 0): pass a `blocks-adapt` model of a "

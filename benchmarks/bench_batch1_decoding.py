@@ -14,7 +14,7 @@ tokenizing), so the settings compare as a server at batch 1 would run them.
 
 ``--compare-bf16-kernel`` (a bfloat16 export on a CPU without bfloat16 matrix kernels, where `load_model` packs its
 linear layers and norms for biglm's CPU kernels, `cpu_kernels`): each setting twice, the kernels against oneDNN's
-prepacked float32 of the same values and PyTorch's `rms_norm` (`bench_engine_step.kernel_switch`), both in the
+prepacked float32 of the same values and PyTorch's `rms_norm` (`common.kernel_switch`), both in the
 rotation.
 
 Results: benchmarks/results/<out>.json and .md with the machine and commit.
@@ -25,14 +25,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_exact_drafts import prompt_rows, prompt_text  # noqa: E402
-from common import machine, markdown_header, positive_int, write_report  # noqa: E402
+from common import kernel_switch, load_packed, machine, markdown_header, positive_int, write_report  # noqa: E402
 
 
 def parse_setting(text: str) -> tuple[str, dict]:
@@ -68,23 +67,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.compare_bf16_kernel and args.compile:
         raise SystemExit("bench_batch1_decoding.py: --compare-bf16-kernel compares packed kernels; drop --compile")
-    from biglm.checkpoint import load_model
     from biglm.generation import generate_ids
     from biglm.generation.config import model_decoding
 
-    from biglm.checkpoint import check_model_path
-
-    try:  # (bad input: one line, before any work)
-        check_model_path(args.model)
-    except FileNotFoundError as e:
-        raise SystemExit(f"{Path(__file__).name}: {e}") from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, tok = (load_model(args.model, compile=True, dtype=torch.float32) if args.compile
-                      else load_model(args.model, pack=True))
+    model, tok = (load_packed(args.model, Path(__file__).name, pack=False, compile=True, dtype=torch.float32)
+                  if args.compile else load_packed(args.model, Path(__file__).name))
     if args.compare_bf16_kernel:
-        from bench_engine_step import kernel_switch
-
         use_kernel = kernel_switch(model)
         ways = [("bf16-kernel", lambda: use_kernel(True)), ("onednn-float32", lambda: use_kernel(False))]
     else:

@@ -19,14 +19,12 @@ import argparse
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine_step import kernel_switch  # noqa: E402
-from common import machine, markdown_header, positive_int, write_report  # noqa: E402
+from common import kernel_switch, load_packed, machine, markdown_header, positive_int, write_report  # noqa: E402
 
 
 def main() -> None:
@@ -38,16 +36,9 @@ def main() -> None:
     ap.add_argument("--out", default="bf16-kernel")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from biglm.checkpoint import check_model_path, load_model
     from biglm.model.packed import FusedPackedLinear, PackedLinear
 
-    try:  # (bad input: one line, before any work)
-        check_model_path(args.model)
-    except FileNotFoundError as e:
-        raise SystemExit(f"{Path(__file__).name}: {e}") from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (the float32-compute notice)
-        model, _ = load_model(args.model, pack=True)
+    model, _ = load_packed(args.model, Path(__file__).name)
     use = kernel_switch(model)  # (exits in one line where nothing is packed for the kernel)
     products = [m for m in model.modules() if isinstance(m, (PackedLinear, FusedPackedLinear))
                 and m.packed is not None and m.packed.bf16]

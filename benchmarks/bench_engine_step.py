@@ -30,49 +30,13 @@ import argparse
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_exact_drafts import prompt_rows, prompt_text  # noqa: E402
-from common import machine, markdown_header, positive_int, write_report  # noqa: E402
-
-
-def kernel_switch(model):
-    """For a model whose linear layers `pack_linears` packed for biglm's bfloat16 kernel: a function ``use(kernel)``
-    that puts every such product on that kernel and every norm on its one-call kernel (`KernelRMSNorm`) (True), or
-    the products on oneDNN's prepacked float32 of the same weights and the norms on PyTorch's `rms_norm` (False).
-    Each way keeps its own table of draft costs (`speculative.draft_costs`: the timings that choose draft_fill's block
-    are the kernel's own)."""
-    from biglm.model.packed import FusedPackedLinear, KernelRMSNorm, PackedLinear, Prepacked
-
-    norms = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if isinstance(child, KernelRMSNorm)]
-    ways = []
-    for m in model.modules():
-        if isinstance(m, (PackedLinear, FusedPackedLinear)) and m.packed is not None and m.packed.bf16:
-            weight = (m.weight if isinstance(m, PackedLinear)
-                      else torch.cat([p.weight.detach() for p in m._parts]))
-            ways.append((m, m.packed, Prepacked(weight, m.bias, bf16=False)))
-    if not ways:
-        raise SystemExit("this model's linear layers are not packed for the bfloat16 kernel: pass a bfloat16 export "
-                         "on a CPU without bfloat16 matrix kernels, where the kernel builds (biglm.model.cpu_kernels)")
-
-    tables, now = {}, [None]
-
-    def use(kernel: bool) -> None:
-        for m, bf16, onednn in ways:
-            m.packed = bf16 if kernel else onednn
-        for parent, name, norm in norms:
-            setattr(parent, name, norm if kernel else norm._norm[0])
-        if now[0] is not None:
-            tables[now[0]] = model.__dict__.pop("draft_costs", None)
-        if tables.get(kernel) is not None:
-            model.__dict__["draft_costs"] = tables[kernel]
-        now[0] = kernel
-    return use
+from common import kernel_switch, load_packed, machine, markdown_header, positive_int, write_report  # noqa: E402
 
 
 def main() -> None:
@@ -93,19 +57,10 @@ def main() -> None:
         raise SystemExit(f"--max-new-tokens {args.max_new_tokens} is too few for {args.steps} pairs of steps after "
                          "the prompts: give at least 2 * steps + 8")
     torch.set_num_threads(args.threads)
-    from biglm.checkpoint import load_model
     from biglm.generation.config import model_decoding
     from biglm.generation.engine import DecodeEngine
 
-    from biglm.checkpoint import check_model_path
-
-    try:  # (bad input: one line, before any work)
-        check_model_path(args.model)
-    except FileNotFoundError as e:
-        raise SystemExit(f"{Path(__file__).name}: {e}") from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (the float32-compute notice of a bf16 export on an AVX2 CPU)
-        model, tok = load_model(args.model, pack=True)
+    model, tok = load_packed(args.model, Path(__file__).name)
     rows = prompt_rows(Path(args.data), 4)
     prompts = [tok(prompt_text(tok, r), add_special_tokens=False)["input_ids"] for r in rows]
     config = model_decoding(model.config, {"max_new_tokens": args.max_new_tokens, "ignore_eos": True})

@@ -129,3 +129,56 @@ def hf_directory(source: Path, work: Path) -> Path:
     plain.save_pretrained(out)
     AutoTokenizer.from_pretrained(source.parent, **kw).save_pretrained(out)
     return out
+
+
+def load_packed(path: str, script: str, **kw):
+    """``load_model(path, pack=True, **kw)`` as `biglm generate` loads it, the float32-compute notice of a bfloat16
+    export on a CPU without bfloat16 kernels silenced; a path that is not a model exits in one line naming
+    ``script``, before any work."""
+    import warnings
+
+    from biglm.checkpoint import check_model_path, load_model
+
+    try:
+        check_model_path(path)
+    except FileNotFoundError as e:
+        raise SystemExit(f"{script}: {e}") from None
+    kw.setdefault("pack", True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_model(path, **kw)
+
+
+def kernel_switch(model):
+    """For a model whose linear layers `pack_linears` packed for biglm's bfloat16 kernel: a function ``use(kernel)``
+    that puts every such product on that kernel and every norm on its one-call kernel (`KernelRMSNorm`) (True), or
+    the products on oneDNN's prepacked float32 of the same weights and the norms on PyTorch's `rms_norm` (False).
+    Each way keeps its own table of draft costs (`speculative.draft_costs`: the timings that choose draft_fill's block
+    are the kernel's own)."""
+    from biglm.model.packed import FusedPackedLinear, KernelRMSNorm, PackedLinear, Prepacked
+
+    norms = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if isinstance(child, KernelRMSNorm)]
+    ways = []
+    for m in model.modules():
+        if isinstance(m, (PackedLinear, FusedPackedLinear)) and m.packed is not None and m.packed.bf16:
+            weight = (m.weight if isinstance(m, PackedLinear)
+                      else torch.cat([p.weight.detach() for p in m._parts]))
+            ways.append((m, m.packed, Prepacked(weight, m.bias, bf16=False)))
+    if not ways:
+        raise SystemExit("this model's linear layers are not packed for the bfloat16 kernel: pass a bfloat16 export "
+                         "on a CPU without bfloat16 matrix kernels, where the kernel builds (biglm.model.cpu_kernels)")
+
+    tables, now = {}, [None]
+
+    def use(kernel: bool) -> None:
+        for m, bf16, onednn in ways:
+            m.packed = bf16 if kernel else onednn
+        for parent, name, norm in norms:
+            setattr(parent, name, norm if kernel else norm._norm[0])
+        if now[0] is not None:
+            tables[now[0]] = model.__dict__.pop("draft_costs", None)
+        if tables.get(kernel) is not None:
+            model.__dict__["draft_costs"] = tables[kernel]
+        now[0] = kernel
+    return use

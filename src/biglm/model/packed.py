@@ -64,15 +64,27 @@ class Prepacked:
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
-class PackedLinear(nn.Module):
-    """An `nn.Linear` whose weight is also held prepacked (`Prepacked`: for oneDNN, or bfloat16 panels with ``bf16``);
-    ``weight`` and ``bias`` stay the original parameters (state_dict, dtype and device queries see them unchanged)."""
+def _prepack(weight: torch.Tensor, bias: torch.Tensor | None, rows_hint: int, bf16: bool) -> Prepacked:
+    """``Prepacked(weight, bias)`` for biglm's bfloat16 kernel where ``bf16`` is asked for and the float32 weight holds
+    bfloat16 values (`cpu_kernels.bf16_panels` checks, once), else for oneDNN."""
+    if bf16 and weight.dtype == torch.float32:
+        try:
+            return Prepacked(weight, bias, rows_hint=rows_hint, bf16=True)
+        except ValueError:  # (values that are not bfloat16: the kernel would round them)
+            pass
+    return Prepacked(weight, bias, rows_hint=rows_hint)
 
-    def __init__(self, linear: nn.Linear, *, rows_hint: int = ROWS_HINT, bf16: bool = False) -> None:
+
+class PackedLinear(nn.Module):
+    """An `nn.Linear` whose weight is also held prepacked (`Prepacked`: for oneDNN, or bfloat16 panels with ``bf16``
+    where its values are bfloat16); ``weight`` and ``bias`` stay the original parameters (state_dict, dtype and device
+    queries see them unchanged). ``pack=False``: nothing prepacked (a part of a `FusedPackedLinear`)."""
+
+    def __init__(self, linear: nn.Linear, *, rows_hint: int = ROWS_HINT, bf16: bool = False, pack: bool = True) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.packed: Prepacked | None = Prepacked(linear.weight, linear.bias, rows_hint=rows_hint, bf16=bf16)
+        self.packed: Prepacked | None = _prepack(linear.weight, linear.bias, rows_hint, bf16) if pack else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.packed is None or x.dtype != self.packed.dtype
@@ -88,15 +100,15 @@ class FusedPackedLinear(nn.Module):
     thread, AMD EPYC: q/k/v 63 -> 34 us at 1 row, 209 -> 177 us at 32; gate/up 90 -> 70, 546 -> 526 us). Each output
     column is the same dot product, bitwise (measured in float32 and bfloat16 for 1-100 rows). The parts keep their
     parameters; their own packed copies are dropped (they run `F.linear` where called alone, e.g. a long prompt's
-    encoding by layers)."""
+    encoding by layers). ``bf16``: as `PackedLinear`'s, for the side-by-side weight."""
 
-    def __init__(self, parts: list[PackedLinear], *, rows_hint: int = ROWS_HINT) -> None:
+    def __init__(self, parts: list[PackedLinear], *, rows_hint: int = ROWS_HINT, bf16: bool = False) -> None:
         super().__init__()
         weight = torch.cat([p.weight.detach() for p in parts])
         biases = [p.bias for p in parts]
         self.bias = None if all(b is None for b in biases) else torch.cat(
             [b.detach() if b is not None else weight.new_zeros(p.out_features) for b, p in zip(biases, parts)])
-        self.packed = Prepacked(weight, self.bias, rows_hint=rows_hint, bf16=all(p.packed.bf16 for p in parts))
+        self.packed = _prepack(weight, self.bias, rows_hint, bf16)
         self._parts = tuple(parts)  # (a tuple: not registered as submodules twice)
         for p in parts:
             p.packed = None
@@ -125,14 +137,20 @@ class KernelRMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, self._kernel)
 
 
-def _fuse(model: nn.Module, rows_hint: int) -> None:
-    """Give each attention layer a `FusedPackedLinear` of q/k/v and each MLP one of gate/up (``qkv_proj``,
-    ``gate_up_proj``, read by their forward) where the parts are all prepacked."""
+_FUSED = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj")))
+"""The products fused into one (`FusedPackedLinear`), read by the attention's and the MLP's forward where set."""
+
+
+def _fusable(model: nn.Module, linears: set[int]) -> list[tuple[nn.Module, str, list[nn.Linear]]]:
+    """(module, fused name, parts) for each attention layer's q/k/v and each MLP's gate/up whose parts are all among
+    ``linears`` (ids of the `nn.Linear` layers to be packed)."""
+    groups = []
     for module in model.modules():
-        for fused, names in (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj"))):
+        for fused, names in _FUSED:
             parts = [getattr(module, n, None) for n in names]
-            if hasattr(module, fused) and all(isinstance(p, PackedLinear) and p.packed is not None for p in parts):
-                setattr(module, fused, FusedPackedLinear(parts, rows_hint=rows_hint))
+            if hasattr(module, fused) and all(id(p) in linears for p in parts):
+                groups.append((module, fused, parts))
+    return groups
 
 
 def reduced_precision_kernels(dtype: torch.dtype) -> bool:
@@ -179,11 +197,15 @@ def pack_linears(model: nn.Module, *, rows_hint: int = ROWS_HINT, bf16_weights: 
         from .cpu_kernels import bf16_linear_kernel, rms_norm_kernel
 
         bf16_weights = bf16_linear_kernel() is not None
+    groups = _fusable(model, {id(child) for _, _, child in swaps})
+    parts = {id(p) for _, _, group in groups for p in group}  # (packed once, side by side: not each alone as well)
+    swapped = {}
     for parent, name, child in swaps:
-        bf16 = (bf16_weights and child.weight.dtype == torch.float32
-                and torch.equal(child.weight, child.weight.to(torch.bfloat16).float()))
-        setattr(parent, name, PackedLinear(child, rows_hint=rows_hint, bf16=bf16))
-    _fuse(model, rows_hint)
+        swapped[id(child)] = PackedLinear(child, rows_hint=rows_hint, bf16=bf16_weights, pack=id(child) not in parts)
+        setattr(parent, name, swapped[id(child)])
+    for module, fused, group in groups:
+        setattr(module, fused, FusedPackedLinear([swapped[id(p)] for p in group], rows_hint=rows_hint,
+                                                 bf16=bf16_weights))
     if bf16_weights:  # the norms between the products: one C call each (`KernelRMSNorm`)
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
