@@ -15,7 +15,8 @@ tokenizing), so the settings compare as a server at batch 1 would run them.
 ``--compare-bf16-kernel`` (a bfloat16 export on a CPU without bfloat16 matrix kernels, where `load_model` packs its
 linear layers and norms for biglm's CPU kernels, `cpu_kernels`): each setting twice, the kernels against oneDNN's
 prepacked float32 of the same values and PyTorch's `rms_norm` (`common.kernel_switch`), both in the
-rotation.
+rotation. ``--compare-layer-kernel``: each setting with each decoder layer in one C call (`packed.KernelLayer`) and with
+PyTorch's ops around the same kernel products (with both flags: the three ways).
 
 Results: benchmarks/results/<out>.json and .md with the machine and commit.
 """
@@ -61,22 +62,30 @@ def main() -> None:
     ap.add_argument("--compare-bf16-kernel", action="store_true",
                     help="each setting with biglm's bfloat16 kernel and with oneDNN float32 of the same weights "
                          "(a bfloat16 export on a CPU without bfloat16 matrix kernels)")
+    ap.add_argument("--compare-layer-kernel", action="store_true",
+                    help="each setting with each decoder layer in one C call (`packed.KernelLayer`) and with "
+                         "PyTorch's ops around the same kernel products")
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     ap.add_argument("--out", default="batch1-decoding")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    if args.compare_bf16_kernel and args.compile:
-        raise SystemExit("bench_batch1_decoding.py: --compare-bf16-kernel compares packed kernels; drop --compile")
+    if (args.compare_bf16_kernel or args.compare_layer_kernel) and args.compile:
+        raise SystemExit("bench_batch1_decoding.py: --compare-bf16-kernel and --compare-layer-kernel compare packed "
+                         "kernels; drop --compile")
     from biglm.generation import generate_ids
     from biglm.generation.config import model_decoding
 
     model, tok = (load_packed(args.model, Path(__file__).name, pack=False, compile=True, dtype=torch.float32)
                   if args.compile else load_packed(args.model, Path(__file__).name))
-    if args.compare_bf16_kernel:
+    ways = [("", lambda: None)]
+    if args.compare_bf16_kernel or args.compare_layer_kernel:
         use_kernel = kernel_switch(model)
-        ways = [("bf16-kernel", lambda: use_kernel(True)), ("onednn-float32", lambda: use_kernel(False))]
-    else:
-        ways = [("", lambda: None)]
+        ways = [("bf16-kernel", lambda: use_kernel(True))]
+        if args.compare_layer_kernel:
+            ways = [("layer-kernel", lambda: use_kernel(True, True)),
+                    ("products-kernel", lambda: use_kernel(True, False))]
+        if args.compare_bf16_kernel:
+            ways.append(("onednn-float32", lambda: use_kernel(False)))
     rows = prompt_rows(Path(args.data), args.prompts)
     prompts = [torch.tensor([tok(prompt_text(tok, r), add_special_tokens=False)["input_ids"]]) for r in rows]
     configs = []

@@ -2,7 +2,7 @@
 step on the same engine.
 
     python benchmarks/bench_engine_step.py --model runs/smol-causal-a80g-bf16 --requests 32 --threads 1 \\
-        [--compare room|grouped|bf16-kernel] --out engine-step-smol-causal-a80g-bf16
+        [--compare room|grouped|bf16-kernel|layer-kernel] --out engine-step-smol-causal-a80g-bf16
 
 ``--compare room`` (default): a call that writes its keys/values into the pooled rows' room (`PrefixCache.room`, the
 engine's way) against one that concatenates each layer's cache with them. ``--compare grouped``: float32 attention of
@@ -10,7 +10,8 @@ the pooled call through `attention.grouped_attention` (the sdpa backend's choice
 `GROUPED_MIN_QUERY_ROWS_FLOAT32` query rows) against PyTorch's flash kernel. ``--compare bf16-kernel``: a bfloat16
 export's linear layers and norms through biglm's CPU kernels (`cpu_kernels`, what `load_model` packs them for on a
 CPU without bfloat16 matrix kernels) against oneDNN's prepacked float32 of the same values and PyTorch's `rms_norm`
-(`kernel_switch`).
+(`kernel_switch`). ``--compare layer-kernel``: each decoder layer in one C call (`packed.KernelLayer`) against
+PyTorch's ops around the same kernel products.
 
 ``--requests`` greedy requests of the held-out prompts (`bench_exact_drafts.prompt_rows`, chats rendered with the
 model's template) with the model's default decoding, ``--max-new-tokens`` each, end of text ignored, are submitted at
@@ -47,10 +48,11 @@ def main() -> None:
     ap.add_argument("--steps", type=positive_int, default=40, help="timed pairs of steps")
     ap.add_argument("--threads", type=positive_int, default=1)
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
-    ap.add_argument("--compare", choices=("room", "grouped", "bf16-kernel"), default="room",
+    ap.add_argument("--compare", choices=("room", "grouped", "bf16-kernel", "layer-kernel"), default="room",
                     help="room: the call's keys/values into the rows' room vs concatenated; grouped: float32 pooled "
                          "attention through grouped_attention vs the flash kernel; bf16-kernel: a bfloat16 export's "
-                         "linear layers through biglm's bfloat16 kernel vs oneDNN's prepacked float32")
+                         "linear layers through biglm's bfloat16 kernel vs oneDNN's prepacked float32; layer-kernel: "
+                         "each decoder layer in one C call vs PyTorch's ops around the same kernel products")
     ap.add_argument("--out", default="engine-step")
     args = ap.parse_args()
     if args.max_new_tokens < 2 * args.steps + 8:
@@ -72,7 +74,9 @@ def main() -> None:
     from biglm.model import attention
 
     grouped_from = attention.GROUPED_MIN_QUERY_ROWS_FLOAT32
-    use_kernel = kernel_switch(model) if args.compare == "bf16-kernel" else None
+    switch = kernel_switch(model) if args.compare in ("bf16-kernel", "layer-kernel") else None
+    use_kernel = None if switch is None else (switch if args.compare == "bf16-kernel"
+                                              else lambda engine_way: switch(True, engine_way))
 
     def batch_as(reqs, call, **kw):  # the pool's batch, without its room for the concatenating way
         cache = batch(reqs, call, **kw)
@@ -110,7 +114,10 @@ def main() -> None:
         "bf16-kernel": (("bf16-kernel", "onednn-float32"), ("biglm's CPU kernels (`cpu_kernels`: products, norms)",
                                                             "oneDNN prepacked float32 of the same values, torch's "
                                                             "rms_norm"),
-                        "a bfloat16 export through biglm's CPU kernels vs oneDNN float32")
+                        "a bfloat16 export through biglm's CPU kernels vs oneDNN float32"),
+        "layer-kernel": (("layer-kernel", "products-kernel"), ("each decoder layer in one C call (`KernelLayer`)",
+                                                               "PyTorch's ops around the same kernel products"),
+                         "each decoder layer in one C call vs PyTorch's ops around the kernel products"),
     }[args.compare]
     res = {w: {"median_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t)} for w, t in
            ((names[0], times[True]), (names[1], times[False]))}

@@ -150,15 +150,18 @@ def load_packed(path: str, script: str, **kw):
 
 
 def kernel_switch(model):
-    """For a model whose linear layers `pack_linears` packed for biglm's bfloat16 kernel: a function ``use(kernel)``
-    that puts every such product on that kernel and every norm on its one-call kernel (`KernelRMSNorm`) (True), or
-    the products on oneDNN's prepacked float32 of the same weights and the norms on PyTorch's `rms_norm` (False).
-    Each way keeps its own table of draft costs (`speculative.draft_costs`: the timings that choose draft_fill's block
-    are the kernel's own)."""
+    """For a model whose linear layers `pack_linears` packed for biglm's bfloat16 kernel: a function ``use(kernel,
+    layers=None)`` that puts every such product on that kernel and every norm on its one-call kernel (`KernelRMSNorm`)
+    (``kernel`` True), or the products on oneDNN's prepacked float32 of the same weights and the norms on PyTorch's
+    `rms_norm` (False); ``layers`` (``kernel`` when None; only with it) each decoder layer whole in one C call
+    (`KernelLayer`) or as PyTorch's ops around those products. Each way keeps its own table of draft costs
+    (`speculative.draft_costs`: the timings that choose draft_fill's block are that way's own)."""
+    from biglm.model.modeling import BiGLMBlock
     from biglm.model.packed import FusedPackedLinear, KernelRMSNorm, PackedLinear, Prepacked
 
     norms = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
              if isinstance(child, KernelRMSNorm)]
+    blocks = [(b, b.kernel_forward) for b in model.modules() if isinstance(b, BiGLMBlock)]
     ways = []
     for m in model.modules():
         if isinstance(m, (PackedLinear, FusedPackedLinear)) and m.packed is not None and m.packed.bf16:
@@ -171,14 +174,19 @@ def kernel_switch(model):
 
     tables, now = {}, [None]
 
-    def use(kernel: bool) -> None:
+    def use(kernel: bool, layers: bool | None = None) -> None:
+        layers = kernel if layers is None else layers
+        if layers and not kernel:
+            raise ValueError("the layer kernel runs the bfloat16 products: layers=True needs kernel=True")
         for m, bf16, onednn in ways:
             m.packed = bf16 if kernel else onednn
         for parent, name, norm in norms:
             setattr(parent, name, norm if kernel else norm._norm[0])
+        for block, layer in blocks:
+            block.kernel_forward = layer if layers else None
         if now[0] is not None:
             tables[now[0]] = model.__dict__.pop("draft_costs", None)
-        if tables.get(kernel) is not None:
-            model.__dict__["draft_costs"] = tables[kernel]
-        now[0] = kernel
+        if tables.get((kernel, layers)) is not None:
+            model.__dict__["draft_costs"] = tables[(kernel, layers)]
+        now[0] = (kernel, layers)
     return use

@@ -76,6 +76,7 @@ class AttentionMask:
     _compact: tuple | None = field(default=None, repr=False)
     _block: object | None = field(default=None, repr=False)
     _bias: dict = field(default_factory=dict, repr=False)
+    _flat: tuple | None = field(default=None, repr=False)
 
     @property
     def is_full(self) -> bool:
@@ -125,6 +126,15 @@ class AttentionMask:
             k = torch.arange(self.k_len, device=device)[None, None, :]
             self._dense = self.allowed(b, q, k)[:, None]
         return self._dense
+
+    def flat(self, device: torch.device) -> torch.Tensor | None:
+        """(B, Lq, Lk) contiguous boolean mask, True = attend, or None when attention is full: the dense mask as
+        biglm's CPU layer kernel reads it (`packed.KernelLayer`), built once per call."""
+        if self._flat is None:
+            dense = self.dense(device)
+            self._flat = (None if dense is None else
+                          dense.expand(self.batch, 1, self.q_len, self.k_len)[:, 0].contiguous(),)
+        return self._flat[0]
 
     def bias(self, device: torch.device, *, compacted: bool = False) -> torch.Tensor | None:
         """The mask as float32 scores to add, 0 where a query attends and -inf where not, (B, 1, 1, Lq, Lk) (the

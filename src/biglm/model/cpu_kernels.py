@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 PANEL = 16  # outputs per panel of the packed weight (NR in the C source)
-SOURCE = Path(__file__).with_name("kernels") / "bf16_linear.c"
+SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("bf16_linear.c", "decoder_layer.c"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
 
 
@@ -56,7 +56,7 @@ def unavailable_reason() -> str | None:
 
 
 def _build() -> Path:
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     compiler = os.environ.get("CC") or shutil.which("cc") or "gcc"
     key = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
     target = kernel_cache() / f"bf16_linear-{key}.so"
@@ -66,7 +66,7 @@ def _build() -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # built beside, then renamed: a concurrent load
     os.close(fd)                                                  # never reads a half-written library
     try:
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")
         os.replace(tmp, target)
@@ -95,13 +95,36 @@ def load_kernels() -> ctypes.CDLL | None:
     library.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_long,
                                  ctypes.c_long]
     library.rms_norm.restype = None
+    library.decoder_layer.argtypes = ([ctypes.POINTER(LayerWeights)] + [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
+                                      + [ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_void_p] * 2
+                                      + [ctypes.c_long] * 7 + [ctypes.c_void_p] * 4 + [ctypes.c_int])
+    library.decoder_layer.restype = None
     return library
+
+
+class LayerWeights(ctypes.Structure):
+    """``layer_weights`` of kernels/decoder_layer.c: a decoder layer's shape, its norms' weights, its products'
+    bfloat16 panels and its gated adapters' float32 weights (pointers: the tensors must outlive it)."""
+
+    _fields_ = ([(name, ctypes.c_long) for name in ("hidden", "heads", "kv_heads", "head_dim", "inter", "rank")]
+                + [("eps", ctypes.c_float)]
+                + [(name, ctypes.c_void_p) for name in ("norm1", "norm2", "qkv", "o", "gate_up", "down", "qkv_bias")]
+                + [(name, ctypes.c_long) for name in ("qkv_n", "o_n", "gate_up_n", "down_n")]
+                + [(name, ctypes.c_void_p) for name in ("qkv_a", "qkv_b", "o_a", "o_b", "gate_up_a", "gate_up_b",
+                                                        "down_a", "down_b")])
 
 
 def bf16_linear_kernel():
     """The bfloat16 product's C function, or None where this machine cannot run the kernels (`load_kernels`)."""
     library = load_kernels()
     return None if library is None else library.bf16_linear
+
+
+def decoder_layer_kernel():
+    """The whole decoder layer's C function (`packed.KernelLayer`), or None where this machine cannot run the kernels
+    (`load_kernels`)."""
+    library = load_kernels()
+    return None if library is None else library.decoder_layer
 
 
 def rms_norm_kernel():

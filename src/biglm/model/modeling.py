@@ -436,11 +436,16 @@ class BiGLMBlock(nn.Module):
         self.post_attention_layernorm = BiGLMRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = BiGLMMLP(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
+        self.kernel_forward = None  # the whole layer in one call on a CPU (`packed.KernelLayer`, inference)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: AttentionMask,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None, gate: torch.Tensor | None = None,
                 write: tuple[torch.Tensor, torch.Tensor, int] | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        if self.kernel_forward is not None and not self.training:
+            done = self.kernel_forward(x, rope, mask, past, gate, write)
+            if done is not None:
+                return done
         attn, kv = self.self_attn(self.input_layernorm(x), rope, mask, past, gate, write)
         # dropout is the identity in eval: its calls are skipped (a batch-1 decoding step is mostly per-call overhead)
         x = x + (self.dropout(attn) if self.training else attn)

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .modeling import BiGLMMaskAdapter, BiGLMRMSNorm
+from .modeling import BiGLMBlock, BiGLMMaskAdapter, BiGLMRMSNorm
 
 ROWS_HINT = 16  # the row count oneDNN tunes the layout for (any row count runs)
 BF16_KERNEL_MAX_ROWS = 256
@@ -137,6 +137,91 @@ class KernelRMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, self._kernel)
 
 
+class KernelLayer:
+    """A decoder layer (`BiGLMBlock`) whose products are all on biglm's bfloat16 kernel and whose norms are
+    `KernelRMSNorm`s, computed whole in one C call (`cpu_kernels.decoder_layer_kernel`, kernels/decoder_layer.c): the
+    norms, the four products, RoPE, the cache's write or the call's keys after it, attention under the call's mask,
+    SwiGLU, the gated adapters and the residuals, in float32, where PyTorch dispatches some forty small ops per layer
+    (a batch-1 decoding call's overhead once the products read bfloat16; docs/LOG.md). The same formulas in another
+    summation order (float32: to about 1e-5 of the logits). Set as the block's ``kernel_forward`` by `pack_linears`;
+    `__call__` returns None for a call it does not take (a gradient asked for, not float32 on a CPU, more rows than the
+    kernel's `BF16_KERNEL_MAX_ROWS`, the batch-invariant mode, a cache of another layout), which then runs the
+    block's own forward."""
+
+    def __init__(self, block: nn.Module, kernel) -> None:
+        from .cpu_kernels import LayerWeights
+
+        attn, mlp = block.self_attn, block.mlp
+        config = attn.config
+        self._kernel, self._grad = kernel, block.input_layernorm.weight  # (its requires_grad: parameters trained)
+        keep = [block.input_layernorm.weight, block.post_attention_layernorm.weight, attn.qkv_proj.packed.weight,
+                attn.o_proj.packed.weight, mlp.gate_up_proj.packed.weight, mlp.down_proj.packed.weight]
+        bias = attn.qkv_proj.packed.bias
+        adapters = []
+        rank = config.mask_adapter_rank if attn.qkv_adapter is not None else 0
+        if rank:
+            for adapter in (attn.qkv_adapter, attn.o_adapter, mlp.gate_up_adapter, mlp.down_adapter):
+                adapters += [adapter.down.weight.detach().float().contiguous(),
+                             adapter.up.weight.detach().float().contiguous()]
+        self._held = keep + adapters + ([] if bias is None else [bias])  # (alive as long as the pointers)
+        self.head_dim = attn.head_dim
+        ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+        self.weights = LayerWeights(
+            config.hidden_size, attn.n_heads, attn.n_kv, attn.head_dim, config.intermediate_size, rank,
+            block.input_layernorm.eps, *map(ptr, keep), ptr(bias),
+            *(t.shape[0] * t.shape[2] for t in keep[2:]), *(map(ptr, adapters) if rank else [None] * 8))
+
+    @staticmethod
+    def of(block: nn.Module, kernel) -> "KernelLayer | None":
+        """The block's `KernelLayer` where its layers are packed for the kernels (`pack_linears` with
+        ``bf16_weights``), else None."""
+        attn, mlp = block.self_attn, block.mlp
+
+        def on_kernel(m):
+            return (isinstance(m, (PackedLinear, FusedPackedLinear)) and m.packed is not None and m.packed.bf16
+                    and (m is attn.qkv_proj or m.packed.bias is None))
+        if not (all(on_kernel(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+                and isinstance(block.input_layernorm, KernelRMSNorm)
+                and isinstance(block.post_attention_layernorm, KernelRMSNorm) and attn.head_dim <= 512):
+            return None
+        return KernelLayer(block, kernel)
+
+    def __call__(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask, past, gate, write):
+        B, L, _ = x.shape
+        R = B * L
+        if (x.dtype != torch.float32 or x.device.type != "cpu" or not 0 < R <= BF16_KERNEL_MAX_ROWS
+                or mask.batch_invariant or torch.is_grad_enabled() and (x.requires_grad or self._grad.requires_grad)):
+            return None
+        D, Hkv = self.head_dim, self.weights.kv_heads
+        kv = torch.empty(2, B, Hkv, L, D)
+        if write is not None:
+            ka, va = past
+            columns, na, keys = write[1], write[2], write[2]
+        elif past is not None:
+            ka, va = past
+            columns, na, keys = None, past[0].shape[2], past[0].shape[2] + L
+        else:
+            ka, va, columns, na, keys = kv[0], kv[1], None, 0, L
+        if (mask.k_len != keys or ka.dtype != torch.float32 or va.dtype != torch.float32 or ka.stride(3) != 1
+                or va.stride(3) != 1 or ka.shape[0] < B or va.shape[0] < B):
+            return None
+        cos, sin = rope
+        cos, sin = cos.reshape(R, D).contiguous(), sin.reshape(R, D).contiguous()
+        flat = mask.flat(x.device)
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if columns is not None:
+            columns = columns.contiguous()
+        if gate is not None:
+            gate = gate.reshape(R).contiguous()
+        self._kernel(self.weights, x.data_ptr(), y.data_ptr(), B, L, cos.data_ptr(), sin.data_ptr(),
+                     None if flat is None else flat.data_ptr(), keys, ka.data_ptr(), va.data_ptr(),
+                     *ka.stride()[:3], *va.stride()[:3], na, None if columns is None else columns.data_ptr(),
+                     kv[0].data_ptr(), kv[1].data_ptr(), None if gate is None else gate.data_ptr(),
+                     torch.get_num_threads())
+        return y, (kv[0], kv[1])
+
+
 _FUSED = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj")))
 """The products fused into one (`FusedPackedLinear`), read by the attention's and the MLP's forward where set."""
 
@@ -211,6 +296,11 @@ def pack_linears(model: nn.Module, *, rows_hint: int = ROWS_HINT, bf16_weights: 
             for name, child in list(parent.named_children()):
                 if type(child) is BiGLMRMSNorm and child.weight.dtype == torch.float32:
                     setattr(parent, name, KernelRMSNorm(child, rms_norm_kernel()))
+        from .cpu_kernels import decoder_layer_kernel
+
+        for block in model.modules():  # and each decoder layer whole, in one (`KernelLayer`)
+            if isinstance(block, BiGLMBlock):
+                block.kernel_forward = KernelLayer.of(block, decoder_layer_kernel())
     return len(swaps)
 
 
