@@ -175,3 +175,123 @@ def test_calls_of_many_rows_go_to_the_float32_weights(monkeypatch):
             torch.testing.assert_close(model(ids, prefix_len=4).logits, plain(ids, prefix_len=4).logits,
                                        atol=1e-4, rtol=1e-4)
             assert bool(calls) == kernel and all(rows <= 12 for rows in calls)
+
+
+def _adapted_model() -> BiGLMForMaskedLM:
+    """`_model` with gated mask adapters of random bfloat16 values (a fresh adapter's zero ``up`` would test nothing)."""
+    model = _model(mask_adapter_rank=4)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "adapter" in name:
+                p.copy_(0.3 * _bf16_values(*p.shape, generator=g))
+    return model
+
+
+def _layer_switch(model):
+    from biglm.model.modeling import BiGLMBlock
+
+    blocks = [(b, b.kernel_forward) for b in model.modules() if isinstance(b, BiGLMBlock)]
+    taken = []
+
+    def counted(layer):
+        def call(*args):
+            out = layer(*args)
+            taken.append(out is not None)
+            return out
+        return call
+
+    def use(on: bool) -> None:
+        for block, layer in blocks:
+            block.kernel_forward = counted(layer) if on else None
+    return blocks, taken, use
+
+
+def test_the_layer_kernel_gives_the_blocks_own_forward():
+    """`KernelLayer`: each decoder layer of a kernel-packed model in one C call gives the logits of the same packed
+    model's PyTorch layers (float32, 1e-4) on a call of the blocks rule with left padding and mask tokens (the gated
+    adapters on), on a suffix call after a prefix cache (the call's keys after the cache's), with and without the
+    adapters; the kernel really takes every layer."""
+    from biglm.generation import left_pad
+
+    for model in (_model(), _adapted_model()):
+        pack_linears(model, bf16_weights=True)
+        blocks, taken, use = _layer_switch(model)
+        assert blocks and all(layer is not None for _, layer in blocks)
+        mask_id = model.config.mask_token_id
+        ids, pad = left_pad([[5, 6, 7, 8, 9, 10, mask_id, mask_id], [11, 12, mask_id], [13, 14, 15, 16, 17, mask_id,
+                                                                                     18, mask_id, mask_id]],
+                            pad_id=model.config.pad_token_id)
+        with torch.inference_mode():
+            out = {}
+            for on in (True, False):
+                use(on)
+                full = model(ids, prefix_len=4, attention_mask=pad).logits
+                cache = model.encode_prefix(ids[:, :5], attention_mask=pad[:, :5])
+                suffix = model(ids[:, 5:], prefix_cache=cache, attention_mask=pad[:, 5:]).logits
+                out[on] = (full, suffix, cache.keys[1])
+        assert taken and all(taken) and len(taken) == 3 * len(blocks)  # (3 passes, every layer by the kernel)
+        for got, want in zip(out[True], out[False]):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_layer_kernel_serves_the_engines_pooled_calls_with_the_same_answers():
+    """In the server engine (pooled rows, the call's keys written into each row's room, `PrefixCache.room`) the
+    kernel layers give the answers the PyTorch layers give, request by request (greedy: blocks, drafts and the
+    default decoding of the adapted model)."""
+    from biglm.generation import DecodingConfig
+    from biglm.generation.config import model_decoding
+    from biglm.generation.engine import DecodeEngine
+
+    model = _adapted_model()
+    pack_linears(model, bf16_weights=True)
+    _, taken, use = _layer_switch(model)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12], [14, 15, 16, 17], [30, 31, 32, 33, 34, 35, 36, 37]]
+    configs = [DecodingConfig(max_new_tokens=10, strategy="confidence", block_length=1, steps=10),
+               DecodingConfig(max_new_tokens=12, strategy="confidence", block_length=4, steps=6),
+               model_decoding(model.config, {"max_new_tokens": 12}),
+               DecodingConfig(max_new_tokens=9, strategy="confidence", block_length=1, draft_length=3)]
+    answers, rooms = {}, []
+    for on in (True, False):
+        use(on)
+        engine = DecodeEngine(model, max_batch_rows=8)
+        batch = engine._pool.batch
+
+        def seen(reqs, call, batch=batch, **kw):
+            cache = batch(reqs, call, **kw)
+            rooms.append(cache is not None and cache.room is not None)
+            return cache
+
+        engine._pool.batch = seen
+        for i, (p, c) in enumerate(zip(prompts, configs)):
+            engine.submit(f"r{i}", p, c)
+        done = {}
+        while engine.num_running or engine.num_waiting:
+            for e in engine.step():
+                if e.finished:
+                    done[e.request_id] = e.token_ids
+        answers[on] = done
+    assert any(rooms) and taken and all(taken)
+    assert answers[True] == answers[False] and len(answers[True]) == len(prompts)
+
+
+def test_the_layer_kernel_declines_calls_it_does_not_take(monkeypatch):
+    """A gradient asked for, more rows than `BF16_KERNEL_MAX_ROWS` or the batch-invariant mode: `KernelLayer` returns
+    None and the block's own forward runs (the same logits, float32 1e-4)."""
+    import biglm.model.packed as packed
+    from biglm.model.attention import AttentionMask
+
+    plain, model = _model(), _model()
+    pack_linears(model, bf16_weights=True)
+    layer = model.model.layers[0].kernel_forward
+    x = torch.randn(1, 3, model.config.hidden_size)
+    rope = model.model.rotary_emb(torch.arange(3)[None], torch.float32)
+    full = AttentionMask(batch=1, q_len=3, k_len=3)
+    with torch.inference_mode():
+        assert layer(x, rope, full, None, None, None) is not None
+        assert layer(x, rope, AttentionMask(batch=1, q_len=3, k_len=3, batch_invariant=True), None, None, None) is None
+        monkeypatch.setattr(packed, "BF16_KERNEL_MAX_ROWS", 2)
+        assert layer(x, rope, full, None, None, None) is None
+        ids = torch.randint(5, plain.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(2))
+        torch.testing.assert_close(model(ids).logits, plain(ids).logits, atol=1e-4, rtol=1e-4)
+    assert layer(x.requires_grad_(), rope, full, None, None, None) is None
