@@ -53,6 +53,21 @@ static inline float dot(const float *a, const float *b, long n) {
     return s;
 }
 
+/* the dot products of q with 8 keys k[0..7] (D a multiple of 8): 8 running sums, then one horizontal reduction tree */
+static inline __m256 dot8(const float *q, const float *const *k, long D) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (long d = 0; d < D; d += 8) {
+        __m256 qv = _mm256_loadu_ps(q + d);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + d), a0); a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + d), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + d), a2); a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + d), a3);
+        a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[4] + d), a4); a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[5] + d), a5);
+        a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[6] + d), a6); a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[7] + d), a7);
+    }
+    __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));  /* halves of keys 0-3 */
+    __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));  /* halves of keys 4-7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+}
+
 /* exp of 8 floats: 2^n * e^r, r in [-ln2/2, ln2/2] (ln 2 split in two parts), a degree-6 polynomial: within 2 ulp */
 static inline __m256 exp8(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
@@ -129,17 +144,23 @@ void decoder_layer(const layer_weights *W, const float *x, float *y, long B, lon
             const float *kc = ka + b * ka_b + g * ka_g, *vc = va + b * va_b + g * va_g;
             const float *ko = kout + (b * Hkv + g) * L * D, *vo = vout + (b * Hkv + g) * L * D;
             float best = -INFINITY;
-            for (long j = 0; j < na + own; j++) {
-                if (m && !m[j]) { scores[j] = -INFINITY; continue; }
-                float s = scale * dot(q, j < na ? kc + j * ka_j : ko + (j - na) * D, D);
-                scores[j] = s;
-                if (s > best) best = s;
+            long j = 0;
+            if (D % 8 == 0)  /* eight keys at a time (a masked one too: its score is then dropped) */
+                for (; j + 8 <= na + own; j += 8) {
+                    const float *kp[8];
+                    for (int t = 0; t < 8; t++) kp[t] = j + t < na ? kc + (j + t) * ka_j : ko + (j + t - na) * D;
+                    _mm256_storeu_ps(scores + j, _mm256_mul_ps(dot8(q, kp, D), _mm256_set1_ps(scale)));
+                }
+            for (; j < na + own; j++) scores[j] = scale * dot(q, j < na ? kc + j * ka_j : ko + (j - na) * D, D);
+            for (j = 0; j < na + own; j++) {
+                if (m && !m[j]) scores[j] = -INFINITY;
+                else if (scores[j] > best) best = scores[j];
             }
             float *out = att + r * H * D + h * D;
             memset(out, 0, D * sizeof(float));
             if (best == -INFINITY) continue;  /* (no key to see: zeros) */
             float total = 0.0f;
-            long j = 0;
+            j = 0;
             __m256 mx = _mm256_set1_ps(best), acc = _mm256_setzero_ps();
             for (; j + 8 <= na + own; j += 8) {
                 __m256 sc = _mm256_loadu_ps(scores + j);  /* a masked key's -inf: exactly 0 (its value unread) */
