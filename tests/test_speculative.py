@@ -710,7 +710,9 @@ def test_a_call_with_nothing_to_check_carries_the_models_drafts_with_draft_fill(
         assert all(width == n + (not shift) + W for n, _, width in bare)
     else:
         assert decodes[0].kept_by_source["model"] == 0
-        assert all(width == n + 1 for n, _, width in bare)  # the token, then its check (or the row after it)
+        # the token, then its check; a shift model's token alone (its next position read, `next_position`), but on
+        # the first call, whose one row carries the prompt's last prediction
+        assert all(width == n + (not shift or n == 0) for n, _, width in bare)
 
 
 @pytest.mark.parametrize("shift", [False, True], ids=["own-position", "shift"])
@@ -1167,3 +1169,28 @@ def test_the_engine_carries_draft_fill_where_the_table_says_it_pays_and_times_it
             assert sum(table.seen.values()) == sum(n == 1 for n, _, _ in calls)
         else:
             assert not any(bare)
+
+
+def test_next_position_with_indices_reads_what_the_bool_form_reads():
+    """``next_position`` (a shift model's speculative call without its carrier row): ``logits_positions`` as indices
+    into (B, L + 1) positions give the logits the (B, L + 1) boolean form gives, the last column the position after
+    the input; refused for a model without ``shift_logits`` or with a boolean mask."""
+    model = _blocks_model(shift_logits=True)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(5, model.config.vocab_size, (2, 9), generator=g)
+    with torch.inference_mode():
+        cache = model.encode_prefix(ids[:, :6])
+        where = torch.zeros(2, 4, dtype=torch.bool)
+        where[0, [1, 3]] = True
+        where[1, [0, 2, 3]] = True
+        want = model(ids[:, 6:], prefix_cache=cache, logits_positions=where).logits
+        got = model(ids[:, 6:], prefix_cache=cache, logits_positions=where.reshape(-1).nonzero().squeeze(1),
+                    next_position=True).logits
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        ends = model(ids[:, 6:], prefix_cache=cache, logits_positions=torch.tensor([3, 7]), next_position=True).logits
+        torch.testing.assert_close(ends, want[[1, 4]], rtol=1e-5, atol=1e-5)  # (each row's next position)
+        assert not torch.allclose(ends[0], ends[1])
+        with pytest.raises(ValueError, match="next_position"):
+            model(ids[:, 6:], prefix_cache=cache, logits_positions=where, next_position=True)
+        with pytest.raises(ValueError, match="next_position"):
+            _blocks_model().forward(ids, logits_positions=torch.tensor([0]), next_position=True)

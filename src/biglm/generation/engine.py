@@ -763,6 +763,9 @@ class DecodeEngine:
         calls = [self._as_tree(r) if isinstance(r.decode, Decode) else (r.decode.segment(), None) for r in reqs]
         cache = PrefixCache.merge([r.decode.cache for r in reqs])
         C, width = cache.length, max(call.ids.shape[1] for call, _ in calls)
+        # a call read at the position after its rows (`TreeCall.next`): every row is read in rows of width + 1, the
+        # last the model's next position (a narrower row's is its first padding column, shifted from its last row)
+        nxt = int(any(call.next for call, _ in calls))
         ids, valid, pos, rules, read = [], [], [], [], []
         base = 0  # merged rows before this request's
         for call, keys in calls:
@@ -779,13 +782,14 @@ class DecodeEngine:
             rule[:, :w, C - own:C] = call.rule[:, :, :own]
             rule[:, :w, C:C + w] = call.rule[:, :, own:]
             rules.append(rule)
-            read.append((base + call.read // w) * width + call.read % w)
+            stride = w + int(call.next)
+            read.append((base + call.read // stride) * (width + nxt) + call.read % stride)
             base += rows
         self.positions += base * width
         lead = max(call.lead for call, _ in calls)
         out = self.model(torch.cat(ids), prefix_cache=cache, attention_mask=torch.cat(valid).long(),
                          position_ids=torch.cat(pos), attention_rule=torch.cat(rules),
-                         logits_positions=torch.cat(read), return_cache=lead > 0)
+                         logits_positions=torch.cat(read), return_cache=lead > 0, next_position=bool(nxt))
         self._hand_out(reqs, out, counts=[call.read.numel() for call, _ in calls],
                        rows=[call.ids.shape[0] for call, _ in calls], leads=[call.lead for call, _ in calls])
         costs = draft_costs(self.model)

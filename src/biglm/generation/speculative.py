@@ -294,6 +294,9 @@ class TreeCall(NamedTuple):
     lead: int
     """Leading tokens whose keys/values may join the cache (the pending ones; 0 on the first call): `answered`
     wants the call's cache of at least these positions."""
+    next: bool = False
+    """``read`` indexes rows of L + 1 positions, the last the one after the call's rows (a shift model's call with
+    nothing masked, made without the carrier row `tree_rule` lays out: the model's ``next_position``)."""
 
 
 class SpeculativeDecode:
@@ -409,7 +412,7 @@ class SpeculativeDecode:
 
     def segment(self) -> TreeCall:
         """The pending call over this decode's rows and its own cache (`TreeCall`)."""
-        n = self.pending.shape[1]
+        n, nxt = self.pending.shape[1], False
         # this call's mask block (`answered` reads it): every call's with the model's drafts, else a call's that has
         # nothing to check (its last token alone, or the first call)
         self.block = self.W if self.model_drafts or (self.fill_drafts and n <= 1) else 0
@@ -421,6 +424,9 @@ class SpeculativeDecode:
             rule = torch.cat((tail.new_ones(B, L, C), tail), 2)
         else:
             tail, offsets, read = self.layouts[n, self.block]
+            if n and not self.checks and not self.block:  # a shift model's carrier row, only there to carry the last
+                tail, offsets = tail[:-1, :-1], offsets[:-1]  # token's prediction: the model's next position instead
+                nxt = True
             L = tail.shape[0]
             rule = torch.cat((tail.new_ones(L, C), tail), 1).expand(B, L, C + L)
         self.width = L
@@ -430,13 +436,13 @@ class SpeculativeDecode:
         carrier = not self.checks and not self.block
         ids = torch.cat((self.pending, self.pending.new_full((B, L - n), self.fill if carrier else self.mask_id)), 1)
         return TreeCall(ids=ids, positions=self.start + self.written[:, None] + offsets, rule=rule,
-                        read=(self.rows[:, None] * L + read).reshape(-1), lead=n)
+                        read=(self.rows[:, None] * (L + nxt) + read).reshape(-1), lead=n, next=nxt)
 
     def step(self) -> None:
         """Make the pending call alone (this decode's rows only) and take its answer."""
         call = self.segment()
         out = self.model(call.ids, prefix_cache=self.cache, position_ids=call.positions, attention_rule=call.rule,
-                         logits_positions=call.read, return_cache=call.lead > 0)
+                         logits_positions=call.read, return_cache=call.lead > 0, next_position=call.next)
         self.answered(out.logits, out["cache"] if call.lead else None)
 
     def answered(self, logits: torch.Tensor, block: PrefixCache | None = None) -> None:

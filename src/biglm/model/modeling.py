@@ -804,6 +804,7 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         loss_targets: torch.Tensor | None = None,
         loss_weight: torch.Tensor | None = None,
         loss_chunk: int = 1024,
+        next_position: bool = False,
         **kwargs,
     ) -> MaskedLMOutput:
         """MLM forward.
@@ -824,7 +825,10 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         state, or the cached prefix's last with no input): a bool ``logits_positions`` of (B, L + 1) columns selects
         it in its last. Decoding one slot at a time runs no row for the slot itself (its own row's hidden state
         predicts the slot after it, which that call does not ask for): one position per written token, as an
-        autoregressive model, where the slot's row would make two.
+        autoregressive model, where the slot's row would make two. ``next_position`` does the same for
+        ``logits_positions`` given as indices: they index (B, L + 1) positions, each row's last the one after its input
+        (speculative decoding's call with nothing masked: no row after its tokens only to carry their last one's
+        prediction).
 
         ``loss_targets`` (M,), with ``logits_positions`` as indices: the loss of those positions' logits against
         them (times ``loss_weight`` (M,) if given, summed, divided by ``num_items_in_batch``) fused with the output
@@ -832,8 +836,13 @@ class BiGLMForMaskedLM(BiGLMPreTrainedModel):
         ``logits`` is None. Pre-training's step (`TrainConfig.loss_chunk`).
         """
         B, L = input_ids.shape
-        next_position = (self.config.shift_logits and logits_positions is not None
-                         and logits_positions.dtype == torch.bool and logits_positions.shape[1] == L + 1)
+        if next_position and (not self.config.shift_logits or logits_positions is None
+                              or logits_positions.dtype == torch.bool):
+            raise ValueError("next_position indexes the position after the input with logits_positions given as "
+                             "indices, for a model that predicts from the previous position (shift_logits).")
+        next_position = next_position or (self.config.shift_logits and logits_positions is not None
+                                          and logits_positions.dtype == torch.bool
+                                          and logits_positions.shape[1] == L + 1)
         if L == 0 and next_position and prefix_cache is not None and not kwargs.get("return_cache"):
             base = BaseModelOutput(last_hidden_state=prefix_cache.hidden[:, :0])  # only the cache's last: no pass
         else:
