@@ -55,10 +55,15 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def compiler() -> str:
+    """The C compiler the kernels are built with: ``$CC``, else ``cc``, else ``gcc``."""
+    return os.environ.get("CC") or shutil.which("cc") or "gcc"
+
+
 def _build() -> Path:
     source = b"".join(path.read_bytes() for path in SOURCES)
-    compiler = os.environ.get("CC") or shutil.which("cc") or "gcc"
-    key = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
+    cc = compiler()
+    key = hashlib.sha256(source + " ".join((cc, *FLAGS)).encode()).hexdigest()[:16]
     target = kernel_cache() / f"bf16_linear-{key}.so"
     if target.is_file():
         return target
@@ -66,9 +71,9 @@ def _build() -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # built beside, then renamed: a concurrent load
     os.close(fd)                                                  # never reads a half-written library
     try:
-        done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True)
+        done = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True)
         if done.returncode:
-            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-2000:]}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

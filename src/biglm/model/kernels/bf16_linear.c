@@ -26,9 +26,15 @@ static inline __m256 widen8(const uint16_t *p) {
 
 /* a panel streams from memory at one or two rows: prefetched PREFETCH values of k (2 KB) ahead, into the next panel
  * at its end (-20% a one-row call's products on the AMD EPYC here: docs/LOG.md) */
-#define PREFETCH 64
+#ifndef PREFETCH
+#define PREFETCH 64  /* (-DPREFETCH=0: none; docs/experiments/bf16_prefetch_ab.py) */
+#endif
+#if PREFETCH
 #define LOAD_BF16(k) _mm_prefetch((const char *)(w + ((k) + PREFETCH) * NR), _MM_HINT_T0); \
     __m256 w0 = widen8(w + (k) * NR), w1 = widen8(w + (k) * NR + 8);
+#else
+#define LOAD_BF16(k) __m256 w0 = widen8(w + (k) * NR), w1 = widen8(w + (k) * NR + 8);
+#endif
 #define LOAD_F32(k) __m256 w0 = _mm256_loadu_ps(w + (k) * NR), w1 = _mm256_loadu_ps(w + (k) * NR + 8);
 /* row r of the tile: sums a##r (outputs 0-7) and c##r (8-15), named so they stay in registers */
 #define INIT(r) if (ROWS > r) { if (first) { a##r = b0; c##r = b1; } \
