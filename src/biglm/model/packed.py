@@ -193,15 +193,15 @@ class KernelLayer:
                 or mask.batch_invariant or torch.is_grad_enabled() and (x.requires_grad or self._grad.requires_grad)):
             return None
         D, Hkv = self.head_dim, self.weights.kv_heads
-        kv = torch.empty(2, B, Hkv, L, D)
-        if write is not None:
+        k, v = torch.empty(2, B, Hkv, L, D).unbind(0)  # (the call's keys/values, returned for the cache)
+        if write is not None:  # (the model's write: each row's keys at its own columns, rows 0..B-1 in order)
             ka, va = past
             columns, na, keys = write[1], write[2], write[2]
         elif past is not None:
             ka, va = past
             columns, na, keys = None, past[0].shape[2], past[0].shape[2] + L
         else:
-            ka, va, columns, na, keys = kv[0], kv[1], None, 0, L
+            ka, va, columns, na, keys = k, v, None, 0, L
         if (mask.k_len != keys or ka.dtype != torch.float32 or va.dtype != torch.float32 or ka.stride(3) != 1
                 or va.stride(3) != 1 or ka.shape[0] < B or va.shape[0] < B):
             return None
@@ -217,9 +217,9 @@ class KernelLayer:
         self._kernel(self.weights, x.data_ptr(), y.data_ptr(), B, L, cos.data_ptr(), sin.data_ptr(),
                      None if flat is None else flat.data_ptr(), keys, ka.data_ptr(), va.data_ptr(),
                      *ka.stride()[:3], *va.stride()[:3], na, None if columns is None else columns.data_ptr(),
-                     kv[0].data_ptr(), kv[1].data_ptr(), None if gate is None else gate.data_ptr(),
+                     k.data_ptr(), v.data_ptr(), None if gate is None else gate.data_ptr(),
                      torch.get_num_threads())
-        return y, (kv[0], kv[1])
+        return y, (k, v)
 
 
 _FUSED = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj")))
